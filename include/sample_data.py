@@ -1,0 +1,105 @@
+"""Sample events for the reference pipelines, deterministic from a seed.
+
+    python -m include.sample_data clicks --count 10000 [--bad 20] [--topic clicks]
+    python -m include.sample_data inventory --count 1000
+
+Bad records (not JSON, missing fields, wrong types, null keys) are mixed in on
+purpose: they must land in ``dead_letter``, never vanish.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from collections.abc import Iterator
+
+from jobs import kafka_admin
+from jobs.errors import PlatformError
+from jobs.settings import load_settings
+
+BAD_CLICKS = [
+    b"not json at all",
+    b'{"user_id": "mallory"}',
+    b'{"user_id": "mallory", "timestamp": "yesterday"}',
+    b'{"user_id": null, "timestamp": 1678886400}',
+    b"[1, 2, 3]",
+]
+
+
+def click_events(
+    count: int, users: int, seed: int, start_s: int, span_s: int
+) -> Iterator[dict[str, object]]:
+    rng = random.Random(seed)
+    for i in range(count):
+        yield {
+            "user_id": f"user_{rng.randrange(users):05d}",
+            "timestamp": start_s + (i * span_s) // max(count, 1),
+        }
+
+
+def inventory_events(count: int, skus: int, seed: int, start_s: int) -> Iterator[dict[str, object]]:
+    rng = random.Random(seed)
+    kinds = ["receipt"] * 5 + ["sale"] * 4 + ["return"]
+    for i in range(count):
+        yield {
+            "sku": f"SKU-{rng.randrange(skus):04d}",
+            "qty": rng.randint(1, 20),
+            "kind": rng.choice(kinds),
+            "timestamp": start_s + i,
+        }
+
+
+def encoded(
+    events: Iterator[dict[str, object]], bad: list[bytes], bad_count: int, key_field: str
+) -> Iterator[tuple[bytes | None, bytes, int | None]]:
+    now_ms = int(time.time() * 1000)
+    for i, event in enumerate(events):
+        yield str(event[key_field]).encode(), json.dumps(event).encode(), now_ms
+        if i < bad_count:
+            yield None, bad[i % len(bad)], now_ms
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m include.sample_data", description=__doc__)
+    parser.add_argument("kind", choices=["clicks", "inventory"])
+    parser.add_argument("--count", type=int, default=10000, help="valid events (default 10000)")
+    parser.add_argument("--bad", type=int, default=0, help="bad records mixed in (default 0)")
+    parser.add_argument("--topic", help="default: clicks / inventory_movements")
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--bootstrap-servers")
+    args = parser.parse_args(argv)
+    if args.count < 0 or args.bad < 0 or args.partitions < 1:
+        parser.error("--count and --bad must be >= 0 and --partitions >= 1")
+    settings = load_settings()
+    config = kafka_admin.client_config(
+        args.bootstrap_servers or settings.bootstrap_servers, settings.kafka_client
+    )
+    now_s = int(time.time())
+    if args.kind == "clicks":
+        topic = args.topic or "clicks"
+        events = click_events(args.count, 500, args.seed, now_s - 3600, 3600)
+        records = encoded(events, BAD_CLICKS, args.bad, "user_id")
+    else:
+        topic = args.topic or "inventory_movements"
+        events = inventory_events(args.count, 50, args.seed, now_s - args.count)
+        records = encoded(
+            events, [b'{"sku": "A-1", "qty": 1, "kind": "theft", "timestamp": 1}'], args.bad, "sku"
+        )
+    try:
+        kafka_admin.create_topic(kafka_admin.admin(config), topic, args.partitions)
+        produced = kafka_admin.produce_all(config, topic, records)
+    except PlatformError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"produced {produced} records to {topic} ({args.count} valid, {min(args.bad, args.count)} bad)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""``python -m jobs``: run and inspect pipelines, and manage the embedded broker.
+
+The same entry point runs under ``spark-submit jobs/__main__.py ...`` on a worker.
+Expected failures (bad arguments, bad pipeline files, broker problems, fencing)
+print one ``error:`` line and exit 2; a crash exits 1 with its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from jobs.errors import ConfigError, PlatformError
+from jobs.pipeline import load_pipeline
+from jobs.settings import Settings, load_settings
+
+EXIT_ERROR = 2
+HOST_PORT = re.compile(r"^[A-Za-z0-9.\-]+:\d{1,5}(,[A-Za-z0-9.\-]+:\d{1,5})*$")
+# An error raised inside a Spark task or the source comes back wrapped in Java and
+# Python tracebacks; this finds the platform's own one-line message in it.
+WRAPPED_ERROR = re.compile(r"jobs\.errors\.(\w+Error): (.+?)(?:\n|$| SQLSTATE)")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise ConfigError(f"{self.prog}: {message}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m jobs", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    run = commands.add_parser("run", help="run a pipeline's streaming aggregation")
+    _pipeline_args(run)
+    run.add_argument("--trigger", choices=["available-now", "continuous"])
+    run.add_argument("--quiet", action="store_true", help="do not print the state and ledger")
+
+    status = commands.add_parser("status", help="where an application stands, and its problems")
+    _pipeline_args(status)
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+
+    broker = commands.add_parser("broker", help="the embedded Kafka-protocol broker")
+    broker.add_argument("action", choices=["start", "stop", "status"])
+    broker.add_argument("--port", type=int, help="default: $PLATFORM_BROKER_PORT or 19092")
+    broker.add_argument("--data-dir", type=Path, help="default: $PLATFORM_BROKER_DATA_DIR")
+    return parser
+
+
+def _pipeline_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--pipeline", required=True, help="a name in include/pipelines or a path")
+    parser.add_argument("--bootstrap-servers", help="HOST:PORT[,HOST:PORT]")
+    parser.add_argument("--warehouse", type=Path, help="directory of the Delta tables")
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    settings = load_settings()
+    servers = getattr(args, "bootstrap_servers", None)
+    if servers is not None:
+        if not HOST_PORT.match(servers):
+            raise ConfigError(f"--bootstrap-servers must be HOST:PORT[,HOST:PORT], got {servers!r}")
+        settings = replace(settings, bootstrap_servers=servers)
+    warehouse = getattr(args, "warehouse", None)
+    if warehouse is not None:
+        settings = replace(settings, warehouse=warehouse.resolve())
+    return settings
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        if args.command == "broker":
+            return _broker(args)
+        settings = _settings(args)
+        pipeline = load_pipeline(args.pipeline, settings.pipelines_dir)
+        if args.command == "status":
+            from jobs.status import application_status, format_status
+
+            status = application_status(pipeline, settings)
+            text = json.dumps(status.to_dict(), indent=2, default=str)
+            print(text if args.json else format_status(status))
+            return 0
+        return _run(args, settings, pipeline)
+    except PlatformError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except Exception as exc:  # Spark wraps our errors; unwrap the ones we raised.
+        found = WRAPPED_ERROR.search(str(exc))
+        if found:
+            print(f"error: {found.group(2).strip()}", file=sys.stderr)
+            return EXIT_ERROR
+        raise
+
+
+def _run(args: argparse.Namespace, settings: Settings, pipeline: object) -> int:
+    from jobs.pipeline import Pipeline
+    from jobs.report import print_run_report
+    from jobs.streaming.run import run_pipeline
+    from jobs.streaming.spark import get_spark
+
+    assert isinstance(pipeline, Pipeline)
+    spark = get_spark(settings.spark_master, f"platform-{pipeline.application_id}")
+    summary = run_pipeline(spark, pipeline, settings, args.trigger)
+    if not args.quiet:
+        print_run_report(pipeline, settings, summary)
+    return 0
+
+
+def _broker(args: argparse.Namespace) -> int:
+    from jobs import broker
+
+    settings = load_settings()
+    data_dir = (args.data_dir or settings.broker_data_dir).resolve()
+    port = args.port or settings.broker_port
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"--port must be 1-65535, got {port}")
+    if args.action == "start":
+        info = broker.start(data_dir, port)
+        print(f"broker running: {info.bootstrap_servers} (pid {info.pid}, data in {data_dir})")
+    elif args.action == "stop":
+        stopped = broker.stop(data_dir)
+        print("broker stopped" if stopped else f"no broker running for {data_dir}")
+    else:
+        running = broker.status(data_dir)
+        if running is None:
+            print(f"no broker running for {data_dir}")
+            return 1
+        print(
+            f"broker running: {running.bootstrap_servers} (pid {running.pid}, data in {data_dir})"
+        )
+    return 0

@@ -1,0 +1,1 @@
+"""Delta Lake tables of an application, written and read with delta-rs."""

@@ -1,0 +1,125 @@
+"""Small confluent-kafka helpers shared by the source, the CLI and the tools:
+client configuration, topic creation, watermarks and bulk producing."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from confluent_kafka import KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from jobs.errors import SourceError
+
+REQUEST_TIMEOUT_S = 10.0
+
+
+def client_config(bootstrap_servers: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Client settings: bootstrap servers plus pass-through settings (security included)."""
+    config = dict(extra or {})
+    config["bootstrap.servers"] = bootstrap_servers
+    return config
+
+
+def admin(config: Mapping[str, str]) -> AdminClient:
+    return AdminClient(dict(config))
+
+
+def topic_partitions(client: AdminClient, topics: Iterable[str]) -> dict[str, list[int]]:
+    """Partitions per topic; a missing topic or unreachable broker is a SourceError."""
+    wanted = list(topics)
+    try:
+        metadata = client.list_topics(timeout=REQUEST_TIMEOUT_S)
+    except KafkaException as exc:
+        servers = "the configured bootstrap servers"
+        raise SourceError(f"cannot reach the Kafka broker at {servers}: {exc}") from exc
+    result: dict[str, list[int]] = {}
+    for topic in wanted:
+        meta = metadata.topics.get(topic)
+        if meta is None or meta.error is not None or not meta.partitions:
+            raise SourceError(f"topic {topic!r} does not exist on the broker")
+        result[topic] = sorted(meta.partitions)
+    return result
+
+
+def create_topic(
+    client: AdminClient,
+    topic: str,
+    partitions: int,
+    config: Mapping[str, str] | None = None,
+) -> None:
+    """Create a topic; an existing one is left as it is."""
+    futures = client.create_topics([NewTopic(topic, partitions, 1, config=dict(config or {}))])
+    for future in futures.values():
+        try:
+            future.result()
+        except KafkaException as exc:
+            if "TOPIC_ALREADY_EXISTS" not in str(exc) and "already exists" not in str(exc):
+                raise SourceError(f"cannot create topic {topic!r}: {exc}") from exc
+
+
+def produce_all(
+    config: Mapping[str, str],
+    topic: str,
+    records: Iterable[tuple[bytes | None, bytes, int | None]],
+) -> int:
+    """Produce (key, value, timestamp_ms) records idempotently and wait for all acks."""
+    producer = Producer(
+        {
+            **config,
+            "enable.idempotence": True,
+            "linger.ms": 20,
+            "batch.num.messages": 10000,
+            "queue.buffering.max.messages": 200000,
+        }
+    )
+    failures: list[str] = []
+
+    def on_delivery(err: object, _msg: object) -> None:
+        if err is not None:
+            failures.append(str(err))
+
+    count = 0
+    for key, value, timestamp_ms in records:
+        while True:
+            try:
+                producer.produce(
+                    topic,
+                    value=value,
+                    key=key,
+                    timestamp=timestamp_ms or 0,
+                    on_delivery=on_delivery,
+                )
+                break
+            except BufferError:
+                producer.poll(0.05)
+        count += 1
+        if count % 10000 == 0:
+            producer.poll(0)
+    remaining = producer.flush(60)
+    if remaining or failures:
+        raise SourceError(f"{remaining} records not acknowledged, errors: {failures[:3]}")
+    return count
+
+
+def watermarks(
+    consumer_config: Mapping[str, str], partitions: Iterable[tuple[str, int]]
+) -> dict[tuple[str, int], tuple[int, int]]:
+    """(low, high) watermark per topic-partition, asked of the broker without consuming."""
+    from confluent_kafka import Consumer
+
+    consumer = Consumer({**consumer_config, "group.id": "platform-watermarks"})
+    try:
+        result = {}
+        for topic, partition in partitions:
+            try:
+                low, high = consumer.get_watermark_offsets(
+                    TopicPartition(topic, partition), timeout=REQUEST_TIMEOUT_S
+                )
+            except KafkaException as exc:
+                raise SourceError(
+                    f"cannot read offsets of {topic}[{partition}] from the broker: {exc}"
+                ) from exc
+            result[(topic, partition)] = (int(low), int(high))
+        return result
+    finally:
+        consumer.close()

@@ -1,0 +1,352 @@
+"""The ``kafka_py`` streaming data source for Spark 4, built on confluent-kafka.
+
+Each micro-batch reads an exact offset range per topic-partition: the driver plans
+``start -> end`` (Spark logs it before the batch runs), every input partition is one
+topic-partition range, and ``read`` assigns, seeks and stops at ``end``. A replayed
+batch therefore reads the same records. Output columns match Spark's Kafka source.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from jobs.errors import ConfigError, SourceError
+from jobs.kafka_source import offsets as plan
+
+SCHEMA = (
+    "key binary, value binary, topic string, partition int, offset long, "
+    "timestamp timestamp, timestampType int"
+)
+HEADERS_SCHEMA = ", headers array<struct<key:string,value:binary>>"
+HEADERS_TYPE = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+ARROW_SCHEMA = pa.schema(
+    [
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("timestamp", pa.timestamp("us", tz="UTC")),
+        ("timestampType", pa.int32()),
+    ]
+)
+ARROW_SCHEMA_WITH_HEADERS = ARROW_SCHEMA.append(pa.field("headers", HEADERS_TYPE))
+FORMAT = "kafka_py"
+CLIENT_PREFIX = "kafka."
+# How long a read may see no progress before it calls the range unreachable.
+READ_STALL_TIMEOUT_S = 60.0
+CONSUME_BATCH = 10000
+OUTPUT_BATCH_ROWS = 65536
+
+
+class SourceOptions:
+    """The source's options, validated once (they arrive as strings)."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        lowered = {k.lower(): v for k, v in options.items()}
+        self.client = {
+            k[len(CLIENT_PREFIX) :]: v for k, v in options.items() if k.startswith(CLIENT_PREFIX)
+        }
+        if "bootstrap.servers" not in self.client:
+            raise ConfigError("the kafka source needs option kafka.bootstrap.servers")
+        topics = [t.strip() for t in lowered.get("subscribe", "").split(",") if t.strip()]
+        if not topics:
+            raise ConfigError("the kafka source needs option subscribe (a comma list of topics)")
+        self.topics = topics
+        self.starting = plan.parse_starting_offsets(lowered.get("startingoffsets", "latest"))
+        raw_ts = lowered.get("startingtimestamp")
+        self.starting_timestamp: int | None = None
+        if raw_ts is not None:
+            if not raw_ts.isdigit():
+                raise ConfigError(f"startingTimestamp must be epoch milliseconds, got {raw_ts!r}")
+            self.starting_timestamp = int(raw_ts)
+        raw_headers = lowered.get("includeheaders", "false").lower()
+        if raw_headers not in ("true", "false"):
+            raise ConfigError(f"includeHeaders must be true or false, got {raw_headers!r}")
+        self.include_headers = raw_headers == "true"
+        raw_max = lowered.get("maxoffsetspertrigger")
+        self.max_offsets: int | None = None
+        if raw_max is not None:
+            if not raw_max.isdigit() or int(raw_max) < 1:
+                raise ConfigError(
+                    f"maxOffsetsPerTrigger must be a positive integer, got {raw_max!r}"
+                )
+            self.max_offsets = int(raw_max)
+
+    def consumer_config(self) -> dict[str, Any]:
+        return {
+            "group.id": "platform-source",
+            "enable.auto.commit": False,
+            "enable.partition.eof": False,
+            # Transactional producers: never show aborted or open transactions.
+            "isolation.level": "read_committed",
+            "fetch.max.bytes": 52428800,
+            "max.partition.fetch.bytes": 10485760,
+            "queued.min.messages": 200000,
+            **self.client,
+        }
+
+
+class KafkaDataSource(DataSource):
+    """``spark.readStream.format("kafka_py")`` backed by confluent-kafka."""
+
+    @classmethod
+    def name(cls) -> str:
+        # Spark reserves "kafka" for its JVM connector (whose jar does not exist here).
+        return FORMAT
+
+    def schema(self) -> str:
+        # As Spark's Kafka source: a headers column only with includeHeaders=true.
+        if self.options.get("includeHeaders", "false").lower() == "true":
+            return SCHEMA + HEADERS_SCHEMA
+        return SCHEMA
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return KafkaStreamReader(SourceOptions(dict(self.options)))
+
+
+class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+        self._consumer: Consumer | None = None
+        self._available_now_target: plan.Offsets | None = None
+
+    # -- driver side ---------------------------------------------------------
+
+    def _driver_consumer(self) -> Consumer:
+        if self._consumer is None:
+            self._consumer = Consumer(self.options.consumer_config())
+        return self._consumer
+
+    def _partitions(self) -> dict[str, list[int]]:
+        consumer = self._driver_consumer()
+        try:
+            metadata = consumer.list_topics(timeout=10)
+        except KafkaException as exc:
+            servers = self.options.client["bootstrap.servers"]
+            raise SourceError(f"cannot reach the Kafka broker at {servers}: {exc}") from exc
+        result = {}
+        for topic in self.options.topics:
+            meta = metadata.topics.get(topic)
+            if meta is None or meta.error is not None or not meta.partitions:
+                raise SourceError(f"topic {topic!r} does not exist on the broker")
+            result[topic] = sorted(meta.partitions)
+        return result
+
+    def _watermarks(
+        self, partitions: dict[str, list[int]]
+    ) -> dict[tuple[str, int], tuple[int, int]]:
+        consumer = self._driver_consumer()
+        marks = {}
+        for topic, parts in partitions.items():
+            for p in parts:
+                try:
+                    low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+                except KafkaException as exc:
+                    raise SourceError(f"cannot read offsets of {topic}[{p}]: {exc}") from exc
+                marks[(topic, p)] = (int(low), int(high))
+        return marks
+
+    def _offsets_for_timestamp(
+        self,
+        partitions: dict[str, list[int]],
+        marks: plan.Watermarks,
+        timestamp_ms: int,
+    ) -> plan.Offsets:
+        wanted = [
+            TopicPartition(t, p, timestamp_ms) for t, parts in partitions.items() for p in parts
+        ]
+        found = self._driver_consumer().offsets_for_times(wanted, timeout=10)
+        # No record at or after the timestamp: start at the end of the partition.
+        return {
+            (tp.topic, tp.partition): tp.offset
+            if tp.offset >= 0
+            else marks[(tp.topic, tp.partition)][1]
+            for tp in found
+        }
+
+    def initialOffset(self) -> dict:
+        partitions = self._partitions()
+        marks = self._watermarks(partitions)
+        by_ts = None
+        if self.options.starting_timestamp is not None:
+            by_ts = self._offsets_for_timestamp(partitions, marks, self.options.starting_timestamp)
+        start = plan.resolve_starting_offsets(self.options.starting, partitions, marks, by_ts)
+        plan.check_not_expired(start, marks)
+        return plan.to_json_dict(start)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        marks = self._watermarks(self._partitions())
+        self._available_now_target = {tp: high for tp, (_low, high) in marks.items()}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.options.max_offsets is None:
+            return ReadAllAvailable()
+        return ReadMaxRows(self.options.max_offsets)
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        current = plan.from_json_dict(start)
+        partitions = self._partitions()
+        marks = self._watermarks(partitions)
+        plan.check_not_expired(current, marks)
+        target = self._available_now_target
+        if target is not None:
+            # availableNow: nothing beyond what existed when the run started.
+            marks = {
+                tp: (low, min(high, target[tp]))
+                for tp, (low, high) in marks.items()
+                if tp in target
+            }
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        return plan.to_json_dict(plan.plan_end(current, marks, max_rows))
+
+    def reportLatestOffset(self) -> dict | None:
+        marks = self._watermarks(self._partitions())
+        return plan.to_json_dict({tp: high for tp, (_low, high) in marks.items()})
+
+    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        first = plan.from_json_dict(start)
+        last = plan.from_json_dict(end)
+        ranges = []
+        for tp in sorted(last):
+            begin = first.get(tp, last[tp])
+            if last[tp] > begin:
+                ranges.append(InputPartition((tp[0], tp[1], begin, last[tp])))
+        return ranges
+
+    def commit(self, end: dict) -> None:
+        """Offsets live in the checkpoint and the ledger, not in a consumer group."""
+
+    def stop(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+    # -- executor side ---------------------------------------------------------
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        topic, part, start, end = partition.value
+        yield from read_range(
+            self.options.consumer_config(),
+            topic,
+            part,
+            start,
+            end,
+            self.options.include_headers,
+        )
+
+
+def read_range(
+    config: dict[str, Any],
+    topic: str,
+    partition: int,
+    start: int,
+    end: int,
+    include_headers: bool = False,
+) -> Iterator[pa.RecordBatch]:
+    """Exactly the records at offsets [start, end) of one partition, as Arrow batches."""
+    consumer = Consumer(config)
+    try:
+        low, _high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+        plan.check_not_expired({(topic, partition): start}, {(topic, partition): (low, _high)})
+        consumer.assign([TopicPartition(topic, partition, start)])
+        builder = _BatchBuilder(topic, partition, include_headers)
+        position = start
+        last_progress = time.monotonic()
+        while position < end:
+            messages = consumer.consume(CONSUME_BATCH, 0.5)
+            failed = [m for m in messages if m.error() is not None]
+            if failed:
+                err = failed[0].error()
+                if err.code() != KafkaError._PARTITION_EOF:
+                    raise SourceError(f"error reading {topic}[{partition}]: {err}")
+                messages = [m for m in messages if m.error() is None]
+            kept = messages
+            if messages and messages[-1].offset() >= end:
+                kept = [m for m in messages if m.offset() < end]
+            if kept:
+                builder.add(kept)
+                position = kept[-1].offset() + 1
+                last_progress = time.monotonic()
+                if builder.rows >= OUTPUT_BATCH_ROWS:
+                    yield builder.flush()
+            if position < end:
+                # Control records (transaction markers) and aborted records occupy
+                # offsets that read_committed never delivers: trust the position.
+                tp_pos = consumer.position([TopicPartition(topic, partition)])[0].offset
+                if tp_pos >= end:
+                    break
+                if time.monotonic() - last_progress > READ_STALL_TIMEOUT_S:
+                    raise SourceError(
+                        f"no progress reading {topic}[{partition}] offsets {position}..{end - 1} "
+                        f"for {READ_STALL_TIMEOUT_S:.0f} s"
+                    )
+        if builder.rows:
+            yield builder.flush()
+    finally:
+        consumer.close()
+
+
+class _BatchBuilder:
+    """Column lists for one partition's records, turned into Arrow batches."""
+
+    def __init__(self, topic: str, partition: int, include_headers: bool) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.include_headers = include_headers
+        self._reset()
+
+    def _reset(self) -> None:
+        self.keys: list[bytes | None] = []
+        self.values: list[bytes | None] = []
+        self.offsets: list[int] = []
+        self.timestamps: list[int] = []
+        self.types: list[int] = []
+        self.headers: list[list[dict[str, Any]]] = []
+        self.rows = 0
+
+    def add(self, messages: list[Any]) -> None:
+        self.keys.extend([m.key() for m in messages])
+        self.values.extend([m.value() for m in messages])
+        self.offsets.extend([m.offset() for m in messages])
+        stamps = [m.timestamp() for m in messages]
+        # librdkafka: 0 none, 1 create, 2 log-append; Spark/Kafka: -1, 0, 1.
+        self.types.extend([s[0] - 1 for s in stamps])
+        self.timestamps.extend([s[1] * 1000 for s in stamps])
+        if self.include_headers:
+            self.headers.extend(
+                [[{"key": k, "value": v} for k, v in (m.headers() or [])] for m in messages]
+            )
+        self.rows += len(messages)
+
+    def flush(self) -> pa.RecordBatch:
+        n = self.rows
+        columns = [
+            pa.array(self.keys, pa.binary()),
+            pa.array(self.values, pa.binary()),
+            pa.array([self.topic] * n, pa.string()),
+            pa.array([self.partition] * n, pa.int32()),
+            pa.array(self.offsets, pa.int64()),
+            pa.array(self.timestamps, pa.timestamp("us", tz="UTC")),
+            pa.array(self.types, pa.int32()),
+        ]
+        schema = ARROW_SCHEMA
+        if self.include_headers:
+            columns.append(pa.array(self.headers, HEADERS_TYPE))
+            schema = ARROW_SCHEMA_WITH_HEADERS
+        batch = pa.RecordBatch.from_arrays(columns, schema=schema)
+        self._reset()
+        return batch

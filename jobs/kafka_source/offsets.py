@@ -1,0 +1,145 @@
+"""Offset planning for the Kafka source: pure functions, no broker access.
+
+Offsets have the shape of Spark's own Kafka source: ``{topic: {partition: offset}}``
+where ``offset`` is the next offset to read. In a starting-offsets JSON, -2 means
+earliest and -1 means latest, as in Spark.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+from jobs.errors import ConfigError, SourceError
+
+EARLIEST = -2
+LATEST = -1
+
+TopicPartition = tuple[str, int]
+Offsets = dict[TopicPartition, int]
+Watermarks = Mapping[TopicPartition, tuple[int, int]]
+
+
+def to_json_dict(offsets: Offsets) -> dict[str, dict[str, int]]:
+    """Offsets as Spark stores them: JSON-safe, string partition keys, sorted."""
+    result: dict[str, dict[str, int]] = {}
+    for (topic, partition), offset in sorted(offsets.items()):
+        result.setdefault(topic, {})[str(partition)] = int(offset)
+    return result
+
+
+def from_json_dict(data: Mapping[str, Mapping[str, int]]) -> Offsets:
+    try:
+        return {
+            (str(topic), int(partition)): int(offset)
+            for topic, parts in data.items()
+            for partition, offset in parts.items()
+        }
+    except (AttributeError, TypeError, ValueError) as exc:
+        raise ConfigError(f"offsets must map topic -> partition -> offset, got {data!r}") from exc
+
+
+def parse_starting_offsets(spec: str) -> str | Offsets:
+    """``earliest``, ``latest`` or a JSON ``{"topic": {"0": 42, "1": -2}}``."""
+    text = spec.strip()
+    if text in ("earliest", "latest"):
+        return text
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f"startingOffsets must be 'earliest', 'latest' or JSON topic -> partition -> offset, "
+            f"got {spec!r}"
+        ) from exc
+    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+        raise ConfigError(f"startingOffsets JSON must map topic -> partition -> offset: {spec!r}")
+    offsets = from_json_dict(data)
+    bad = {tp: off for tp, off in offsets.items() if off < EARLIEST}
+    if bad:
+        raise ConfigError(f"startingOffsets has offsets below -2: {bad}")
+    return offsets
+
+
+def resolve_starting_offsets(
+    spec: str | Offsets,
+    partitions: Mapping[str, list[int]],
+    marks: Watermarks,
+    by_timestamp: Mapping[TopicPartition, int] | None = None,
+) -> Offsets:
+    """Concrete first offsets for every subscribed partition.
+
+    ``by_timestamp`` (from ``startingTimestamp``) wins over ``spec``. A JSON spec must
+    name every partition of the subscribed topics, so nothing is read by accident.
+    """
+    every = [(topic, p) for topic, parts in partitions.items() for p in parts]
+    if by_timestamp is not None:
+        return {tp: by_timestamp[tp] for tp in every}
+    if spec == "earliest":
+        return {tp: marks[tp][0] for tp in every}
+    if spec == "latest":
+        return {tp: marks[tp][1] for tp in every}
+    assert isinstance(spec, dict)
+    unknown = sorted(set(spec) - set(every))
+    if unknown:
+        raise ConfigError(f"startingOffsets names partitions that do not exist: {unknown}")
+    missing = sorted(set(every) - set(spec))
+    if missing:
+        raise ConfigError(f"startingOffsets does not give an offset for {missing}")
+    resolved: Offsets = {}
+    for tp in every:
+        offset = spec[tp]
+        low, high = marks[tp]
+        if offset == EARLIEST:
+            offset = low
+        elif offset == LATEST:
+            offset = high
+        elif offset > high:
+            raise ConfigError(f"startingOffsets {tp[0]}[{tp[1]}]={offset} is beyond the end {high}")
+        resolved[tp] = offset
+    return resolved
+
+
+def check_not_expired(start: Offsets, marks: Watermarks) -> None:
+    """An offset below the log start means records were deleted: never skip silently."""
+    for tp, offset in sorted(start.items()):
+        low = marks[tp][0]
+        if offset < low:
+            raise SourceError(
+                f"offsets {offset}..{low - 1} of {tp[0]}[{tp[1]}] are no longer on the broker "
+                f"(log start is {low}, deleted by retention); rewind or backfill from an archive"
+            )
+
+
+def plan_end(
+    start: Offsets,
+    marks: Watermarks,
+    max_records: int | None,
+) -> Offsets:
+    """End offsets of the next batch: everything available, or at most ``max_records``.
+
+    Partitions in ``marks`` but not in ``start`` are new: they join at their log
+    start and are read from the next batch on, so every batch's range is fixed by
+    its two offset maps alone (a replay reads the same records).
+    """
+    end: Offsets = {}
+    for tp, (low, _high) in marks.items():
+        if tp not in start:
+            end[tp] = low
+    current = {tp: off for tp, off in start.items() if tp in marks}
+    lag = {tp: max(0, marks[tp][1] - off) for tp, off in current.items()}
+    total = sum(lag.values())
+    if max_records is None or total <= max_records:
+        end.update({tp: current[tp] + lag[tp] for tp in current})
+        return end
+    # Share the limit in proportion to lag, as Spark's Kafka source does; the
+    # remainder goes to the partitions with the largest lag, in a fixed order.
+    share = {tp: lag[tp] * max_records // total for tp in current}
+    rest = max_records - sum(share.values())
+    for tp in sorted(current, key=lambda t: (-(lag[t] - share[t]), t)):
+        if rest == 0:
+            break
+        if share[tp] < lag[tp]:
+            share[tp] += 1
+            rest -= 1
+    end.update({tp: current[tp] + share[tp] for tp in current})
+    return end

@@ -1,0 +1,366 @@
+"""Pipeline definitions: ``include/pipelines/<name>.yaml``, loaded and validated.
+
+A definition says what to read (topics, JSON value schema), how to aggregate
+(keys, event time, optional window and watermark, aggregations) and how to run
+(processing guarantee, trigger, shuffle partitions). Every error names the file
+and the field.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from jobs.errors import ConfigError
+
+APPLICATION_ID = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+DURATION = re.compile(r"^\s*(\d+)\s*(second|minute|hour|day)s?\s*$")
+FIELD_TYPES = {"string", "long", "int", "double", "boolean"}
+NUMERIC_TYPES = {"long", "int", "double"}
+AGG_FUNCTIONS = {"count", "sum", "min", "max", "avg"}
+TIME_UNITS = {"seconds": 1, "milliseconds": 1000, "microseconds": 1_000_000}
+GUARANTEES = {"exactly_once", "at_least_once"}
+TRIGGER_MODES = {"available-now", "continuous"}
+# Columns the platform adds to every state/changelog row; user names may not clash.
+RESERVED = {"window_start", "window_end", "epoch", "batch_id", "commit_time", "_records"}
+UNIT_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
+
+
+@dataclass(frozen=True)
+class Aggregation:
+    name: str
+    function: str
+    field: str | None  # None only for count
+
+
+@dataclass(frozen=True)
+class SignedField:
+    """A derived numeric column: ``field`` times a sign chosen by a category field.
+
+    Records whose category is not in ``signs`` are dead-lettered with a reason.
+    """
+
+    name: str
+    field: str
+    sign_by: str
+    signs: dict[str, int]
+
+
+@dataclass(frozen=True)
+class Window:
+    size_seconds: int
+    slide_seconds: int  # == size for tumbling windows
+
+    @property
+    def windows_per_record(self) -> int:
+        return self.size_seconds // self.slide_seconds
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    application_id: str
+    version: int
+    topics: tuple[str, ...]
+    starting_offsets: str
+    max_offsets_per_trigger: int | None
+    schema: dict[str, str]
+    keys: tuple[str, ...]
+    event_time_field: str
+    event_time_unit: str
+    window: Window | None
+    watermark_seconds: int | None
+    derived: tuple[SignedField, ...]
+    aggregations: tuple[Aggregation, ...]
+    processing_guarantee: str
+    trigger_mode: str
+    trigger_interval_seconds: int
+    shuffle_partitions: int
+    schedule_minutes: int
+    source_path: Path | None = None
+    description: str = ""
+
+    @property
+    def exactly_once(self) -> bool:
+        return self.processing_guarantee == "exactly_once"
+
+    @property
+    def state_keys(self) -> tuple[str, ...]:
+        """The columns that identify one state row."""
+        return self.keys + (("window_start", "window_end") if self.window else ())
+
+    @property
+    def value_columns(self) -> tuple[str, ...]:
+        """Aggregate output columns in state/changelog, internal ones last."""
+        hidden = tuple(f"_sum_{a.name}" for a in self.aggregations if a.function == "avg")
+        return tuple(a.name for a in self.aggregations) + hidden + ("_records",)
+
+
+class _Reader:
+    """Pulls typed values out of a YAML mapping, with errors that name the field."""
+
+    def __init__(self, origin: str, data: Any, where: str = "") -> None:
+        self.origin = origin
+        self.where = where
+        if not isinstance(data, dict):
+            raise self.error(f"must be a mapping, got {type(data).__name__}")
+        self.data: dict[str, Any] = data
+        self.used: set[str] = set()
+
+    def error(self, message: str, key: str | None = None) -> ConfigError:
+        path = ".".join(p for p in (self.where, key) if p)
+        return ConfigError(f"{self.origin}: {path + ': ' if path else ''}{message}")
+
+    def get(
+        self,
+        key: str,
+        kind: type | tuple[type, ...],
+        default: Any = ...,
+    ) -> Any:
+        self.used.add(key)
+        if key not in self.data or self.data[key] is None:
+            if default is ...:
+                raise self.error("is required", key)
+            return default
+        value = self.data[key]
+        # bool is an int in Python: refuse it where a number is wanted.
+        if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+            raise self.error(f"must be {_kind_name(kind)}, got {value!r}", key)
+        if not isinstance(value, kind):
+            raise self.error(f"must be {_kind_name(kind)}, got {value!r}", key)
+        return value
+
+    def sub(self, key: str, default: Any = ...) -> _Reader | None:
+        value = self.get(key, dict, default)
+        if value is None:
+            return None
+        return _Reader(self.origin, value, ".".join(p for p in (self.where, key) if p))
+
+    def finish(self) -> None:
+        unknown = sorted(set(self.data) - self.used)
+        if unknown:
+            raise self.error(f"unknown field(s) {', '.join(unknown)}")
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    names = {str: "a string", int: "an integer", bool: "true or false", dict: "a mapping"}
+    names[list] = "a list"
+    return " or ".join(names.get(k, k.__name__) for k in kinds)
+
+
+def parse_duration(text: str, origin: str, key: str) -> int:
+    """'10 minutes' -> 600. Spark-style interval strings, whole units only."""
+    match = DURATION.match(text)
+    if not match or int(match.group(1)) <= 0:
+        raise ConfigError(
+            f"{origin}: {key}: must be a positive duration like '30 seconds' or '1 minute', "
+            f"got {text!r}"
+        )
+    return int(match.group(1)) * UNIT_SECONDS[match.group(2)]
+
+
+def parse_pipeline(data: Any, origin: str) -> Pipeline:
+    top = _Reader(origin, data)
+    app_id = top.get("application_id", str)
+    if not APPLICATION_ID.match(app_id):
+        raise top.error(
+            "must be 1-63 characters of lowercase letters, digits and '_', starting with a "
+            f"letter (it names directories), got {app_id!r}",
+            "application_id",
+        )
+    version = top.get("version", int, 1)
+    if version < 1:
+        raise top.error(f"must be a positive integer, got {version}", "version")
+    description = top.get("description", str, "")
+
+    source = top.sub("source")
+    assert source is not None
+    topics = source.get("topics", list)
+    if not topics or not all(isinstance(t, str) and TOPIC_NAME.match(t) for t in topics):
+        raise source.error(
+            f"must be a non-empty list of Kafka topic names, got {topics!r}", "topics"
+        )
+    if len(set(topics)) != len(topics):
+        raise source.error("lists a topic twice", "topics")
+    starting = source.get("starting_offsets", str, "earliest")
+    if starting not in ("earliest", "latest"):
+        raise source.error(f"must be 'earliest' or 'latest', got {starting!r}", "starting_offsets")
+    max_offsets = source.get("max_offsets_per_trigger", int, None)
+    if max_offsets is not None and max_offsets < 1:
+        raise source.error("must be a positive integer", "max_offsets_per_trigger")
+    source.finish()
+
+    schema_data = top.get("schema", dict)
+    schema: dict[str, str] = {}
+    for name, kind in schema_data.items():
+        if not isinstance(name, str) or not FIELD_NAME.match(name):
+            raise top.error(f"field name {name!r} is not a valid identifier", "schema")
+        if kind not in FIELD_TYPES:
+            raise top.error(
+                f"type of {name!r} must be one of {', '.join(sorted(FIELD_TYPES))}, got {kind!r}",
+                "schema",
+            )
+        schema[name] = kind
+    if not schema:
+        raise top.error("must name at least one field", "schema")
+
+    keys = top.get("keys", list)
+    if not keys:
+        raise top.error("must list at least one group key", "keys")
+    for key in keys:
+        if key not in schema:
+            raise top.error(f"key {key!r} is not a field of the schema", "keys")
+    if len(set(keys)) != len(keys):
+        raise top.error("lists a key twice", "keys")
+
+    event = top.sub("event_time")
+    assert event is not None
+    event_field = event.get("field", str)
+    unit = event.get("unit", str, "seconds")
+    event.finish()
+    if event_field not in schema:
+        raise top.error(f"field {event_field!r} is not in the schema", "event_time.field")
+    if schema[event_field] not in NUMERIC_TYPES:
+        raise top.error(f"field {event_field!r} must be numeric (epoch time)", "event_time.field")
+    if unit not in TIME_UNITS:
+        raise top.error(f"must be one of {', '.join(TIME_UNITS)}, got {unit!r}", "event_time.unit")
+
+    window = None
+    window_reader = top.sub("window", None)
+    if window_reader is not None:
+        kind = window_reader.get("type", str)
+        size = parse_duration(window_reader.get("size", str), origin, "window.size")
+        slide = size
+        if kind == "hopping":
+            slide = parse_duration(window_reader.get("slide", str), origin, "window.slide")
+            if slide > size or size % slide:
+                raise window_reader.error("must divide the window size", "slide")
+        elif kind != "tumbling":
+            raise window_reader.error(f"must be 'tumbling' or 'hopping', got {kind!r}", "type")
+        window_reader.finish()
+        window = Window(size, slide)
+    watermark_text = top.get("watermark", str, None)
+    watermark = None
+    if watermark_text is not None:
+        watermark = parse_duration(watermark_text, origin, "watermark")
+    if window is not None and watermark is None:
+        raise top.error("is required with a window (it bounds the state it keeps)", "watermark")
+    if window is None and watermark is not None:
+        raise top.error("only applies to windowed pipelines; remove it", "watermark")
+
+    derived: list[SignedField] = []
+    for i, item in enumerate(top.get("derived", list, [])):
+        d = _Reader(origin, item, f"derived[{i}]")
+        name = d.get("name", str)
+        src = d.get("field", str)
+        sign_by = d.get("sign_by", str)
+        signs = d.get("signs", dict)
+        d.finish()
+        if not FIELD_NAME.match(name) or name in schema or name in RESERVED:
+            raise d.error(f"{name!r} must be a new identifier", "name")
+        if schema.get(src) not in NUMERIC_TYPES:
+            raise d.error(f"{src!r} must be a numeric field of the schema", "field")
+        if schema.get(sign_by) != "string":
+            raise d.error(f"{sign_by!r} must be a string field of the schema", "sign_by")
+        if not signs or not all(
+            isinstance(k, str) and v in (-1, 1) and not isinstance(v, bool)
+            for k, v in signs.items()
+        ):
+            raise d.error("must map category values to 1 or -1", "signs")
+        derived.append(SignedField(name, src, sign_by, dict(signs)))
+    columns = {**schema, **{d.name: schema[d.field] for d in derived}}
+
+    aggregations: list[Aggregation] = []
+    for i, item in enumerate(top.get("aggregations", list)):
+        a = _Reader(origin, item, f"aggregations[{i}]")
+        name = a.get("name", str)
+        function = a.get("function", str)
+        src = a.get("field", str, None)
+        a.finish()
+        if not FIELD_NAME.match(name) or name in RESERVED or name in keys:
+            raise a.error(f"{name!r} must be an identifier that is not a key or reserved", "name")
+        if function not in AGG_FUNCTIONS:
+            raise a.error(f"must be one of {', '.join(sorted(AGG_FUNCTIONS))}", "function")
+        if function == "count":
+            if src is not None:
+                raise a.error("count takes no field", "field")
+        elif columns.get(src or "") not in NUMERIC_TYPES:
+            raise a.error(f"{function} needs a numeric field, got {src!r}", "field")
+        aggregations.append(Aggregation(name, function, src))
+    if not aggregations:
+        raise top.error("must list at least one aggregation", "aggregations")
+    names = [a.name for a in aggregations]
+    if len(set(names)) != len(names):
+        raise top.error("output names must be unique", "aggregations")
+
+    guarantee = top.get("processing_guarantee", str, "exactly_once")
+    if guarantee not in GUARANTEES:
+        raise top.error(f"must be one of {', '.join(sorted(GUARANTEES))}", "processing_guarantee")
+
+    trigger = top.sub("trigger", {})
+    assert trigger is not None
+    mode = trigger.get("mode", str, "available-now")
+    if mode not in TRIGGER_MODES:
+        raise trigger.error(f"must be one of {', '.join(sorted(TRIGGER_MODES))}", "mode")
+    interval = parse_duration(
+        trigger.get("interval", str, "10 seconds"), origin, "trigger.interval"
+    )
+    trigger.finish()
+
+    shuffle = top.get("shuffle_partitions", int, 2)
+    if not 1 <= shuffle <= 10000:
+        raise top.error("must be between 1 and 10000", "shuffle_partitions")
+    schedule_minutes = top.get("schedule_minutes", int, 5)  # the Airflow DAG's interval
+    if not 1 <= schedule_minutes <= 1440:
+        raise top.error("must be between 1 and 1440", "schedule_minutes")
+    top.finish()
+    return Pipeline(
+        application_id=app_id,
+        version=version,
+        topics=tuple(topics),
+        starting_offsets=starting,
+        max_offsets_per_trigger=max_offsets,
+        schema=schema,
+        keys=tuple(keys),
+        event_time_field=event_field,
+        event_time_unit=unit,
+        window=window,
+        watermark_seconds=watermark,
+        derived=tuple(derived),
+        aggregations=tuple(aggregations),
+        processing_guarantee=guarantee,
+        trigger_mode=mode,
+        trigger_interval_seconds=interval,
+        shuffle_partitions=shuffle,
+        schedule_minutes=schedule_minutes,
+        description=description,
+    )
+
+
+def load_pipeline(name_or_path: str, pipelines_dir: Path) -> Pipeline:
+    """A pipeline by name (``user_clicks``) or by path to its YAML file."""
+    path = Path(name_or_path)
+    if path.suffix not in (".yaml", ".yml"):
+        if not APPLICATION_ID.match(name_or_path):
+            raise ConfigError(f"pipeline name {name_or_path!r} is not a valid application id")
+        path = pipelines_dir / f"{name_or_path}.yaml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in pipelines_dir.glob("*.yaml"))) or "none"
+        raise ConfigError(f"no pipeline file {path} (defined pipelines: {known})")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    pipeline = parse_pipeline(data, str(path))
+    object.__setattr__(pipeline, "source_path", path)
+    return pipeline
+
+
+def list_pipelines(pipelines_dir: Path) -> list[Pipeline]:
+    return [load_pipeline(str(p), pipelines_dir) for p in sorted(pipelines_dir.glob("*.yaml"))]

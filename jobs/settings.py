@@ -1,0 +1,59 @@
+"""Platform settings: one place, one environment prefix (``PLATFORM_``).
+
+Command-line flags override these; these override the built-in defaults, which
+are the embedded local stack (loopback broker, local Spark, local warehouse).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from jobs.errors import ConfigError
+
+ENV_PREFIX = "PLATFORM_"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+# Kafka client settings users may pass through (security included), e.g.
+# PLATFORM_KAFKA_SECURITY_PROTOCOL=SASL_SSL -> security.protocol=SASL_SSL.
+KAFKA_CLIENT_ENV_PREFIX = ENV_PREFIX + "KAFKA_"
+
+
+@dataclass(frozen=True)
+class Settings:
+    bootstrap_servers: str
+    warehouse: Path
+    spark_master: str
+    pipelines_dir: Path
+    broker_data_dir: Path
+    broker_port: int
+    kafka_client: dict[str, str] = field(default_factory=dict)
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(ENV_PREFIX + name, default)
+
+
+def _port(raw: str, name: str) -> int:
+    if not raw.isdigit() or not 1 <= int(raw) <= 65535:
+        raise ConfigError(f"{ENV_PREFIX}{name} must be a port number 1-65535, got {raw!r}")
+    return int(raw)
+
+
+def load_settings() -> Settings:
+    """Read the settings from the environment, validating every value."""
+    broker_port = _port(_env("BROKER_PORT", "19092"), "BROKER_PORT")
+    kafka_client = {
+        key[len(KAFKA_CLIENT_ENV_PREFIX) :].lower().replace("_", "."): value
+        for key, value in os.environ.items()
+        if key.startswith(KAFKA_CLIENT_ENV_PREFIX)
+    }
+    return Settings(
+        bootstrap_servers=_env("BOOTSTRAP_SERVERS", f"127.0.0.1:{broker_port}"),
+        warehouse=Path(_env("WAREHOUSE", str(REPO_ROOT / "warehouse"))).resolve(),
+        spark_master=_env("SPARK_MASTER", "local[2]"),
+        pipelines_dir=Path(_env("PIPELINES_DIR", str(REPO_ROOT / "include" / "pipelines"))),
+        broker_data_dir=Path(_env("BROKER_DATA_DIR", str(REPO_ROOT / ".broker"))).resolve(),
+        broker_port=broker_port,
+        kafka_client=kafka_client,
+    )

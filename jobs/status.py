@@ -1,0 +1,198 @@
+"""Where an application stands, from its ledger (not from the Spark checkpoint),
+compared with the broker and the checkpoint, plus every inconsistency we can see."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+
+from jobs import kafka_admin
+from jobs.delta import layout as tables
+from jobs.delta.layout import AppLayout
+from jobs.errors import PlatformError
+from jobs.kafka_source import offsets as plan
+from jobs.pipeline import Pipeline
+from jobs.settings import Settings
+from jobs.streaming import offset_log
+from jobs.streaming.run import current_epoch
+
+COUNT_COLUMNS = ("records_in", "records_valid", "dead_lettered", "aggregated", "late_dropped")
+
+
+@dataclass
+class PartitionLag:
+    topic: str
+    partition: int
+    committed: int | None
+    log_start: int | None
+    log_end: int | None
+    lag: int | None
+
+
+@dataclass
+class Status:
+    application_id: str
+    pipeline_version: int
+    epoch: int
+    last_batch: dict[str, Any] | None
+    batches_committed: int
+    totals: dict[str, int]
+    partitions: list[PartitionLag] = field(default_factory=list)
+    state_rows: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def read_ledger(layout: AppLayout) -> pa.Table | None:
+    path = layout.table(tables.LEDGER)
+    if not DeltaTable.is_deltatable(str(path)):
+        return None
+    return pa.table(DeltaTable(str(path)).to_pyarrow_table())
+
+
+def application_status(pipeline: Pipeline, settings: Settings, with_broker: bool = True) -> Status:
+    layout = AppLayout(settings.warehouse, pipeline.application_id)
+    ledger = read_ledger(layout)
+    epoch = current_epoch(layout)
+    problems: list[str] = []
+    batches = None
+    if ledger is not None:
+        batches = ledger.filter(pc.equal(ledger["entry_type"], "batch"))
+    if batches is None or batches.num_rows == 0:
+        status = Status(pipeline.application_id, pipeline.version, epoch, None, 0, {})
+        status.partitions = _lags(pipeline, settings, {}, problems) if with_broker else []
+        status.problems = problems
+        return status
+
+    rows = batches.sort_by([("epoch", "ascending"), ("batch_id", "ascending")]).to_pylist()
+    last = rows[-1]
+    totals = {c: int(pc.sum(batches[c]).as_py() or 0) for c in COUNT_COLUMNS}
+    _check_batches(rows, problems)
+    _check_checkpoint(layout, epoch, rows, problems)
+    committed = plan.from_json_dict(json.loads(last["end_offsets"]))
+    lags = _lags(pipeline, settings, committed, problems) if with_broker else []
+    state_path = layout.table("state")
+    state_rows = DeltaTable(str(state_path)).count()
+    summary = {k: last[k] for k in ("epoch", "batch_id", "commit_time", "end_offsets")}
+    summary["commit_time"] = str(summary["commit_time"])
+    return Status(
+        application_id=pipeline.application_id,
+        pipeline_version=pipeline.version,
+        epoch=epoch,
+        last_batch=summary,
+        batches_committed=len(rows),
+        totals=totals,
+        partitions=lags,
+        state_rows=int(state_rows),
+        problems=problems,
+    )
+
+
+def _check_batches(rows: list[dict[str, Any]], problems: list[str]) -> None:
+    seen: set[tuple[int, int]] = set()
+    previous_end: dict[int, str] = {}
+    for row in rows:
+        ident = (row["epoch"], row["batch_id"])
+        if ident in seen:
+            problems.append(f"batch {ident[1]} of epoch {ident[0]} is in the ledger twice")
+        seen.add(ident)
+        if row["records_in"] != row["records_valid"] + row["dead_lettered"]:
+            problems.append(f"batch {ident}: records_in != valid + dead-lettered")
+        pairs = row["records_valid"] * row["windows_per_record"]
+        if pairs != row["aggregated"] + row["late_dropped"]:
+            problems.append(f"batch {ident}: valid != aggregated + late")
+        end = previous_end.get(row["epoch"])
+        if end is not None and end != row["start_offsets"]:
+            problems.append(
+                f"batch {ident}: starts at {row['start_offsets']}, previous ended at {end}"
+            )
+        previous_end[row["epoch"]] = row["end_offsets"]
+
+
+def _check_checkpoint(
+    layout: AppLayout, epoch: int, rows: list[dict[str, Any]], problems: list[str]
+) -> None:
+    checkpoint = layout.checkpoint(epoch)
+    in_epoch = [r["batch_id"] for r in rows if r["epoch"] == epoch]
+    if not checkpoint.is_dir():
+        if in_epoch:
+            problems.append(
+                f"checkpoint {checkpoint} is missing but the ledger has {len(in_epoch)} batches "
+                "of this epoch: the Spark state is lost (repair: rebuild)"
+            )
+        return
+    commits = offset_log.committed_batches(checkpoint)
+    planned = offset_log.offset_batches(checkpoint)
+    if in_epoch and commits and max(commits) > max(in_epoch):
+        problems.append(
+            f"Spark committed batch {max(commits)} but the ledger ends at {max(in_epoch)}: "
+            "batches were committed without the platform's commit"
+        )
+    pending = sorted(set(planned) - set(commits))
+    if pending:
+        problems.append(
+            f"batches {pending} are planned but not committed by Spark (a crash or a running "
+            "query): the next run replays them with the same offsets"
+        )
+
+
+def _lags(
+    pipeline: Pipeline, settings: Settings, committed: plan.Offsets, problems: list[str]
+) -> list[PartitionLag]:
+    config = kafka_admin.client_config(settings.bootstrap_servers, settings.kafka_client)
+    try:
+        partitions = kafka_admin.topic_partitions(kafka_admin.admin(config), pipeline.topics)
+        marks = kafka_admin.watermarks(
+            config, [(t, p) for t, parts in partitions.items() for p in parts]
+        )
+    except PlatformError as exc:
+        problems.append(f"broker: {exc}")
+        return []
+    result = []
+    for (topic, part), (low, high) in sorted(marks.items()):
+        done = committed.get((topic, part))
+        lag = None if done is None else high - done
+        if done is not None and done < low:
+            problems.append(
+                f"{topic}[{part}]: committed offset {done} is below the log start {low} "
+                "(records deleted by retention before they were processed)"
+            )
+        result.append(PartitionLag(topic, part, done, low, high, lag))
+    return result
+
+
+def format_status(status: Status) -> str:
+    lines = [f"application {status.application_id} (pipeline v{status.pipeline_version})"]
+    lines.append(f"  epoch: {status.epoch}")
+    if status.last_batch is None:
+        lines.append("  last committed batch: none yet")
+    else:
+        b = status.last_batch
+        lines.append(
+            f"  last committed batch: epoch {b['epoch']} batch {b['batch_id']} at {b['commit_time']}"
+        )
+        lines.append(
+            f"  batches committed: {status.batches_committed}; state rows: {status.state_rows}"
+        )
+        lines.append("  totals: " + ", ".join(f"{k} {v}" for k, v in status.totals.items()))
+    if status.partitions:
+        lines.append("  partition            committed    log end      lag")
+        for p in status.partitions:
+            committed = "-" if p.committed is None else str(p.committed)
+            lag = "-" if p.lag is None else str(p.lag)
+            lines.append(
+                f"  {p.topic + '[' + str(p.partition) + ']':<20} {committed:>9} {p.log_end:>10} {lag:>8}"
+            )
+    if status.problems:
+        lines.append("  problems:")
+        lines += [f"    - {p}" for p in status.problems]
+    else:
+        lines.append("  problems: none found")
+    return "\n".join(lines)

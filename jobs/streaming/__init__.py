@@ -1,0 +1,1 @@
+"""The Spark side: session, the streaming query, and the per-batch commit."""

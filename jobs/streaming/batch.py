@@ -1,0 +1,261 @@
+"""The per-micro-batch commit (``foreachBatch``): Spark's output -> Delta tables.
+
+For batch ``b`` of epoch ``e``, in this order, each commit idempotent and fenced
+(see ``jobs/delta/writer.py``):
+
+1. ``dead_letter``: records that could not be aggregated, with the reason;
+2. ``changelog``: every (key, window) whose aggregate changed, with its new value;
+3. ``state``: the same rows merged in (current value per key and window);
+4. ``_ledger``: one row: offsets, counts, versions. It is written last and marks
+   the batch committed.
+
+A crash anywhere before Spark's own batch commit replays the batch with the same
+offsets (Spark's offset log) and the same epoch; tables that already have the
+batch skip it. Counts are checked before anything is written:
+``records_in = records_valid + dead_lettered`` and, in (record, window) pairs,
+``records_valid * windows_per_record = aggregated + late_dropped``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+
+from jobs.delta import layout as tables
+from jobs.delta.layout import AppLayout
+from jobs.delta.writer import BatchWriter, committed_batch, find_commit_version
+from jobs.errors import ConsistencyError
+from jobs.faults import maybe_crash
+from jobs.pipeline import Pipeline
+from jobs.streaming import offset_log
+from jobs.streaming.observed import observed_metrics
+from jobs.streaming.query import OBSERVATION
+
+
+@dataclass
+class BatchResult:
+    batch_id: int
+    skipped: bool
+    ledger: dict[str, Any]
+
+
+class BatchCommitter:
+    """Callable for ``foreachBatch``; one instance per streaming run."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        pipeline: Pipeline,
+        layout: AppLayout,
+        epoch: int,
+        checkpoint: Path,
+        initial_offsets: dict[str, Any],
+        query_name: str,
+    ) -> None:
+        self.spark = spark
+        self.pipeline = pipeline
+        self.layout = layout
+        self.epoch = epoch
+        self.checkpoint = checkpoint
+        self.initial_offsets = initial_offsets
+        self.query_name = query_name
+        self.writer = BatchWriter(pipeline.application_id, epoch, pipeline.exactly_once)
+        self.results: list[BatchResult] = []
+        self.aggregate_schema = tables.aggregate_schema(pipeline)
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        started = time.monotonic()
+        # The one action on this batch: it runs the scan, the aggregation and the
+        # observation together (a second action would scan Kafka again).
+        changed = batch.toArrow()
+        metrics = observed_metrics(self.spark, self.query_name, OBSERVATION)
+        ledger_path = self.layout.table(tables.LEDGER)
+        if self.pipeline.exactly_once:
+            done = committed_batch(
+                DeltaTable(str(ledger_path)), self.pipeline.application_id, self.epoch
+            )
+            if done is not None and done >= batch_id:
+                self.results.append(BatchResult(batch_id, True, {}))
+                return
+        offsets = offset_log.read_offsets(self.checkpoint, batch_id)
+        start = (
+            self.initial_offsets
+            if batch_id == 0
+            else offset_log.read_offsets(self.checkpoint, batch_id - 1).end_offsets
+        )
+        rows = changed.cast(self.aggregate_schema)
+        now = pa.scalar(int(time.time() * 1_000_000), tables.TIMESTAMP)
+        counts = self._counts(rows, metrics, batch_id, start, offsets.end_offsets)
+        dead = self._dead_letters(metrics["dead_letters"], batch_id, now)
+        meta = {"platform_operation": "batch", "pipeline_version": str(self.pipeline.version)}
+
+        versions: dict[str, int | None] = {}
+        if dead.num_rows:
+            versions["dead_letter"] = self.writer.append(
+                self.layout.table("dead_letter"), batch_id, dead, meta
+            )
+        maybe_crash("after_dead_letter", batch_id)
+        if rows.num_rows:
+            stamped = self._stamp(rows, batch_id, now, "commit_time")
+            versions["changelog"] = self.writer.append(
+                self.layout.table("changelog"), batch_id, stamped, meta
+            )
+            maybe_crash("after_changelog", batch_id)
+            versions["state"] = self.writer.merge(
+                self.layout.table("state"),
+                batch_id,
+                self._stamp(rows, batch_id, now, "updated_at"),
+                self.pipeline.state_keys,
+                meta,
+            )
+            maybe_crash("after_state", batch_id)
+        ledger = {
+            "application_id": self.pipeline.application_id,
+            "entry_type": "batch",
+            "epoch": self.epoch,
+            "batch_id": batch_id,
+            "start_offsets": json.dumps(start, sort_keys=True),
+            "end_offsets": json.dumps(offsets.end_offsets, sort_keys=True),
+            **counts,
+            "watermark_ms": offsets.watermark_ms,
+            "pipeline_version": self.pipeline.version,
+            "processing_guarantee": self.pipeline.processing_guarantee,
+            "delta_versions": json.dumps(versions, sort_keys=True),
+            "details": json.dumps({"seconds": round(time.monotonic() - started, 3)}),
+            "commit_time": now.as_py(),
+        }
+        self.writer.append(
+            ledger_path, batch_id, pa.Table.from_pylist([ledger], tables.LEDGER_SCHEMA), meta
+        )
+        maybe_crash("after_ledger", batch_id)
+        self.results.append(BatchResult(batch_id, False, ledger))
+
+    def _stamp(self, rows: pa.Table, batch_id: int, now: pa.Scalar, time_column: str) -> pa.Table:
+        n = rows.num_rows
+        return (
+            rows.append_column(
+                pa.field("epoch", pa.int64(), False), pa.array([self.epoch] * n, pa.int64())
+            )
+            .append_column(
+                pa.field("batch_id", pa.int64(), False), pa.array([batch_id] * n, pa.int64())
+            )
+            .append_column(
+                pa.field(time_column, tables.TIMESTAMP, False),
+                pa.array([now] * n, tables.TIMESTAMP),
+            )
+        )
+
+    def _previous_state(self, batch_id: int) -> DeltaTable:
+        """The state table as it was before this batch (time travel on a replay)."""
+        path = self.layout.table("state")
+        table = DeltaTable(str(path))
+        if self.pipeline.exactly_once:
+            done = committed_batch(table, self.pipeline.application_id, self.epoch)
+            if done is not None and done >= batch_id:
+                version = find_commit_version(
+                    path, self.pipeline.application_id, self.epoch, batch_id
+                )
+                if version is None:
+                    raise ConsistencyError(f"state has batch {batch_id} but no commit for it")
+                table = DeltaTable(str(path), version=version - 1)
+        return table
+
+    def _counts(
+        self,
+        rows: pa.Table,
+        metrics: dict[str, Any],
+        batch_id: int,
+        start: dict[str, Any],
+        end: dict[str, Any],
+    ) -> dict[str, int]:
+        records_in = int(metrics["records_in"])
+        valid = int(metrics["records_valid"])
+        dead = int(metrics["dead_lettered"])
+        per_record = self.pipeline.window.windows_per_record if self.pipeline.window else 1
+        aggregated = self._records_added(rows, batch_id)
+        late = valid * per_record - aggregated
+        offsets_span = sum(
+            off - start.get(topic, {}).get(part, off)
+            for topic, parts in end.items()
+            for part, off in parts.items()
+        )
+        problems = []
+        if records_in != valid + dead:
+            problems.append(f"records_in {records_in} != valid {valid} + dead-lettered {dead}")
+        if len(metrics["dead_letters"]) != dead:
+            problems.append(
+                f"{len(metrics['dead_letters'])} dead letters collected, {dead} counted"
+            )
+        if records_in > offsets_span:
+            problems.append(f"{records_in} records read from an offset span of {offsets_span}")
+        if late < 0:
+            problems.append(f"state grew by {aggregated} rows from only {valid * per_record}")
+        if late and self.pipeline.window is None:
+            problems.append(f"{late} records missing from the state of an unwindowed pipeline")
+        if problems:
+            raise ConsistencyError(f"batch {batch_id} does not add up: " + "; ".join(problems))
+        return {
+            "records_in": records_in,
+            "records_valid": valid,
+            "dead_lettered": dead,
+            "aggregated": aggregated,
+            "late_dropped": late,
+            "windows_per_record": per_record,
+            "state_rows_changed": rows.num_rows,
+        }
+
+    def _records_added(self, rows: pa.Table, batch_id: int) -> int:
+        """Sum over changed (key, window) rows of the growth of ``_records``."""
+        total_now = pc.sum(rows["_records"]).as_py() or 0
+        if rows.num_rows == 0:
+            return 0
+        keys = list(self.pipeline.state_keys)
+        dataset = self._previous_state(batch_id).to_pyarrow_dataset()
+        condition = None
+        if self.pipeline.window is not None:
+            first = pc.min(rows["window_start"])
+            condition = dataset_field("window_start") >= first
+        before = dataset.to_table(columns=[*keys, "_records"], filter=condition)
+        if before.num_rows == 0:
+            return int(total_now)
+        matched = rows.select(keys).join(before, keys=keys, join_type="inner")
+        return int(total_now - (pc.sum(matched["_records"]).as_py() or 0))
+
+    def _dead_letters(
+        self, letters: list[dict[str, Any]], batch_id: int, now: pa.Scalar
+    ) -> pa.Table:
+        def decode(text: str | None) -> bytes | None:
+            return None if text is None else base64.b64decode(text)
+
+        rows = [
+            {
+                "topic": d["topic"],
+                "partition": d["partition"],
+                "offset": d["offset"],
+                "key": decode(d.get("key")),
+                "value": decode(d.get("value")),
+                "kafka_timestamp": d.get("kafka_timestamp"),
+                "reason": d["reason"],
+                "epoch": self.epoch,
+                "batch_id": batch_id,
+                "commit_time": now.as_py(),
+            }
+            for d in letters
+        ]
+        table = pa.Table.from_pylist(rows, schema=tables.DEAD_LETTER_SCHEMA)
+        return table
+
+
+def dataset_field(name: str) -> Any:
+    import pyarrow.dataset as ds
+
+    return ds.field(name)

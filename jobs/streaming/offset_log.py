@@ -1,0 +1,54 @@
+"""Reading a Spark checkpoint's offset and commit logs (plain files).
+
+``offsets/<n>`` is written before batch n runs: a version line, a metadata JSON
+line (with the batch watermark) and one line per source with its end offsets.
+``commits/<n>`` is written after batch n's sink returned. The ledger, not this,
+is the platform's record; these files tell what Spark itself will do next.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from jobs.errors import ConsistencyError
+
+
+@dataclass(frozen=True)
+class OffsetLogEntry:
+    batch_id: int
+    end_offsets: dict[str, Any]
+    watermark_ms: int
+    batch_timestamp_ms: int
+
+
+def _batch_ids(directory: Path) -> list[int]:
+    if not directory.is_dir():
+        return []
+    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
+
+
+def offset_batches(checkpoint: Path) -> list[int]:
+    return _batch_ids(checkpoint / "offsets")
+
+
+def committed_batches(checkpoint: Path) -> list[int]:
+    return _batch_ids(checkpoint / "commits")
+
+
+def read_offsets(checkpoint: Path, batch_id: int) -> OffsetLogEntry:
+    path = checkpoint / "offsets" / str(batch_id)
+    try:
+        lines = path.read_text().splitlines()
+        metadata = json.loads(lines[1])
+        end = json.loads(lines[2])
+    except (OSError, IndexError, json.JSONDecodeError) as exc:
+        raise ConsistencyError(f"unreadable offset log entry {path}: {exc}") from exc
+    return OffsetLogEntry(
+        batch_id=batch_id,
+        end_offsets=end,
+        watermark_ms=int(metadata.get("batchWatermarkMs", 0)),
+        batch_timestamp_ms=int(metadata.get("batchTimestampMs", 0)),
+    )

@@ -1,0 +1,41 @@
+"""The SparkSession every job uses: local by default, RocksDB state with changelog
+checkpointing, and the ``kafka`` Python data source registered."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from pyspark.sql import SparkSession
+
+from jobs.kafka_source import KafkaDataSource
+
+ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+
+
+def get_spark(master: str = "local[2]", app_name: str = "platform") -> SparkSession:
+    """The shared session (Spark takes seconds to start: reuse it)."""
+    # Spark binds to a non-loopback address unless told otherwise; Python workers
+    # must run this interpreter, which has the project's packages.
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    spark = (
+        SparkSession.builder.master(master)
+        .appName(app_name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
+        .config(
+            "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled",
+            "true",
+        )
+        .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.python.worker.reuse", "true")
+        .config("spark.driver.memory", os.environ.get("PLATFORM_SPARK_DRIVER_MEMORY", "2g"))
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    spark.dataSource.register(KafkaDataSource)
+    return spark
