@@ -24,6 +24,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from jobs.errors import ConfigError, SourceError
+from jobs.faults import maybe_crash
 from jobs.kafka_source import offsets as plan
 
 SCHEMA = (
@@ -283,6 +284,7 @@ def read_range(
                 last_progress = time.monotonic()
                 if builder.rows >= OUTPUT_BATCH_ROWS:
                     yield builder.flush()
+                    maybe_crash("during_read")
             if position < end:
                 # Control records (transaction markers) and aborted records occupy
                 # offsets that read_committed never delivers: trust the position.

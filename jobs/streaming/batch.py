@@ -77,6 +77,7 @@ class BatchCommitter:
         # The one action on this batch: it runs the scan, the aggregation and the
         # observation together (a second action would scan Kafka again).
         changed = batch.toArrow()
+        spark_s = time.monotonic() - started
         metrics = observed_metrics(self.spark, self.query_name, OBSERVATION)
         ledger_path = self.layout.table(tables.LEDGER)
         if self.pipeline.exactly_once:
@@ -98,17 +99,20 @@ class BatchCommitter:
         dead = self._dead_letters(metrics["dead_letters"], batch_id, now)
         meta = {"platform_operation": "batch", "pipeline_version": str(self.pipeline.version)}
 
+        timings = {"spark": spark_s, "prepare": time.monotonic() - started - spark_s}
         versions: dict[str, int | None] = {}
         if dead.num_rows:
             versions["dead_letter"] = self.writer.append(
                 self.layout.table("dead_letter"), batch_id, dead, meta
             )
+        timings["dead_letter"] = time.monotonic() - started - sum(timings.values())
         maybe_crash("after_dead_letter", batch_id)
         if rows.num_rows:
             stamped = self._stamp(rows, batch_id, now, "commit_time")
             versions["changelog"] = self.writer.append(
                 self.layout.table("changelog"), batch_id, stamped, meta
             )
+            timings["changelog"] = time.monotonic() - started - sum(timings.values())
             maybe_crash("after_changelog", batch_id)
             versions["state"] = self.writer.merge(
                 self.layout.table("state"),
@@ -117,6 +121,7 @@ class BatchCommitter:
                 self.pipeline.state_keys,
                 meta,
             )
+            timings["state"] = time.monotonic() - started - sum(timings.values())
             maybe_crash("after_state", batch_id)
         ledger = {
             "application_id": self.pipeline.application_id,
@@ -130,7 +135,12 @@ class BatchCommitter:
             "pipeline_version": self.pipeline.version,
             "processing_guarantee": self.pipeline.processing_guarantee,
             "delta_versions": json.dumps(versions, sort_keys=True),
-            "details": json.dumps({"seconds": round(time.monotonic() - started, 3)}),
+            "details": json.dumps(
+                {
+                    "seconds": round(time.monotonic() - started, 3),
+                    "timings": {k: round(v, 3) for k, v in timings.items()},
+                }
+            ),
             "commit_time": now.as_py(),
         }
         self.writer.append(

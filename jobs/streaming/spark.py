@@ -9,6 +9,7 @@ import sys
 from pyspark.sql import SparkSession
 
 from jobs.kafka_source import KafkaDataSource
+from jobs.settings import REPO_ROOT
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
@@ -20,10 +21,15 @@ def get_spark(master: str = "local[2]", app_name: str = "platform") -> SparkSess
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    # Python workers unpickle the source and import ``jobs``: put the project on
+    # their path (spark-submit on a cluster ships it with --py-files instead).
+    paths = [str(REPO_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     spark = (
         SparkSession.builder.master(master)
         .appName(app_name)
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
         .config(
@@ -31,6 +37,8 @@ def get_spark(master: str = "local[2]", app_name: str = "platform") -> SparkSess
             "true",
         )
         .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
+        # Saves a state lookup per update (measured ~10%); only a metric needs it.
+        .config("spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows", "false")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.python.worker.reuse", "true")
         .config("spark.driver.memory", os.environ.get("PLATFORM_SPARK_DRIVER_MEMORY", "2g"))
