@@ -280,11 +280,11 @@ def read_range(
                 kept = [m for m in messages if m.offset() < end]
             if kept:
                 builder.add(kept)
+                maybe_crash("during_read")
                 position = kept[-1].offset() + 1
                 last_progress = time.monotonic()
                 if builder.rows >= OUTPUT_BATCH_ROWS:
                     yield builder.flush()
-                    maybe_crash("during_read")
             if position < end:
                 # Control records (transaction markers) and aborted records occupy
                 # offsets that read_committed never delivers: trust the position.

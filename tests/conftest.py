@@ -1,0 +1,66 @@
+"""Shared fixtures: one real broker and one SparkSession for the whole run."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from jobs import broker as embedded
+from jobs import kafka_admin
+from jobs.broker import BrokerInfo
+from jobs.settings import Settings, load_settings
+
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+_topic_ids = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerInfo]:
+    data_dir = tmp_path_factory.mktemp("broker")
+    info = embedded.start(data_dir, embedded.find_free_port())
+    yield info
+    embedded.stop(data_dir)
+
+
+@pytest.fixture(scope="session")
+def spark():  # type: ignore[no-untyped-def]
+    from jobs.streaming.spark import get_spark
+
+    session = get_spark("local[2]", "tests")
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def settings(broker: BrokerInfo, tmp_path: Path) -> Settings:
+    return dataclasses.replace(
+        load_settings(), bootstrap_servers=broker.bootstrap_servers, warehouse=tmp_path / "warehouse"
+    )
+
+
+@pytest.fixture
+def kafka_config(broker: BrokerInfo) -> dict[str, str]:
+    return kafka_admin.client_config(broker.bootstrap_servers)
+
+
+@pytest.fixture
+def new_topic(kafka_config: dict[str, str]):  # type: ignore[no-untyped-def]
+    """Creates a uniquely named topic: ``new_topic(partitions=4)`` -> name."""
+
+    def make(partitions: int = 4, config: dict[str, str] | None = None) -> str:
+        name = f"t{os.getpid()}_{next(_topic_ids)}_{int(time.time() * 1000) % 10**6}"
+        kafka_admin.create_topic(kafka_admin.admin(kafka_config), name, partitions, config)
+        return name
+
+    return make
+
+
+def produce(config: dict[str, str], topic: str, values: list[bytes | None], key: bytes | None = None) -> None:
+    now_ms = int(time.time() * 1000)
+    kafka_admin.produce_all(config, topic, ((key, v, now_ms) for v in values))  # type: ignore[misc]

@@ -1,0 +1,50 @@
+"""The command line: bad input exits 2 with one clear line and no traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from jobs.settings import REPO_ROOT
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "jobs", *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["run"], "the following arguments are required: --pipeline"),
+        (["run", "--pipeline", "nope"], "no pipeline file"),
+        (["run", "--pipeline", "user_clicks", "--trigger", "sometimes"], "invalid choice"),
+        (["run", "--pipeline", "user_clicks", "--bootstrap-servers", "x y"], "HOST:PORT"),
+        (["status", "--pipeline", "../x"], "not a valid application id"),
+        (["frobnicate"], "invalid choice"),
+        (["broker", "start", "--port", "99999"], "--port must be 1-65535"),
+    ],
+)
+def test_bad_arguments(args: list[str], message: str) -> None:
+    result = run_cli(*args)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_bad_environment_value() -> None:
+    import os
+
+    env = {**os.environ, "PLATFORM_BROKER_PORT": "http"}
+    result = run_cli("status", "--pipeline", "user_clicks", env=env)
+    assert result.returncode == 2
+    assert "PLATFORM_BROKER_PORT must be a port number" in result.stderr

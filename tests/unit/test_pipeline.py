@@ -1,0 +1,98 @@
+"""Pipeline definitions: the reference pipelines load; bad ones fail clearly."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from jobs.errors import ConfigError
+from jobs.pipeline import list_pipelines, load_pipeline, parse_pipeline
+from jobs.settings import REPO_ROOT
+
+PIPELINES = REPO_ROOT / "include" / "pipelines"
+BASE: dict[str, Any] = yaml.safe_load((PIPELINES / "user_clicks.yaml").read_text())
+
+
+def variant(**changes: Any) -> dict[str, Any]:
+    data = copy.deepcopy(BASE)
+    for key, value in changes.items():
+        if value is None:
+            data.pop(key, None)
+        else:
+            data[key] = value
+    return data
+
+
+def test_reference_pipelines_load() -> None:
+    names = {p.application_id for p in list_pipelines(PIPELINES)}
+    assert {"user_clicks", "inventory"} <= names
+    clicks = load_pipeline("user_clicks", PIPELINES)
+    assert clicks.state_keys == ("user_id", "window_start", "window_end")
+    assert clicks.window is not None and clicks.window.size_seconds == 60
+    assert clicks.watermark_seconds == 600
+    assert clicks.exactly_once
+    inventory = load_pipeline("inventory", PIPELINES)
+    assert inventory.window is None
+    assert inventory.derived[0].signs["return"] == -1  # version 1's known bug
+
+
+def test_load_by_path(tmp_path: Path) -> None:
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump(variant(application_id="mine")))
+    assert load_pipeline(str(path), PIPELINES).application_id == "mine"
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"application_id": "../etc"}, "application_id: must be 1-63 characters"),
+        ({"application_id": "Clicks"}, "application_id"),
+        ({"application_id": None}, "application_id: is required"),
+        ({"keys": ["nope"]}, "keys: key 'nope' is not a field"),
+        ({"schema": {"user_id": "varchar", "timestamp": "long"}}, "type of 'user_id' must be"),
+        ({"watermark": None}, "watermark: is required with a window"),
+        ({"watermark": "ten minutes"}, "watermark: must be a positive duration"),
+        ({"window": {"type": "sliding", "size": "1 minute"}}, "window.type"),
+        ({"window": {"type": "hopping", "size": "1 minute", "slide": "7 seconds"}}, "slide"),
+        ({"aggregations": [{"name": "n", "function": "median"}]}, "function: must be one of"),
+        ({"aggregations": [{"name": "s", "function": "sum", "field": "user_id"}]}, "numeric"),
+        ({"aggregations": [{"name": "window_start", "function": "count"}]}, "reserved"),
+        ({"processing_guarantee": "maybe"}, "processing_guarantee"),
+        ({"shuffle_partitions": 0}, "shuffle_partitions"),
+        ({"shuffle_partitions": True}, "shuffle_partitions: must be an integer"),
+        ({"colour": "blue"}, "unknown field(s) colour"),
+        ({"trigger": {"mode": "sometimes"}}, "trigger.mode"),
+        ({"event_time": {"field": "user_id", "unit": "seconds"}}, "must be numeric"),
+        ({"event_time": {"field": "timestamp", "unit": "fortnights"}}, "event_time.unit"),
+    ],
+)
+def test_bad_definitions_name_the_field(changes: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        parse_pipeline(variant(**changes), "p.yaml")
+    assert message in str(error.value)
+    assert str(error.value).startswith("p.yaml: ")
+
+
+def test_source_topics_validated() -> None:
+    data = variant()
+    data["source"] = {"topics": ["bad topic!"]}
+    with pytest.raises(ConfigError, match="source.topics"):
+        parse_pipeline(data, "p.yaml")
+
+
+def test_unknown_pipeline_lists_known_ones() -> None:
+    with pytest.raises(ConfigError, match="defined pipelines: .*user_clicks"):
+        load_pipeline("no_such", PIPELINES)
+    with pytest.raises(ConfigError, match="not a valid application id"):
+        load_pipeline("../../etc/passwd", PIPELINES)
+
+
+def test_not_yaml(tmp_path: Path) -> None:
+    path = tmp_path / "x.yaml"
+    path.write_text("a: [")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_pipeline(str(path), PIPELINES)
