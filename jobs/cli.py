@@ -14,6 +14,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from jobs import faults
 from jobs.errors import ConfigError, PlatformError
 from jobs.pipeline import load_pipeline
 from jobs.settings import Settings, load_settings
@@ -102,6 +103,7 @@ def _run(args: argparse.Namespace, settings: Settings, pipeline: object) -> int:
     from jobs.streaming.spark import get_spark
 
     assert isinstance(pipeline, Pipeline)
+    faults.arm()
     spark = get_spark(settings.spark_master, f"platform-{pipeline.application_id}")
     summary = run_pipeline(spark, pipeline, settings, args.trigger)
     if not args.quiet:

@@ -1,7 +1,9 @@
 """Fault injection for crash tests: ``PLATFORM_FAULT=<point>[@<batch_id>]``.
 
-At the named point the whole process group (driver, JVM, Python workers) is
-killed with SIGKILL, as a machine failure would. Unset in production: a no-op.
+At the named point the driver's whole process group (driver, JVM, Python
+workers) is killed with SIGKILL, as a machine failure would. Python workers run
+in process groups of their own, so the driver records its group in the
+environment they inherit (``arm``). Unset in production: a no-op.
 """
 
 from __future__ import annotations
@@ -10,7 +12,14 @@ import os
 import signal
 
 ENV = "PLATFORM_FAULT"
+GROUP_ENV = "PLATFORM_FAULT_PGID"
 POINTS = ("after_dead_letter", "after_changelog", "after_state", "after_ledger", "during_read")
+
+
+def arm() -> None:
+    """Called by the driver before Spark starts, so workers can kill the driver too."""
+    if os.environ.get(ENV):
+        os.environ[GROUP_ENV] = str(os.getpgrp())
 
 
 def maybe_crash(point: str, batch_id: int | None = None) -> None:
@@ -22,4 +31,5 @@ def maybe_crash(point: str, batch_id: int | None = None) -> None:
         return
     if at and batch_id is not None and int(at) != batch_id:
         return
-    os.killpg(os.getpgrp(), signal.SIGKILL)
+    group = int(os.environ.get(GROUP_ENV, os.getpgrp()))
+    os.killpg(group, signal.SIGKILL)

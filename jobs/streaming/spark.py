@@ -36,7 +36,6 @@ def get_spark(master: str = "local[2]", app_name: str = "platform") -> SparkSess
             "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled",
             "true",
         )
-        .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
         # Saves a state lookup per update (measured ~10%); only a metric needs it.
         .config("spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows", "false")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")

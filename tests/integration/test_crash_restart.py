@@ -1,0 +1,103 @@
+"""Kill the driver (the whole process group, as a machine failure would) at the
+points where a crash is most dangerous, rerun, and demand exact results."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from deltalake import DeltaTable
+
+from jobs.settings import REPO_ROOT
+from tests.conftest import produce
+from tests.expected import clicks_per_window, state_as_counter
+
+pytestmark = pytest.mark.integration
+BAD = [b"broken", b'{"user_id": "z"}']
+
+
+def write_pipeline(tmp: Path, topic: str) -> Path:
+    data = yaml.safe_load((REPO_ROOT / "include" / "pipelines" / "user_clicks.yaml").read_text())
+    data["source"]["topics"] = [topic]
+    data["source"]["max_offsets_per_trigger"] = 700  # several batches per run
+    path = tmp / "user_clicks.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def run_job(pipeline: Path, servers: str, warehouse: Path, fault: str | None) -> int:
+    env = {k: v for k, v in os.environ.items() if k != "PLATFORM_FAULT"}
+    if fault:
+        env["PLATFORM_FAULT"] = fault
+    proc = subprocess.run(
+        [sys.executable, "-m", "jobs", "run", "--pipeline", str(pipeline), "--quiet"]
+        + ["--bootstrap-servers", servers, "--warehouse", str(warehouse)],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        start_new_session=True,  # its own process group: the fault kills only the job
+    )
+    if proc.returncode not in (0, -9):
+        raise AssertionError(proc.stderr[-3000:])
+    return proc.returncode
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        "after_changelog@1",  # changelog committed, state merge not yet
+        "after_ledger@1",  # every table committed, Spark's own batch commit not yet
+        "during_read",  # a source task is half-way through its range
+        "after_dead_letter@0",
+    ],
+)
+def test_crash_and_restart_is_exact(broker, kafka_config, new_topic, tmp_path, fault) -> None:  # type: ignore[no-untyped-def]
+    topic = new_topic(3)
+    now = int(time.time())
+    values = [
+        json.dumps({"user_id": f"u{i % 23}", "timestamp": now - 300 + i % 240}).encode()
+        for i in range(2000)
+    ] + BAD
+    produce(kafka_config, topic, values)
+    pipeline = write_pipeline(tmp_path, topic)
+    warehouse = tmp_path / "warehouse"
+
+    assert run_job(pipeline, broker.bootstrap_servers, warehouse, fault) == -9
+    assert run_job(pipeline, broker.bootstrap_servers, warehouse, None) == 0
+
+    root = warehouse / "user_clicks"
+    expected, dead, late = clicks_per_window([values])
+    assert late == 0
+    state = DeltaTable(str(root / "state")).to_pyarrow_table().to_pylist()
+    assert state_as_counter(state, "clicks") == expected
+
+    changelog = DeltaTable(str(root / "changelog")).to_pyarrow_table().to_pylist()
+    keys = [(r["user_id"], r["window_start"], r["epoch"], r["batch_id"]) for r in changelog]
+    assert len(keys) == len(set(keys)), "duplicate changelog rows"
+    ledger = DeltaTable(str(root / "_ledger")).to_pyarrow_table().to_pylist()
+    batches = [(r["epoch"], r["batch_id"]) for r in ledger]
+    assert len(batches) == len(set(batches)), "a batch is in the ledger twice"
+    assert sum(r["records_in"] for r in ledger) == len(values)
+    dead_letters = DeltaTable(str(root / "dead_letter")).to_pyarrow_table().to_pylist()
+    assert sorted(d["value"] for d in dead_letters) == sorted(BAD)
+    assert len(dead_letters) == dead
+
+    status = subprocess.run(
+        [sys.executable, "-m", "jobs", "status", "--pipeline", str(pipeline), "--json"]
+        + ["--bootstrap-servers", broker.bootstrap_servers, "--warehouse", str(warehouse)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    report = json.loads(status.stdout)
+    assert report["problems"] == []
+    assert all(p["lag"] == 0 for p in report["partitions"])
