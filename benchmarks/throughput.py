@@ -11,6 +11,7 @@ the numbers to docs/benchmarks.md. Not a test: it asserts nothing.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -24,12 +25,12 @@ from pathlib import Path
 
 import psutil
 
+from include.sample_data import click_events, encoded
 from jobs import broker, kafka_admin
 from jobs.pipeline import load_pipeline
 from jobs.settings import REPO_ROOT, load_settings
 from jobs.streaming.run import run_pipeline
 from jobs.streaming.spark import get_spark
-from include.sample_data import click_events, encoded
 
 RESULTS = REPO_ROOT / "docs" / "benchmarks.md"
 
@@ -47,10 +48,8 @@ class PeakMemory:
         while not self._stop.is_set():
             total = 0
             for proc in [me, *me.children(recursive=True)]:
-                try:
+                with contextlib.suppress(psutil.Error):
                     total += proc.memory_info().rss
-                except psutil.Error:
-                    pass
             self.peak = max(self.peak, total)
             time.sleep(0.2)
 
@@ -82,7 +81,9 @@ def main() -> None:
         now_s = int(time.time())
         t0 = time.monotonic()
         kafka_admin.produce_all(
-            config, "clicks", encoded(click_events(args.events, 10_000, 1, now_s - 3600, 3600), [], 0, "user_id")
+            config,
+            "clicks",
+            encoded(click_events(args.events, 10_000, 1, now_s - 3600, 3600), [], 0, "user_id"),
         )
         produce_s = time.monotonic() - t0
         spark = get_spark(settings.spark_master, "benchmark")
@@ -96,8 +97,12 @@ def main() -> None:
                 warehouse = work / f"{guarantee}-{round_}"
                 variant = dataclasses.replace(pipeline, processing_guarantee=guarantee)
                 with PeakMemory() as memory:
-                    summary = run_pipeline(spark, variant, dataclasses.replace(settings, warehouse=warehouse))
-                details = [json.loads(b.ledger["details"]) for b in summary.batches if not b.skipped]
+                    summary = run_pipeline(
+                        spark, variant, dataclasses.replace(settings, warehouse=warehouse)
+                    )
+                details = [
+                    json.loads(b.ledger["details"]) for b in summary.batches if not b.skipped
+                ]
                 latencies = [d["seconds"] for d in details]
                 print([d["timings"] for d in details])
                 rate = summary.records_in / summary.seconds
@@ -111,7 +116,12 @@ def main() -> None:
                         "peak_rss_mib": memory.peak / 2**20,
                     }
                 )
-                print(guarantee, round_, {k: round(v, 3) for k, v in results[guarantee][-1].items()}, flush=True)
+                print(
+                    guarantee,
+                    round_,
+                    {k: round(v, 3) for k, v in results[guarantee][-1].items()},
+                    flush=True,
+                )
                 shutil.rmtree(warehouse, ignore_errors=True)
     finally:
         broker.stop(work / "broker")
@@ -122,7 +132,9 @@ def main() -> None:
         RESULTS.write_text(report)
 
 
-def render(args: argparse.Namespace, results: dict[str, list[dict[str, float]]], produce_s: float) -> str:
+def render(
+    args: argparse.Namespace, results: dict[str, list[dict[str, float]]], produce_s: float
+) -> str:
     best = {g: max(r, key=lambda x: x["events_per_s"]) for g, r in results.items()}
     eo, alo = best["exactly_once"]["events_per_s"], best["at_least_once"]["events_per_s"]
     lines = [
@@ -137,8 +149,9 @@ def render(args: argparse.Namespace, results: dict[str, list[dict[str, float]]],
         f"{platform.platform()}, Python {platform.python_version()}; broker: embedded noida-db on "
         "loopback (same machine, sharing the cores); Spark local[2].",
         "",
-        f"Input: {args.events:,} click events in a 4-partition topic (produced in {produce_s:.1f} s); "
-        f"at most {args.max_per_batch:,} per micro-batch; {args.rounds} rounds after a warm-up run, "
+        f"Input: {args.events:,} click events in a 4-partition topic "
+        f"(produced in {produce_s:.1f} s); at most {args.max_per_batch:,} per micro-batch; "
+        f"{args.rounds} rounds after a warm-up run, "
         "best round shown; time from query start to the last committed batch, JVM already warm.",
         "",
         "| guarantee | events/s | run s | batches | batch commit p50 s | max s | peak RSS MiB |",
@@ -159,7 +172,9 @@ def render(args: argparse.Namespace, results: dict[str, list[dict[str, float]]],
     ]
     for guarantee, runs in results.items():
         for i, r in enumerate(runs):
-            lines.append(f"- {guarantee} round {i}: {r['events_per_s']:,.0f} events/s, {r['seconds']:.2f} s")
+            lines.append(
+                f"- {guarantee} round {i}: {r['events_per_s']:,.0f} events/s, {r['seconds']:.2f} s"
+            )
     return "\n".join(lines) + "\n"
 
 

@@ -95,9 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     except PlatformError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(
-        f"produced {produced} records to {topic} ({args.count} valid, {min(args.bad, args.count)} bad)"
-    )
+    bad = min(args.bad, args.count)
+    print(f"produced {produced} records to {topic} ({args.count} valid, {bad} bad)")
     return 0
 
 

@@ -7,6 +7,7 @@ real Apache Kafka cluster (see docker-compose.yml) through the same settings.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -127,10 +128,8 @@ def stop(data_dir: Path, timeout_s: float = 20.0) -> bool:
     os.kill(info.pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and _alive(info.pid):
-        try:  # reap it if it is our child
+        with contextlib.suppress(ChildProcessError):  # reap it if it is our child
             os.waitpid(info.pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
         time.sleep(0.1)
     if _alive(info.pid):
         os.kill(info.pid, signal.SIGKILL)

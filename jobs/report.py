@@ -7,8 +7,8 @@ from deltalake import DeltaTable
 from jobs.delta.layout import AppLayout
 from jobs.pipeline import Pipeline
 from jobs.settings import Settings
-from jobs.streaming.run import RunSummary
 from jobs.status import application_status, format_status
+from jobs.streaming.run import RunSummary
 
 MAX_ROWS = 20
 

@@ -175,9 +175,8 @@ def format_status(status: Status) -> str:
         lines.append("  last committed batch: none yet")
     else:
         b = status.last_batch
-        lines.append(
-            f"  last committed batch: epoch {b['epoch']} batch {b['batch_id']} at {b['commit_time']}"
-        )
+        when = b["commit_time"]
+        lines.append(f"  last committed batch: epoch {b['epoch']} batch {b['batch_id']} at {when}")
         lines.append(
             f"  batches committed: {status.batches_committed}; state rows: {status.state_rows}"
         )
@@ -187,9 +186,8 @@ def format_status(status: Status) -> str:
         for p in status.partitions:
             committed = "-" if p.committed is None else str(p.committed)
             lag = "-" if p.lag is None else str(p.lag)
-            lines.append(
-                f"  {p.topic + '[' + str(p.partition) + ']':<20} {committed:>9} {p.log_end:>10} {lag:>8}"
-            )
+            name = f"{p.topic}[{p.partition}]"
+            lines.append(f"  {name:<20} {committed:>9} {p.log_end:>10} {lag:>8}")
     if status.problems:
         lines.append("  problems:")
         lines += [f"    - {p}" for p in status.problems]

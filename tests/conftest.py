@@ -40,7 +40,9 @@ def spark():  # type: ignore[no-untyped-def]
 @pytest.fixture
 def settings(broker: BrokerInfo, tmp_path: Path) -> Settings:
     return dataclasses.replace(
-        load_settings(), bootstrap_servers=broker.bootstrap_servers, warehouse=tmp_path / "warehouse"
+        load_settings(),
+        bootstrap_servers=broker.bootstrap_servers,
+        warehouse=tmp_path / "warehouse",
     )
 
 
@@ -61,6 +63,8 @@ def new_topic(kafka_config: dict[str, str]):  # type: ignore[no-untyped-def]
     return make
 
 
-def produce(config: dict[str, str], topic: str, values: list[bytes | None], key: bytes | None = None) -> None:
+def produce(
+    config: dict[str, str], topic: str, values: list[bytes | None], key: bytes | None = None
+) -> None:
     now_ms = int(time.time() * 1000)
     kafka_admin.produce_all(config, topic, ((key, v, now_ms) for v in values))  # type: ignore[misc]

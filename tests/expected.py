@@ -58,6 +58,4 @@ def clicks_per_window(
 
 
 def state_as_counter(rows: list[dict[str, Any]], value: str) -> Counter[tuple[str, int]]:
-    return Counter(
-        {(r["user_id"], int(r["window_start"].timestamp())): r[value] for r in rows}
-    )
+    return Counter({(r["user_id"], int(r["window_start"].timestamp())): r[value] for r in rows})

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -179,7 +179,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             for tp in found
         }
 
-    def initialOffset(self) -> dict:
+    def initialOffset(self) -> dict[str, Any]:
         partitions = self._partitions()
         marks = self._watermarks(partitions)
         by_ts = None
@@ -198,7 +198,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return ReadAllAvailable()
         return ReadMaxRows(self.options.max_offsets)
 
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         current = plan.from_json_dict(start)
         partitions = self._partitions()
         marks = self._watermarks(partitions)
@@ -214,11 +214,11 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         return plan.to_json_dict(plan.plan_end(current, marks, max_rows))
 
-    def reportLatestOffset(self) -> dict | None:
+    def reportLatestOffset(self) -> dict[str, Any] | None:
         marks = self._watermarks(self._partitions())
         return plan.to_json_dict({tp: high for tp, (_low, high) in marks.items()})
 
-    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         first = plan.from_json_dict(start)
         last = plan.from_json_dict(end)
         ranges = []
@@ -228,7 +228,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 ranges.append(InputPartition((tp[0], tp[1], begin, last[tp])))
         return ranges
 
-    def commit(self, end: dict) -> None:
+    def commit(self, end: dict[str, Any]) -> None:
         """Offsets live in the checkpoint and the ledger, not in a consumer group."""
 
     def stop(self) -> None:
@@ -272,16 +272,16 @@ def read_range(
             failed = [m for m in messages if m.error() is not None]
             if failed:
                 err = failed[0].error()
-                if err.code() != KafkaError._PARTITION_EOF:
+                if err is not None and err.code() != KafkaError._PARTITION_EOF:
                     raise SourceError(f"error reading {topic}[{partition}]: {err}")
                 messages = [m for m in messages if m.error() is None]
             kept = messages
-            if messages and messages[-1].offset() >= end:
-                kept = [m for m in messages if m.offset() < end]
+            if messages and _offset(messages[-1]) >= end:
+                kept = [m for m in messages if _offset(m) < end]
             if kept:
                 builder.add(kept)
                 maybe_crash("during_read")
-                position = kept[-1].offset() + 1
+                position = _offset(kept[-1]) + 1
                 last_progress = time.monotonic()
                 if builder.rows >= OUTPUT_BATCH_ROWS:
                     yield builder.flush()
@@ -300,6 +300,12 @@ def read_range(
             yield builder.flush()
     finally:
         consumer.close()
+
+
+def _offset(message: Message) -> int:
+    offset = message.offset()
+    assert offset is not None  # only error events lack an offset; they are filtered
+    return offset
 
 
 class _BatchBuilder:

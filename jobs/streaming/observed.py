@@ -21,7 +21,7 @@ from jobs.errors import ConsistencyError
 def observed_metrics(spark: SparkSession, query_name: str, observation: str) -> dict[str, Any]:
     for query in spark.streams.active:
         if query.name == query_name:
-            execution = query._jsq.streamingQuery().lastExecution()  # noqa: SLF001
+            execution = query._jsq.streamingQuery().lastExecution()
             found = execution.observedMetrics().get(observation)
             if found.isDefined():
                 result: dict[str, Any] = json.loads(found.get().json())

@@ -157,10 +157,12 @@ def aggregate(classified: DataFrame, pipeline: Pipeline) -> DataFrame:
     for agg in pipeline.aggregations:
         if agg.function == "count":
             aggs.append(F.count(F.lit(1)).alias(agg.name))
-        elif agg.function == "avg":
-            aggs.append(F.sum(agg.field).alias(f"_sum_{agg.name}"))
         else:
-            aggs.append(getattr(F, agg.function)(agg.field).alias(agg.name))
+            assert agg.field is not None  # validated: only count has no field
+            if agg.function == "avg":
+                aggs.append(F.sum(agg.field).alias(f"_sum_{agg.name}"))
+            else:
+                aggs.append(getattr(F, agg.function)(agg.field).alias(agg.name))
     aggs.append(F.count(F.lit(1)).alias("_records"))
     grouped = valid.groupBy(*group).agg(*aggs)
 

@@ -18,7 +18,12 @@ from tests.conftest import produce
 
 def consume_all(config: dict[str, str], topic: str, partition: int, isolation: str) -> list[bytes]:
     consumer = Consumer(
-        {**config, "group.id": "conformance", "isolation.level": isolation, "enable.auto.commit": False}
+        {
+            **config,
+            "group.id": "conformance",
+            "isolation.level": isolation,
+            "enable.auto.commit": False,
+        }
     )
     consumer.assign([TopicPartition(topic, partition, 0)])
     _low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)

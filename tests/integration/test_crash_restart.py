@@ -92,7 +92,8 @@ def test_crash_and_restart_is_exact(broker, kafka_config, new_topic, tmp_path, f
 
     status = subprocess.run(
         [sys.executable, "-m", "jobs", "status", "--pipeline", str(pipeline), "--json"]
-        + ["--bootstrap-servers", broker.bootstrap_servers, "--warehouse", str(warehouse)],
+        + ["--bootstrap-servers", broker.bootstrap_servers]
+        + ["--warehouse", str(warehouse)],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import time
 from collections import Counter
-from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
@@ -93,7 +93,7 @@ def test_user_clicks_bad_and_late_records(spark, settings, kafka_config, new_top
     assert sum(r["late_dropped"] for r in ledger) == late_count
     for r in ledger:
         assert r["records_in"] == r["aggregated"] + r["dead_lettered"] + r["late_dropped"]
-    for before, after in zip(ledger, ledger[1:], strict=False):
+    for before, after in itertools.pairwise(ledger):
         assert after["start_offsets"] == before["end_offsets"]
 
     status = application_status(pipeline, settings)
@@ -134,6 +134,9 @@ def test_inventory_running_quantity(spark, settings, kafka_config, new_topic) ->
     ]
     ledger = table_rows(layout, "_ledger")
     assert [r["records_in"] for r in sorted(ledger, key=lambda r: r["batch_id"])] == [
-        150, 150, 150, 51
+        150,
+        150,
+        150,
+        51,
     ]
     assert sum(r["late_dropped"] for r in ledger) == 0

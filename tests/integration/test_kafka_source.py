@@ -19,7 +19,9 @@ from tests.conftest import produce
 pytestmark = pytest.mark.integration
 
 
-def run_stream(spark, servers: str, topic: str, tmp: Path, checkpoint: Path | None = None, **options: str) -> list[list[dict[str, Any]]]:  # type: ignore[no-untyped-def]
+def run_stream(
+    spark, servers: str, topic: str, tmp: Path, checkpoint: Path | None = None, **options: str
+) -> list[list[dict[str, Any]]]:  # type: ignore[no-untyped-def]
     """Runs an availableNow query and returns the rows of each micro-batch."""
     batches: list[list[dict[str, Any]]] = []
     reader = spark.readStream.format(FORMAT).option("kafka.bootstrap.servers", servers)
@@ -48,7 +50,9 @@ def test_exact_records_and_columns(spark, broker, kafka_config, new_topic, tmp_p
     topic = new_topic(2)
     producer = Producer(kafka_config)
     for i in range(10):
-        producer.produce(topic, key=b"k%d" % i, value=b"v%d" % i, partition=i % 2, headers=[("h", b"x")])
+        producer.produce(
+            topic, key=b"k%d" % i, value=b"v%d" % i, partition=i % 2, headers=[("h", b"x")]
+        )
     producer.flush(10)
     batches = run_stream(spark, broker.bootstrap_servers, topic, tmp_path, includeHeaders="true")
     rows = [r for b in batches for r in b]
@@ -61,16 +65,22 @@ def test_exact_records_and_columns(spark, broker, kafka_config, new_topic, tmp_p
     assert abs(rows[0]["timestamp"].timestamp() - time.time()) < 300
 
 
-def test_max_offsets_per_trigger_and_available_now(spark, broker, kafka_config, new_topic, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_max_offsets_per_trigger_and_available_now(
+    spark, broker, kafka_config, new_topic, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
     topic = new_topic(4)
     produce(kafka_config, topic, [b"%d" % i for i in range(1000)])
-    batches = run_stream(spark, broker.bootstrap_servers, topic, tmp_path, maxOffsetsPerTrigger="300")
+    batches = run_stream(
+        spark, broker.bootstrap_servers, topic, tmp_path, maxOffsetsPerTrigger="300"
+    )
     assert [len(b) for b in batches] == [300, 300, 300, 100]
     offsets = [(r["partition"], r["offset"]) for b in batches for r in b]
     assert len(offsets) == len(set(offsets)) == 1000
 
 
-def test_restart_resumes_and_picks_up_new_partitions(spark, broker, kafka_config, new_topic, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_restart_resumes_and_picks_up_new_partitions(
+    spark, broker, kafka_config, new_topic, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
     topic = new_topic(1)
     checkpoint = tmp_path / "ck"
     produce(kafka_config, topic, [b"a%d" % i for i in range(5)])
@@ -90,7 +100,9 @@ def test_restart_resumes_and_picks_up_new_partitions(spark, broker, kafka_config
     assert later == sorted(b"b%d" % i for i in range(6))
 
 
-def test_transactional_input_is_read_committed(spark, broker, kafka_config, new_topic, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_transactional_input_is_read_committed(
+    spark, broker, kafka_config, new_topic, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
     topic = new_topic(1)
     producer = Producer({**kafka_config, "transactional.id": f"src-{topic}"})
     producer.init_transactions(10)
@@ -106,10 +118,14 @@ def test_transactional_input_is_read_committed(spark, broker, kafka_config, new_
     assert sorted(r["value"] for b in batches for r in b) == [b"r0", b"r2"]
 
 
-def test_starting_offsets_json_and_timestamp(spark, broker, kafka_config, new_topic, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_starting_offsets_json_and_timestamp(
+    spark, broker, kafka_config, new_topic, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
     topic = new_topic(1)
     base = int(time.time() * 1000) - 100_000
-    kafka_admin.produce_all(kafka_config, topic, ((None, b"%d" % i, base + i * 1000) for i in range(10)))
+    kafka_admin.produce_all(
+        kafka_config, topic, ((None, b"%d" % i, base + i * 1000) for i in range(10))
+    )
     spec = json.dumps({topic: {"0": 7}})
     batches = run_stream(spark, broker.bootstrap_servers, topic, tmp_path, startingOffsets=spec)
     assert [r["value"] for b in batches for r in b] == [b"7", b"8", b"9"]
@@ -132,11 +148,15 @@ def test_unreachable_broker_is_a_clear_error(spark, tmp_path) -> None:  # type: 
         run_stream(spark, f"127.0.0.1:{port}", "x", tmp_path, **{"kafka.socket.timeout.ms": "2000"})
 
 
-def test_offsets_below_log_start_are_an_error(spark, broker, kafka_config, new_topic, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_offsets_below_log_start_are_an_error(
+    spark, broker, kafka_config, new_topic, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
     topic = new_topic(1)
     produce(kafka_config, topic, [b"%d" % i for i in range(10)])
     checkpoint = tmp_path / "ck"
-    run_stream(spark, broker.bootstrap_servers, topic, tmp_path, checkpoint, maxOffsetsPerTrigger="3")
+    run_stream(
+        spark, broker.bootstrap_servers, topic, tmp_path, checkpoint, maxOffsetsPerTrigger="3"
+    )
     # Process only part, then lose records the query has not read yet.
     spec = json.dumps({topic: {"0": 0}})
     admin = kafka_admin.admin(kafka_config)

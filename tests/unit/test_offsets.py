@@ -25,14 +25,20 @@ def test_parse_rejects_bad_specs(spec: str) -> None:
 
 def test_resolve_earliest_latest_and_json() -> None:
     assert plan.resolve_starting_offsets("earliest", PARTS, MARKS) == {
-        ("a", 0): 5, ("a", 1): 0, ("b", 0): 0
+        ("a", 0): 5,
+        ("a", 1): 0,
+        ("b", 0): 0,
     }
     assert plan.resolve_starting_offsets("latest", PARTS, MARKS) == {
-        ("a", 0): 100, ("a", 1): 40, ("b", 0): 0
+        ("a", 0): 100,
+        ("a", 1): 40,
+        ("b", 0): 0,
     }
     spec = {("a", 0): -2, ("a", 1): -1, ("b", 0): 0}
     assert plan.resolve_starting_offsets(spec, PARTS, MARKS) == {
-        ("a", 0): 5, ("a", 1): 40, ("b", 0): 0
+        ("a", 0): 5,
+        ("a", 1): 40,
+        ("b", 0): 0,
     }
 
 

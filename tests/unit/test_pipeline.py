@@ -80,12 +80,12 @@ def test_bad_definitions_name_the_field(changes: dict[str, Any], message: str) -
 def test_source_topics_validated() -> None:
     data = variant()
     data["source"] = {"topics": ["bad topic!"]}
-    with pytest.raises(ConfigError, match="source.topics"):
+    with pytest.raises(ConfigError, match=r"source\.topics"):
         parse_pipeline(data, "p.yaml")
 
 
 def test_unknown_pipeline_lists_known_ones() -> None:
-    with pytest.raises(ConfigError, match="defined pipelines: .*user_clicks"):
+    with pytest.raises(ConfigError, match=r"defined pipelines: .*user_clicks"):
         load_pipeline("no_such", PIPELINES)
     with pytest.raises(ConfigError, match="not a valid application id"):
         load_pipeline("../../etc/passwd", PIPELINES)

@@ -1,0 +1,40 @@
+# Two commands a new user needs:
+#   make demo   set up .venv, start the embedded broker, produce sample clicks,
+#               run the user_clicks pipeline, print its state and ledger
+#   make test   set up .venv, lint, type-check and run every test
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell sha1sum requirements.txt | cut -c1-12)
+
+.PHONY: setup demo test lint bench broker-stop clean
+
+$(STAMP): requirements.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.txt
+	rm -f $(VENV)/.installed-* && touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: setup
+	$(BIN)/python -m jobs broker start
+	$(BIN)/python -m include.sample_data clicks --count 50000 --bad 25
+	$(BIN)/python -m jobs run --pipeline user_clicks
+	@echo "The broker keeps running for 'python -m jobs status'; stop it with: make broker-stop"
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+test: lint
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+bench: setup
+	$(BIN)/python -m benchmarks.throughput
+
+broker-stop: setup
+	$(BIN)/python -m jobs broker stop
+
+clean:
+	rm -rf warehouse .broker
