@@ -105,7 +105,10 @@ def _run(args: argparse.Namespace, settings: Settings, pipeline: object) -> int:
     assert isinstance(pipeline, Pipeline)
     faults.arm()
     spark = get_spark(settings.spark_master, f"platform-{pipeline.application_id}")
-    summary = run_pipeline(spark, pipeline, settings, args.trigger)
+    try:
+        summary = run_pipeline(spark, pipeline, settings, args.trigger)
+    finally:
+        spark.stop()  # closes the state stores before the JVM removes their files
     if not args.quiet:
         print_run_report(pipeline, settings, summary)
     return 0

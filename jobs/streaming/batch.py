@@ -27,6 +27,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
 from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
@@ -233,7 +234,7 @@ class BatchCommitter:
         condition = None
         if self.pipeline.window is not None:
             first = pc.min(rows["window_start"])
-            condition = dataset_field("window_start") >= first
+            condition = ds.field("window_start") >= first
         before = dataset.to_table(columns=[*keys, "_records"], filter=condition)
         if before.num_rows == 0:
             return int(total_now)
@@ -263,9 +264,3 @@ class BatchCommitter:
         ]
         table = pa.Table.from_pylist(rows, schema=tables.DEAD_LETTER_SCHEMA)
         return table
-
-
-def dataset_field(name: str) -> Any:
-    import pyarrow.dataset as ds
-
-    return ds.field(name)
