@@ -104,7 +104,8 @@ def _run(args: argparse.Namespace, settings: Settings, pipeline: object) -> int:
 
     assert isinstance(pipeline, Pipeline)
     faults.arm()
-    spark = get_spark(settings.spark_master, f"platform-{pipeline.application_id}")
+    name = f"platform-{pipeline.application_id}"
+    spark = get_spark(settings.spark_master, name, settings.spark_driver_memory)
     try:
         summary = run_pipeline(spark, pipeline, settings, args.trigger)
     finally:

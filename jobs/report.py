@@ -21,9 +21,10 @@ def print_run_report(pipeline: Pipeline, settings: Settings, summary: RunSummary
     print(f"state table {layout.table('state')} ({len(state)} rows, first {MAX_ROWS}):")
     print(state.head(MAX_ROWS).to_string(index=False))
     committed = [b for b in summary.batches if not b.skipped]
-    rate = summary.records_in / summary.seconds if summary.seconds else 0.0
+    with_data = [b for b in committed if b.ledger.get("records_in")]
     print(
-        f"\nthis run: {len(committed)} batches committed, {summary.records_in} records in "
-        f"{summary.seconds:.1f} s ({rate:,.0f} records/s), epoch {summary.epoch}"
+        f"\nthis run: {len(committed)} batches committed ({len(with_data)} with records, the "
+        f"rest move the watermark on), {summary.records_in} records in {summary.seconds:.1f} s "
+        f"including Spark's start-up, epoch {summary.epoch}"
     )
     print(format_status(application_status(pipeline, settings)))

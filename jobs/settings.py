@@ -24,6 +24,7 @@ class Settings:
     bootstrap_servers: str
     warehouse: Path
     spark_master: str
+    spark_driver_memory: str
     pipelines_dir: Path
     broker_data_dir: Path
     broker_port: int
@@ -52,6 +53,7 @@ def load_settings() -> Settings:
         bootstrap_servers=_env("BOOTSTRAP_SERVERS", f"127.0.0.1:{broker_port}"),
         warehouse=Path(_env("WAREHOUSE", str(REPO_ROOT / "warehouse"))).resolve(),
         spark_master=_env("SPARK_MASTER", "local[2]"),
+        spark_driver_memory=_env("SPARK_DRIVER_MEMORY", "2g"),
         pipelines_dir=Path(_env("PIPELINES_DIR", str(REPO_ROOT / "include" / "pipelines"))),
         broker_data_dir=Path(_env("BROKER_DATA_DIR", str(REPO_ROOT / ".broker"))).resolve(),
         broker_port=broker_port,

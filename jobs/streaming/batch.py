@@ -78,7 +78,12 @@ class BatchCommitter:
         # The one action on this batch: it runs the scan, the aggregation and the
         # observation together (a second action would scan Kafka again).
         changed = batch.toArrow()
-        spark_s = time.monotonic() - started
+        timings: dict[str, float] = {}
+
+        def lap(name: str) -> None:
+            timings[name] = round(time.monotonic() - started - sum(timings.values()), 3)
+
+        lap("spark")
         metrics = observed_metrics(self.spark, self.query_name, OBSERVATION)
         ledger_path = self.layout.table(tables.LEDGER)
         if self.pipeline.exactly_once:
@@ -100,20 +105,20 @@ class BatchCommitter:
         dead = self._dead_letters(metrics["dead_letters"], batch_id, now)
         meta = {"platform_operation": "batch", "pipeline_version": str(self.pipeline.version)}
 
-        timings = {"spark": spark_s, "prepare": time.monotonic() - started - spark_s}
+        lap("prepare")
         versions: dict[str, int | None] = {}
         if dead.num_rows:
             versions["dead_letter"] = self.writer.append(
                 self.layout.table("dead_letter"), batch_id, dead, meta
             )
-        timings["dead_letter"] = time.monotonic() - started - sum(timings.values())
+        lap("dead_letter")
         maybe_crash("after_dead_letter", batch_id)
         if rows.num_rows:
             stamped = self._stamp(rows, batch_id, now, "commit_time")
             versions["changelog"] = self.writer.append(
                 self.layout.table("changelog"), batch_id, stamped, meta
             )
-            timings["changelog"] = time.monotonic() - started - sum(timings.values())
+            lap("changelog")
             maybe_crash("after_changelog", batch_id)
             versions["state"] = self.writer.merge(
                 self.layout.table("state"),
@@ -122,7 +127,7 @@ class BatchCommitter:
                 self.pipeline.state_keys,
                 meta,
             )
-            timings["state"] = time.monotonic() - started - sum(timings.values())
+            lap("state")
             maybe_crash("after_state", batch_id)
         ledger = {
             "application_id": self.pipeline.application_id,
@@ -139,7 +144,7 @@ class BatchCommitter:
             "details": json.dumps(
                 {
                     "seconds": round(time.monotonic() - started, 3),
-                    "timings": {k: round(v, 3) for k, v in timings.items()},
+                    "timings": timings,
                 }
             ),
             "commit_time": now.as_py(),

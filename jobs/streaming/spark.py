@@ -11,10 +11,13 @@ from pyspark.sql import SparkSession
 from jobs.kafka_source import KafkaDataSource
 from jobs.settings import REPO_ROOT
 
+LOG4J_CONFIG = REPO_ROOT / "include" / "config" / "log4j2.properties"
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 
-def get_spark(master: str = "local[2]", app_name: str = "platform") -> SparkSession:
+def get_spark(
+    master: str = "local[2]", app_name: str = "platform", driver_memory: str = "2g"
+) -> SparkSession:
     """The shared session (Spark takes seconds to start: reuse it)."""
     # Spark binds to a non-loopback address unless told otherwise; Python workers
     # must run this interpreter, which has the project's packages.
@@ -25,9 +28,12 @@ def get_spark(master: str = "local[2]", app_name: str = "platform") -> SparkSess
     # their path (spark-submit on a cluster ships it with --py-files instead).
     paths = [str(REPO_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    builder = SparkSession.builder
+    # Under spark-submit the master comes from its --master; otherwise from settings.
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:
+        builder = builder.master(master)
     spark = (
-        SparkSession.builder.master(master)
-        .appName(app_name)
+        builder.appName(app_name)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
@@ -40,7 +46,8 @@ def get_spark(master: str = "local[2]", app_name: str = "platform") -> SparkSess
         .config("spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows", "false")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.python.worker.reuse", "true")
-        .config("spark.driver.memory", os.environ.get("PLATFORM_SPARK_DRIVER_MEMORY", "2g"))
+        .config("spark.driver.memory", driver_memory)
+        .config("spark.driver.extraJavaOptions", f"-Dlog4j.configurationFile={LOG4J_CONFIG}")
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")

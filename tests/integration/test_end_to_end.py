@@ -5,10 +5,15 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import os
+import subprocess
+import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
+import yaml
 from deltalake import DeltaTable
 
 from jobs.delta.layout import AppLayout
@@ -140,3 +145,32 @@ def test_inventory_running_quantity(spark, settings, kafka_config, new_topic) ->
         51,
     ]
     assert sum(r["late_dropped"] for r in ledger) == 0
+
+
+def test_spark_submit_runs_the_same_command(broker, kafka_config, new_topic, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    topic = new_topic(2)
+    now = int(time.time())
+    values = [
+        json.dumps({"user_id": f"u{i % 3}", "timestamp": now - i}).encode() for i in range(90)
+    ]
+    produce(kafka_config, topic, values)
+    data = yaml.safe_load((PIPELINES / "user_clicks.yaml").read_text())
+    data["source"]["topics"] = [topic]
+    pipeline = tmp_path / "user_clicks.yaml"
+    pipeline.write_text(yaml.safe_dump(data))
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    result = subprocess.run(
+        [str(bin_dir / "spark-submit"), "--master", "local[1]", "jobs/__main__.py", "run"]
+        + ["--pipeline", str(pipeline), "--bootstrap-servers", broker.bootstrap_servers]
+        + ["--warehouse", str(tmp_path / "wh"), "--quiet"],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    expected, _dead, _late = clicks_per_window([values])
+    state = DeltaTable(str(tmp_path / "wh" / "user_clicks" / "state")).to_pyarrow_table()
+    assert state_as_counter(state.to_pylist(), "clicks") == expected
