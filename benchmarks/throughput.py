@@ -161,7 +161,9 @@ def render(
         "fresh warehouse and checkpoint and ends when the last batch is committed "
         "(availableNow); events/s = events / (query start to end). The JVM is warm (one "
         f"warm-up run first); best of {args.rounds} rounds. Batch latency = one micro-batch "
-        "from Spark's read to the ledger commit; Delta = time spent in delta-rs commits.",
+        "from Spark's read to the ledger commit; Delta = time spent in delta-rs commits; "
+        "peak RSS = the whole process tree: Python driver, JVM (2 GiB heap plus RocksDB), "
+        "Python workers and the broker.",
         "",
         "| batch limit | guarantee | events/s | run s | batches | batch p50 s | batch max s "
         "| Delta s | peak RSS MiB |",
