@@ -97,12 +97,21 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, settings: Settings, pipeline: object) -> int:
+    from jobs.delta.layout import AppLayout
+    from jobs.lock import LockedError, describe, holder
     from jobs.pipeline import Pipeline
     from jobs.report import print_run_report
     from jobs.streaming.run import run_pipeline
     from jobs.streaming.spark import get_spark
 
     assert isinstance(pipeline, Pipeline)
+    # Refuse before Spark starts if the application is busy; the lock that decides
+    # is taken inside run_pipeline.
+    busy = holder(AppLayout(settings.warehouse, pipeline.application_id))
+    if busy is not None:
+        raise LockedError(
+            f"application {pipeline.application_id} is busy: held by {describe(busy)}"
+        )
     faults.arm()
     name = f"platform-{pipeline.application_id}"
     spark = get_spark(settings.spark_master, name, settings.spark_driver_memory)

@@ -19,6 +19,7 @@ from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
 from jobs.delta.writer import table_epoch
 from jobs.kafka_source import offsets as plan
+from jobs.lock import application_lock
 from jobs.pipeline import Pipeline
 from jobs.settings import Settings
 from jobs.streaming import query
@@ -84,8 +85,19 @@ def run_pipeline(
 ) -> RunSummary:
     """Run until the input available at start is processed (available-now), or until
     stopped (continuous: SIGTERM/SIGINT stop it between batches)."""
-    started = time.monotonic()
     layout = AppLayout(settings.warehouse, pipeline.application_id)
+    with application_lock(layout, f"run --trigger {trigger or pipeline.trigger_mode}"):
+        return _run_locked(spark, pipeline, settings, layout, trigger)
+
+
+def _run_locked(
+    spark: SparkSession,
+    pipeline: Pipeline,
+    settings: Settings,
+    layout: AppLayout,
+    trigger: str | None,
+) -> RunSummary:
+    started = time.monotonic()
     tables.ensure_tables(layout, pipeline)
     epoch = current_epoch(layout)
     starting = epoch_starting_offsets(layout, pipeline, settings)

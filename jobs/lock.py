@@ -1,0 +1,96 @@
+"""One writer per application: an exclusive lock every run and operation holds.
+
+Airflow pools cannot see a ``spark-submit`` started by hand, so the platform
+itself decides: ``<warehouse>/<application_id>/_lock`` is locked with ``flock``
+for as long as a run or a maintenance operation works on the application. The
+kernel drops the lock when the holder dies, so a crash never leaves it stuck. The
+file names the holder, and a refused run says who it is.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from jobs.delta.layout import AppLayout
+from jobs.errors import PlatformError
+
+
+class LockedError(PlatformError):
+    """Another run or operation holds the application."""
+
+
+def lock_path(layout: AppLayout) -> Path:
+    return layout.root / "_lock"
+
+
+def holder(layout: AppLayout) -> dict[str, Any] | None:
+    """Who holds the application now, or None."""
+    path = lock_path(layout)
+    if not path.exists():
+        return None
+    with open(path, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            text = handle.read()
+            return json.loads(text) if text.strip() else {"purpose": "unknown"}
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    return None
+
+
+def describe(info: dict[str, Any]) -> str:
+    since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(info.get("since", 0)))
+    return (
+        f"{info.get('purpose', 'unknown')} (pid {info.get('pid', '?')} on "
+        f"{info.get('host', '?')}, user {info.get('user', '?')}, since {since})"
+    )
+
+
+@contextmanager
+def application_lock(layout: AppLayout, purpose: str) -> Iterator[None]:
+    """Hold the application exclusively, or raise LockedError naming the holder."""
+    layout.root.mkdir(parents=True, exist_ok=True)
+    handle = open(lock_path(layout), "a+")  # noqa: SIM115 - held for the whole block
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            text = handle.read()
+            info = json.loads(text) if text.strip() else {}
+            raise LockedError(
+                f"application {layout.application_id} is busy: held by {describe(info)}; "
+                "try again when it has finished"
+            ) from None
+        info = {
+            "purpose": purpose,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "user": os.environ.get("AIRFLOW_CTX_DAG_OWNER") or _os_user(),
+            "since": time.time(),
+        }
+        handle.seek(0)
+        handle.truncate()
+        handle.write(json.dumps(info))
+        handle.flush()
+        yield
+    finally:
+        handle.close()  # releases the lock
+
+
+def _os_user() -> str:
+    try:
+        import pwd
+
+        return pwd.getpwuid(os.getuid()).pw_name
+    except (ImportError, KeyError):
+        return str(os.getuid())

@@ -1,0 +1,80 @@
+"""Per-application mutual exclusion, also against processes Airflow cannot see."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from jobs.delta.layout import AppLayout
+from jobs.lock import LockedError, application_lock, holder
+from jobs.settings import REPO_ROOT
+
+HOLD = """
+import sys, time
+from pathlib import Path
+from jobs.delta.layout import AppLayout
+from jobs.lock import application_lock
+with application_lock(AppLayout(Path(sys.argv[1]), "user_clicks"), "rebuild --reason test"):
+    print("held", flush=True)
+    time.sleep(120)
+"""
+
+
+def hold_in_other_process(warehouse: Path) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(warehouse)],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_second_holder_is_refused_with_the_holder_named(tmp_path: Path) -> None:
+    layout = AppLayout(tmp_path, "user_clicks")
+    proc = hold_in_other_process(tmp_path)
+    try:
+        with pytest.raises(LockedError) as error, application_lock(layout, "run"):
+            pass
+        message = str(error.value)
+        assert "application user_clicks is busy" in message
+        assert "rebuild --reason test" in message and f"pid {proc.pid}" in message
+        info = holder(layout)
+        assert info is not None and info["pid"] == proc.pid
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    # The kernel released the dead holder's lock: no stale lock to clean up.
+    assert holder(layout) is None
+    with application_lock(layout, "run"):
+        info = holder(layout)
+        assert info is not None and info["pid"] == os.getpid()
+    assert holder(layout) is None
+
+
+def test_cli_run_is_refused_while_held(tmp_path: Path) -> None:
+    proc = hold_in_other_process(tmp_path)
+    try:
+        started = time.monotonic()
+        result = subprocess.run(
+            [sys.executable, "-m", "jobs", "run", "--pipeline", "user_clicks"]
+            + ["--warehouse", str(tmp_path), "--bootstrap-servers", "127.0.0.1:1"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 2
+        assert "user_clicks is busy: held by rebuild --reason test" in result.stderr
+        assert time.monotonic() - started < 30  # refused before Spark starts
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
