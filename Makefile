@@ -5,13 +5,13 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell sha1sum requirements.txt | cut -c1-12)
+STAMP := $(VENV)/.installed-$(shell cat requirements.txt constraints.txt | sha1sum | cut -c1-12)
 
 .PHONY: setup demo test lint bench broker-stop clean
 
-$(STAMP): requirements.txt
+$(STAMP): requirements.txt constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.txt
+	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.txt -c constraints.txt
 	rm -f $(VENV)/.installed-* && touch $(STAMP)
 
 setup: $(STAMP)

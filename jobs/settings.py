@@ -25,6 +25,7 @@ class Settings:
     warehouse: Path
     spark_master: str
     spark_driver_memory: str
+    spark_conn_id: str  # the Airflow connection SparkSubmitOperator uses
     pipelines_dir: Path
     broker_data_dir: Path
     broker_port: int
@@ -41,6 +42,11 @@ def _port(raw: str, name: str) -> int:
     return int(raw)
 
 
+def platform_environment() -> dict[str, str]:
+    """The PLATFORM_* variables of this process, to hand to a job started elsewhere."""
+    return {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIX)}
+
+
 def load_settings() -> Settings:
     """Read the settings from the environment, validating every value."""
     broker_port = _port(_env("BROKER_PORT", "19092"), "BROKER_PORT")
@@ -54,6 +60,7 @@ def load_settings() -> Settings:
         warehouse=Path(_env("WAREHOUSE", str(REPO_ROOT / "warehouse"))).resolve(),
         spark_master=_env("SPARK_MASTER", "local[2]"),
         spark_driver_memory=_env("SPARK_DRIVER_MEMORY", "2g"),
+        spark_conn_id=_env("SPARK_CONN_ID", "spark_default"),
         pipelines_dir=Path(_env("PIPELINES_DIR", str(REPO_ROOT / "include" / "pipelines"))),
         broker_data_dir=Path(_env("BROKER_DATA_DIR", str(REPO_ROOT / ".broker"))).resolve(),
         broker_port=broker_port,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
+import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,9 +16,15 @@ import pytest
 from jobs import broker as embedded
 from jobs import kafka_admin
 from jobs.broker import BrokerInfo
-from jobs.settings import Settings, load_settings
+from jobs.settings import REPO_ROOT, Settings, load_settings
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+# Airflow: a private home (SQLite, logs) per test session; the plugins folder is
+# importable as it is inside Airflow.
+os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="airflow-home-"))
+os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "True")
+sys.path.insert(0, str(REPO_ROOT / "plugins"))
 _topic_ids = itertools.count()
 
 

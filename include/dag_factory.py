@@ -1,0 +1,127 @@
+"""One small factory that turns ``include/pipelines/*.yaml`` into Airflow DAGs.
+
+Per pipeline ``stream_<application_id>``:
+
+* ``available-now`` pipelines: a scheduled incremental run every
+  ``schedule_minutes``, one run at a time, retries with exponential backoff;
+* ``continuous`` pipelines: one long-running streaming task, supervised by the
+  scheduler (``@continuous`` starts the next run as soon as one ends, retries back
+  off), plus ``health_<application_id>``, which fails loudly when the last
+  committed batch is too old or the application reports problems.
+
+The ``state`` and ``changelog`` tables are Assets (outlets), so downstream DAGs
+can be scheduled on them. Nothing heavy is imported here: DAG files parse fast.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from airflow.sdk import DAG, Asset, Param
+
+from jobs.pipeline import Pipeline, list_pipelines
+from jobs.settings import Settings, load_settings
+from platform_airflow.operators import PlatformJobOperator
+from platform_airflow.sensors import ApplicationHealthSensor
+
+OWNER = "data-platform"
+START = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def default_args(retries: int = 3) -> dict[str, Any]:
+    return {
+        "owner": OWNER,
+        "retries": retries,
+        "retry_delay": timedelta(seconds=30),
+        "retry_exponential_backoff": True,
+        "max_retry_delay": timedelta(minutes=10),
+    }
+
+
+def table_assets(pipeline: Pipeline, settings: Settings) -> list[Asset]:
+    root = settings.warehouse / pipeline.application_id
+    return [
+        Asset(name=f"{pipeline.application_id}_{table}", uri=f"file://{root / table}")
+        for table in ("state", "changelog")
+    ]
+
+
+def stream_dag(pipeline: Pipeline, settings: Settings) -> DAG:
+    app = pipeline.application_id
+    continuous = pipeline.trigger_mode == "continuous"
+    doc = (
+        f"Streams `{app}` (pipeline v{pipeline.version}): {pipeline.description}\n\n"
+        f"Topics {', '.join(pipeline.topics)} -> `{settings.warehouse / app}`. "
+        + (
+            "Runs continuously; the scheduler restarts it with backoff when it dies."
+            if continuous
+            else f"Processes what is available every {pipeline.schedule_minutes} minutes."
+        )
+    )
+    with DAG(
+        dag_id=f"stream_{app}",
+        description=f"Kafka -> Delta streaming aggregation for {app}",
+        doc_md=doc,
+        schedule="@continuous" if continuous else timedelta(minutes=pipeline.schedule_minutes),
+        start_date=START,
+        catchup=False,
+        max_active_runs=1,
+        tags=["streaming", app],
+        default_args=default_args(retries=100 if continuous else 3),
+        params={
+            "trigger": Param(
+                pipeline.trigger_mode,
+                enum=["continuous"] if continuous else ["available-now"],
+                description="how the run ends: available-now stops when caught up",
+            ),
+            "reason": Param(
+                "", type="string", maxLength=500, description="optional note for the task log"
+            ),
+        },
+    ) as dag:
+        PlatformJobOperator(
+            task_id="run",
+            command="run",
+            pipeline=app,
+            arguments=["--trigger", "{{ params.trigger }}", "--quiet"],
+            outlets=table_assets(pipeline, settings),
+            execution_timeout=None if continuous else timedelta(hours=2),
+        )
+    return dag
+
+
+def health_dag(pipeline: Pipeline) -> DAG:
+    app = pipeline.application_id
+    max_age = max(3 * pipeline.trigger_interval_seconds, 300)
+    with DAG(
+        dag_id=f"health_{app}",
+        description=f"Fails loudly when {app} is stuck",
+        doc_md=f"Checks the ledger of `{app}`: the last batch must be under {max_age} s old "
+        "and `status` must see no problems.",
+        schedule=timedelta(minutes=5),
+        start_date=START,
+        catchup=False,
+        max_active_runs=1,
+        tags=["health", app],
+        default_args=default_args(retries=0),
+    ) as dag:
+        ApplicationHealthSensor(
+            task_id="check",
+            pipeline=app,
+            max_batch_age_s=max_age,
+            mode="reschedule",
+            poke_interval=30,
+            timeout=240,
+        )
+    return dag
+
+
+def stream_dags(settings: Settings | None = None) -> dict[str, DAG]:
+    settings = settings or load_settings()
+    dags: dict[str, DAG] = {}
+    for pipeline in list_pipelines(settings.pipelines_dir):
+        dags[f"stream_{pipeline.application_id}"] = stream_dag(pipeline, settings)
+        if pipeline.trigger_mode == "continuous":
+            dags[f"health_{pipeline.application_id}"] = health_dag(pipeline)
+    return dags

@@ -1,0 +1,42 @@
+"""Submitting ``python -m jobs ...`` through Spark: the same command a user runs by
+hand with ``spark-submit`` on a worker."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+from jobs.settings import REPO_ROOT, load_settings, platform_environment
+
+ENTRY_POINT = str(REPO_ROOT / "jobs" / "__main__.py")
+
+
+class PlatformJobOperator(SparkSubmitOperator):
+    """``spark-submit jobs/__main__.py <command> --pipeline <pipeline> <arguments>``.
+
+    ``arguments`` are templated (trigger-form params reach the command line). The
+    worker's PLATFORM_* environment is handed to the job when it runs.
+    """
+
+    def __init__(
+        self,
+        *,
+        command: str,
+        pipeline: str,
+        arguments: list[str] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        settings = load_settings()
+        kwargs.setdefault("conn_id", settings.spark_conn_id)
+        kwargs.setdefault("name", f"{command}-{pipeline}")
+        kwargs.setdefault("driver_memory", settings.spark_driver_memory)
+        super().__init__(
+            application=ENTRY_POINT,
+            application_args=[command, "--pipeline", pipeline, *(arguments or [])],
+            **kwargs,
+        )
+
+    def execute(self, context: Any) -> Any:
+        self.env_vars = {**platform_environment(), **(self.env_vars or {})}
+        return super().execute(context)
