@@ -23,6 +23,7 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 # importable as it is inside Airflow.
 os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="airflow-home-"))
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(REPO_ROOT / "dags"))
 os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "True")
 sys.path.insert(0, str(REPO_ROOT / "plugins"))
 _topic_ids = itertools.count()

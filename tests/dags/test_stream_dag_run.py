@@ -1,0 +1,69 @@
+"""``dag.test()`` of stream_user_clicks: Airflow -> SparkSubmitOperator -> spark-submit
+-> the job, against the embedded broker; the Delta state is checked in plain Python."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from deltalake import DeltaTable
+
+from jobs.settings import REPO_ROOT
+from tests.conftest import produce
+from tests.expected import clicks_per_window, state_as_counter
+
+pytestmark = pytest.mark.integration
+SPARK_CONNECTION = "spark://local%5B2%5D?deploy-mode=client&spark-binary=spark-submit"
+
+
+@pytest.fixture(scope="session")
+def airflow_db() -> None:
+    subprocess.run(
+        [sys.executable, "-m", "airflow", "db", "migrate"],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+
+
+def test_dag_test_of_stream_user_clicks(
+    airflow_db, broker, kafka_config, new_topic, tmp_path: Path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    topic = new_topic(2)
+    now = int(time.time())
+    values = [
+        json.dumps({"user_id": f"u{i % 11}", "timestamp": now - 500 + i % 400}).encode()
+        for i in range(1500)
+    ] + [b"garbage"]
+    produce(kafka_config, topic, values)
+    pipelines = tmp_path / "pipelines"
+    pipelines.mkdir()
+    data = yaml.safe_load((REPO_ROOT / "include" / "pipelines" / "user_clicks.yaml").read_text())
+    data["source"]["topics"] = [topic]
+    (pipelines / "user_clicks.yaml").write_text(yaml.safe_dump(data))
+    warehouse = tmp_path / "warehouse"
+    bin_dir = str(Path(sys.executable).parent)
+    # What the local Airflow sets: the platform's settings and the Spark connection.
+    monkeypatch.setenv("PLATFORM_BOOTSTRAP_SERVERS", broker.bootstrap_servers)
+    monkeypatch.setenv("PLATFORM_WAREHOUSE", str(warehouse))
+    monkeypatch.setenv("PLATFORM_PIPELINES_DIR", str(pipelines))
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", SPARK_CONNECTION)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+    from airflow.dag_processing.dagbag import DagBag
+
+    dag = DagBag(dag_folder=str(REPO_ROOT / "dags")).dags["stream_user_clicks"]
+    run = dag.test(run_conf={"trigger": "available-now", "reason": "test"})
+    assert str(run.state) in ("success", "DagRunState.SUCCESS"), run.state
+
+    expected, dead, _late = clicks_per_window([values])
+    state = DeltaTable(str(warehouse / "user_clicks" / "state")).to_pyarrow_table().to_pylist()
+    assert state_as_counter(state, "clicks") == expected
+    dead_letters = DeltaTable(str(warehouse / "user_clicks" / "dead_letter")).to_pyarrow_table()
+    assert dead_letters.num_rows == dead == 1
