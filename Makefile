@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt constraints.txt | sha1sum | cut -c1-12)
 
-.PHONY: setup demo test lint bench broker-stop clean
+.PHONY: setup demo test lint bench broker-stop clean airflow airflow-stop
 
 $(STAMP): requirements.txt constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -38,3 +38,9 @@ broker-stop: setup
 
 clean:
 	rm -rf warehouse .broker
+
+airflow: setup
+	$(BIN)/python -m include.local_airflow start
+
+airflow-stop: setup
+	$(BIN)/python -m include.local_airflow stop

@@ -76,7 +76,10 @@ def stream_dag(pipeline: Pipeline, settings: Settings) -> DAG:
                 description="how the run ends: available-now stops when caught up",
             ),
             "reason": Param(
-                "", type="string", maxLength=500, description="optional note for the task log"
+                None,
+                type=["null", "string"],
+                maxLength=500,
+                description="optional note, shown in the task log",
             ),
         },
     ) as dag:

@@ -29,6 +29,8 @@ class Settings:
     pipelines_dir: Path
     broker_data_dir: Path
     broker_port: int
+    local_airflow_home: Path
+    local_airflow_port: int
     kafka_client: dict[str, str] = field(default_factory=dict)
 
 
@@ -64,5 +66,9 @@ def load_settings() -> Settings:
         pipelines_dir=Path(_env("PIPELINES_DIR", str(REPO_ROOT / "include" / "pipelines"))),
         broker_data_dir=Path(_env("BROKER_DATA_DIR", str(REPO_ROOT / ".broker"))).resolve(),
         broker_port=broker_port,
+        local_airflow_home=Path(
+            _env("AIRFLOW_HOME", str(REPO_ROOT / ".local" / "airflow"))
+        ).resolve(),
+        local_airflow_port=_port(_env("AIRFLOW_PORT", "8085"), "AIRFLOW_PORT"),
         kafka_client=kafka_client,
     )

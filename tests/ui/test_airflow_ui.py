@@ -1,0 +1,152 @@
+"""The local Airflow in headless Chromium: log in, open stream_user_clicks, trigger it
+from the form, wait for success, keep a screenshot, and check the Delta state."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from deltalake import DeltaTable
+
+from jobs.broker import find_free_port
+from jobs.settings import REPO_ROOT
+from tests.conftest import produce
+from tests.expected import clicks_per_window, state_as_counter
+
+pytestmark = pytest.mark.integration
+CHROMIUM = Path("/usr/bin/chromium")
+ARTIFACTS = REPO_ROOT / "test-artifacts"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+def local_airflow(env: dict[str, str], action: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "include.local_airflow", action],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+
+
+@pytest.fixture
+def airflow(broker, kafka_config, new_topic, tmp_path: Path) -> Iterator[dict[str, Any]]:  # type: ignore[no-untyped-def]
+    topic = new_topic(2)
+    now = int(time.time())
+    values = [
+        json.dumps({"user_id": f"u{i % 13}", "timestamp": now - 400 + i % 300}).encode()
+        for i in range(1200)
+    ] + [b"{oops"]
+    produce(kafka_config, topic, values)
+    pipelines = tmp_path / "pipelines"
+    pipelines.mkdir()
+    data = yaml.safe_load((REPO_ROOT / "include" / "pipelines" / "user_clicks.yaml").read_text())
+    data["source"]["topics"] = [topic]
+    (pipelines / "user_clicks.yaml").write_text(yaml.safe_dump(data))
+    port = find_free_port(42000, 48000)
+    env = {
+        **os.environ,
+        "PLATFORM_AIRFLOW_HOME": str(tmp_path / "airflow"),
+        "PLATFORM_AIRFLOW_PORT": str(port),
+        "PLATFORM_BOOTSTRAP_SERVERS": broker.bootstrap_servers,
+        "PLATFORM_WAREHOUSE": str(tmp_path / "warehouse"),
+        "PLATFORM_PIPELINES_DIR": str(pipelines),
+    }
+    for key in ("AIRFLOW_HOME", "AIRFLOW__CORE__DAGS_FOLDER", "AIRFLOW__CORE__UNIT_TEST_MODE"):
+        env.pop(key, None)  # the test session's own Airflow settings
+    started = local_airflow(env, "start")
+    assert started.returncode == 0, started.stderr + started.stdout
+    print(started.stdout)
+    password = json.loads(
+        (tmp_path / "airflow" / "simple_auth_manager_passwords.json.generated").read_text()
+    )["admin"]
+    try:
+        yield {
+            "port": port,
+            "password": password,
+            "values": values,
+            "warehouse": tmp_path / "warehouse",
+        }
+    finally:
+        stopped = local_airflow(env, "stop")
+        assert stopped.returncode == 0
+
+
+def api(port: int, password: str, path: str) -> Any:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/auth/token",
+        data=json.dumps({"username": "admin", "password": password}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        token = json.loads(response.read())["access_token"]
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}", headers={"Authorization": f"Bearer {token}"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium is not installed")
+def test_trigger_stream_user_clicks_from_the_ui(airflow: dict[str, Any]) -> None:
+    from playwright.sync_api import sync_playwright
+
+    base = f"http://127.0.0.1:{airflow['port']}"
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.goto(f"{base}/")
+        page.get_by_label("Username").fill("admin")
+        page.get_by_label("Password").fill(airflow["password"])
+        page.get_by_role("button", name="Sign in").click()
+        page.wait_for_url(lambda url: "/auth/login" not in url, timeout=30000)
+        page.goto(f"{base}/dags")
+        page.get_by_text("stream_user_clicks").first.wait_for(timeout=60000)
+        page.screenshot(path=str(ARTIFACTS / "airflow-dag-list.png"))
+
+        page.goto(f"{base}/dags/stream_user_clicks")
+        page.get_by_role("button", name="Trigger").first.click()
+        dialog = page.get_by_role("dialog")
+        dialog.get_by_text("Unpause stream_user_clicks on trigger").wait_for(timeout=30000)
+        page.screenshot(path=str(ARTIFACTS / "airflow-trigger-form.png"))
+        dialog.get_by_role("button", name="Trigger").click()
+
+        deadline = time.monotonic() + 300
+        state = None
+        while time.monotonic() < deadline:
+            runs = api(
+                airflow["port"], airflow["password"], "/api/v2/dags/stream_user_clicks/dagRuns"
+            )
+            # Unpausing may also start a scheduled run: follow the one we triggered.
+            states = [r["state"] for r in runs["dag_runs"] if r["run_type"] == "manual"]
+            if states and states[0] in ("success", "failed"):
+                state = states[0]
+                break
+            time.sleep(3)
+        page.reload()
+        page.wait_for_timeout(2000)
+        page.screenshot(path=str(ARTIFACTS / "airflow-run-finished.png"))
+        browser.close()
+    assert state == "success"
+    expected, _dead, _late = clicks_per_window([airflow["values"]])
+    table = DeltaTable(str(airflow["warehouse"] / "user_clicks" / "state")).to_pyarrow_table()
+    assert state_as_counter(table.to_pylist(), "clicks") == expected
