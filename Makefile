@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt constraints.txt | sha1sum | cut -c1-12)
 
-.PHONY: setup demo test lint bench broker-stop clean airflow airflow-stop
+.PHONY: setup demo test lint chromium bench broker-stop clean airflow airflow-stop
 
 $(STAMP): requirements.txt constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,8 +27,15 @@ lint: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: lint
+test: lint chromium
 	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+# The browser test drives Debian's chromium (Playwright's own download is offline).
+chromium:
+	@command -v chromium >/dev/null || { echo "installing Debian's chromium for the browser test"; \
+	  apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 \
+	  || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1; } \
+	  || echo "WARNING: could not install chromium: the browser test will be skipped"; }
 
 bench: setup
 	$(BIN)/python -m benchmarks.throughput

@@ -34,7 +34,26 @@ class Settings:
     kafka_client: dict[str, str] = field(default_factory=dict)
 
 
+# Every variable the platform reads (besides PLATFORM_KAFKA_*), for docs and checks.
+ENV_NAMES = tuple(
+    ENV_PREFIX + name
+    for name in (
+        "BOOTSTRAP_SERVERS",
+        "WAREHOUSE",
+        "SPARK_MASTER",
+        "SPARK_DRIVER_MEMORY",
+        "SPARK_CONN_ID",
+        "PIPELINES_DIR",
+        "BROKER_DATA_DIR",
+        "BROKER_PORT",
+        "AIRFLOW_HOME",
+        "AIRFLOW_PORT",
+    )
+)
+
+
 def _env(name: str, default: str) -> str:
+    assert ENV_PREFIX + name in ENV_NAMES, name
     return os.environ.get(ENV_PREFIX + name, default)
 
 
