@@ -67,3 +67,18 @@ def test_dag_test_of_stream_user_clicks(
     assert state_as_counter(state, "clicks") == expected
     dead_letters = DeltaTable(str(warehouse / "user_clicks" / "dead_letter")).to_pyarrow_table()
     assert dead_letters.num_rows == dead == 1
+
+    # The hook and the sensor read the same ledger.
+    from platform_airflow.hooks import PlatformHook
+    from platform_airflow.sensors import ApplicationHealthSensor
+
+    health = PlatformHook().health("user_clicks")
+    assert health["lag"] == 0 and health["problems"] == []
+    assert 0 <= health["last_batch_age_s"] < 600
+    fresh = ApplicationHealthSensor(task_id="fresh", pipeline="user_clicks", max_lag=0)
+    assert fresh.poke({}) is True
+    stale = ApplicationHealthSensor(task_id="stale", pipeline="user_clicks", max_batch_age_s=0)
+    assert stale.poke({}) is False
+    produce(kafka_config, topic, [b'{"user_id": "late", "timestamp": 1}'])
+    lagging = ApplicationHealthSensor(task_id="lagging", pipeline="user_clicks", max_lag=0)
+    assert lagging.poke({}) is False
