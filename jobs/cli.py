@@ -44,6 +44,35 @@ def build_parser() -> argparse.ArgumentParser:
     _pipeline_args(status)
     status.add_argument("--json", action="store_true", help="machine-readable output")
 
+    rewind = commands.add_parser(
+        "rewind", help="move an application's input to other offsets, exactly (audited)"
+    )
+    _pipeline_args(rewind)
+    target = rewind.add_mutually_exclusive_group(required=True)
+    target.add_argument("--to-earliest", action="store_true", help="the log start")
+    target.add_argument("--to-latest", action="store_true", help="the log end")
+    target.add_argument("--to-offset", metavar="SPEC", help="N, or JSON topic->partition->offset")
+    target.add_argument("--to-datetime", metavar="ISO", help="first record at/after a time")
+    target.add_argument("--by-duration", metavar="PnDTnHnMnS", help="that long before now")
+    target.add_argument("--shift-by", metavar="N", help="N records from the committed offsets")
+    rewind.add_argument("--topics", help="comma list (default: all the pipeline's topics)")
+    rewind.add_argument(
+        "--mode",
+        choices=["reprocess", "skip"],
+        default="reprocess",
+        help="reprocess: state goes back and input replays; skip: state kept, input jumps",
+    )
+    _operation_args(rewind)
+
+    rebuild = commands.add_parser(
+        "rebuild", help="restore Spark's state from Delta (or recompute it) in a new epoch"
+    )
+    _pipeline_args(rebuild)
+    rebuild.add_argument(
+        "--from-source", action="store_true", help="recompute from the earliest offsets"
+    )
+    _operation_args(rebuild)
+
     broker = commands.add_parser("broker", help="the embedded Kafka-protocol broker")
     broker.add_argument("action", choices=["start", "stop", "status"])
     broker.add_argument("--port", type=int, help="default: $PLATFORM_BROKER_PORT or 19092")
@@ -55,6 +84,11 @@ def _pipeline_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pipeline", required=True, help="a name in include/pipelines or a path")
     parser.add_argument("--bootstrap-servers", help="HOST:PORT[,HOST:PORT]")
     parser.add_argument("--warehouse", type=Path, help="directory of the Delta tables")
+
+
+def _operation_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--reason", required=True, help="why (recorded in the ledger)")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -84,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
             text = json.dumps(status.to_dict(), indent=2, default=str)
             print(text if args.json else format_status(status))
             return 0
+        if args.command in ("rewind", "rebuild"):
+            return _operation(args, settings, pipeline)
         return _run(args, settings, pipeline)
     except PlatformError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -121,6 +157,43 @@ def _run(args: argparse.Namespace, settings: Settings, pipeline: object) -> int:
         spark.stop()  # closes the state stores before the JVM removes their files
     if not args.quiet:
         print_run_report(pipeline, settings, summary)
+    return 0
+
+
+def _operation(args: argparse.Namespace, settings: Settings, pipeline: object) -> int:
+    from jobs.operations.restart import plan_rebuild, plan_rewind
+    from jobs.operations.runner import check_reason, run_operation
+    from jobs.operations.targets import TargetSpec
+    from jobs.pipeline import Pipeline
+
+    assert isinstance(pipeline, Pipeline)
+    reason = check_reason(args.reason)
+    if args.command == "rebuild":
+        run_operation(
+            pipeline,
+            settings,
+            lambda: plan_rebuild(pipeline, settings, reason, args.from_source),
+            args.dry_run,
+        )
+        return 0
+    kinds = {
+        "to_earliest": "earliest",
+        "to_latest": "latest",
+        "to_offset": "offset",
+        "to_datetime": "datetime",
+        "by_duration": "duration",
+        "shift_by": "shift",
+    }
+    chosen = next(k for k in kinds if getattr(args, k))
+    value = getattr(args, chosen)
+    spec = TargetSpec(kinds[chosen], None if value is True else str(value))
+    topics = [t.strip() for t in args.topics.split(",")] if args.topics else None
+    run_operation(
+        pipeline,
+        settings,
+        lambda: plan_rewind(pipeline, settings, reason, spec, args.mode, topics),
+        args.dry_run,
+    )
     return 0
 
 

@@ -45,6 +45,7 @@ class Status:
     partitions: list[PartitionLag] = field(default_factory=list)
     state_rows: int = 0
     problems: list[str] = field(default_factory=list)
+    repair: str | None = None  # the operation that fits what was found
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -75,7 +76,7 @@ def application_status(pipeline: Pipeline, settings: Settings, with_broker: bool
     last = rows[-1]
     totals = {c: int(pc.sum(batches[c]).as_py() or 0) for c in COUNT_COLUMNS}
     _check_batches(rows, problems)
-    _check_checkpoint(layout, epoch, rows, problems)
+    repair = _check_checkpoint(layout, epoch, rows, problems)
     committed = plan.from_json_dict(json.loads(last["end_offsets"]))
     lags = _lags(pipeline, settings, committed, problems) if with_broker else []
     state_path = layout.table("state")
@@ -92,6 +93,7 @@ def application_status(pipeline: Pipeline, settings: Settings, with_broker: bool
         partitions=lags,
         state_rows=int(state_rows),
         problems=problems,
+        repair=repair,
     )
 
 
@@ -118,29 +120,51 @@ def _check_batches(rows: list[dict[str, Any]], problems: list[str]) -> None:
 
 def _check_checkpoint(
     layout: AppLayout, epoch: int, rows: list[dict[str, Any]], problems: list[str]
-) -> None:
+) -> str | None:
+    """Problems of the Spark checkpoint; returns "rebuild" when Spark's state is damaged."""
     checkpoint = layout.checkpoint(epoch)
     in_epoch = [r["batch_id"] for r in rows if r["epoch"] == epoch]
+    if not in_epoch:
+        return None
     if not checkpoint.is_dir():
-        if in_epoch:
-            problems.append(
-                f"checkpoint {checkpoint} is missing but the ledger has {len(in_epoch)} batches "
-                "of this epoch: the Spark state is lost (repair: rebuild)"
-            )
-        return
+        problems.append(
+            f"checkpoint {checkpoint} is missing but the ledger has {len(in_epoch)} batches "
+            "of this epoch: the Spark state is lost"
+        )
+        return "rebuild"
     commits = offset_log.committed_batches(checkpoint)
     planned = offset_log.offset_batches(checkpoint)
-    if in_epoch and commits and max(commits) > max(in_epoch):
+    try:
+        for batch in planned[-2:]:
+            offset_log.read_offsets(checkpoint, batch)
+    except PlatformError as exc:
+        problems.append(f"the checkpoint is unreadable: {exc}")
+        return "rebuild"
+    state_dir = checkpoint / "state"
+    if commits and (not state_dir.is_dir() or not any(state_dir.rglob("*"))):
+        problems.append(
+            f"Spark's state store under {state_dir} is empty but the ledger has "
+            f"{len(in_epoch)} batches: the aggregation would restart from nothing"
+        )
+        return "rebuild"
+    if not commits and planned:
+        problems.append(
+            f"offsets for batches {planned} but no commits in {checkpoint}: the commit log is gone"
+        )
+        return "rebuild"
+    if commits and max(commits) > max(in_epoch):
         problems.append(
             f"Spark committed batch {max(commits)} but the ledger ends at {max(in_epoch)}: "
             "batches were committed without the platform's commit"
         )
+        return "rebuild"
     pending = sorted(set(planned) - set(commits))
     if pending:
         problems.append(
             f"batches {pending} are planned but not committed by Spark (a crash or a running "
             "query): the next run replays them with the same offsets"
         )
+    return None
 
 
 def _lags(
@@ -191,6 +215,11 @@ def format_status(status: Status) -> str:
     if status.problems:
         lines.append("  problems:")
         lines += [f"    - {p}" for p in status.problems]
+        if status.repair:
+            lines.append(
+                f"  repair: python -m jobs {status.repair} --pipeline {status.application_id} "
+                "--reason '...' --dry-run  (then without --dry-run)"
+            )
     else:
         lines.append("  problems: none found")
     return "\n".join(lines)

@@ -144,13 +144,21 @@ class BatchWriter:
         return self.commit(path, batch_id, run, metadata)
 
 
-def bump_epoch(paths: list[Path], application_id: str, new_epoch: int, reason: str) -> None:
-    """Fence every writer of an older epoch: an empty commit carrying the new fence.
+def bump_epoch(
+    paths: list[Path],
+    application_id: str,
+    new_epoch: int,
+    reason: str,
+    first_rows: pa.Table | None = None,
+) -> None:
+    """Fence every writer of an older epoch: a commit carrying the new fence.
 
     ``paths`` in order; the ledger first, so that no old-epoch batch can complete
-    once the bump has started. A table already at a newer epoch is an error.
+    once the bump has started. ``first_rows`` (the operation's audit row) become the
+    first table's bump commit; the others are empty commits. A table already at a
+    newer epoch is an error.
     """
-    for path in paths:
+    for i, path in enumerate(paths):
         for _attempt in range(MAX_ATTEMPTS):
             table = DeltaTable(str(path))
             current = table_epoch(table, application_id)
@@ -158,7 +166,9 @@ def bump_epoch(paths: list[Path], application_id: str, new_epoch: int, reason: s
                 raise FencedError(
                     f"{path.name} of {application_id} is at epoch {current}, not below {new_epoch}"
                 )
-            empty = pa.Table.from_batches([], schema=pa.schema(table.schema().to_arrow()))
+            rows = first_rows if i == 0 and first_rows is not None else None
+            if rows is None:
+                rows = pa.Table.from_batches([], schema=pa.schema(table.schema().to_arrow()))
             props = CommitProperties(
                 app_transactions=[Transaction(fence_txn_id(application_id), new_epoch)],
                 custom_metadata={
@@ -169,7 +179,7 @@ def bump_epoch(paths: list[Path], application_id: str, new_epoch: int, reason: s
                 },
             )
             try:
-                write_deltalake(table, empty, mode="append", commit_properties=props)
+                write_deltalake(table, rows, mode="append", commit_properties=props)
             except CommitFailedError as exc:
                 if "oncurrent" not in str(exc):
                     raise
@@ -177,6 +187,18 @@ def bump_epoch(paths: list[Path], application_id: str, new_epoch: int, reason: s
             break
         else:
             raise ConsistencyError(f"could not bump the epoch of {path}: too many conflicts")
+
+
+def fenced_properties(application_id: str, epoch: int, operation: str) -> CommitProperties:
+    """Commit properties of an operation's own commits in its (new) epoch."""
+    return CommitProperties(
+        app_transactions=[Transaction(fence_txn_id(application_id), epoch)],
+        custom_metadata={
+            "application_id": application_id,
+            "platform_operation": operation,
+            "epoch": str(epoch),
+        },
+    )
 
 
 def find_commit_version(path: Path, application_id: str, epoch: int, batch_id: int) -> int | None:

@@ -8,6 +8,7 @@ batch therefore reads the same records. Output columns match Spark's Kafka sourc
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -78,6 +79,8 @@ class SourceOptions:
         if raw_headers not in ("true", "false"):
             raise ConfigError(f"includeHeaders must be true or false, got {raw_headers!r}")
         self.include_headers = raw_headers == "true"
+        # Set at a seeded cut: no records until the seed batch is committed.
+        self.hold_until = lowered.get("holduntilfileexists")
         raw_max = lowered.get("maxoffsetspertrigger")
         self.max_offsets: int | None = None
         if raw_max is not None:
@@ -200,6 +203,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         current = plan.from_json_dict(start)
+        if self.options.hold_until and not os.path.exists(self.options.hold_until):
+            return start
         partitions = self._partitions()
         marks = self._watermarks(partitions)
         plan.check_not_expired(current, marks)

@@ -28,6 +28,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
@@ -40,6 +41,7 @@ from jobs.pipeline import Pipeline
 from jobs.streaming import offset_log
 from jobs.streaming.observed import observed_metrics
 from jobs.streaming.query import OBSERVATION
+from jobs.streaming.seed import verify_seeded_state
 
 
 @dataclass
@@ -61,6 +63,7 @@ class BatchCommitter:
         checkpoint: Path,
         initial_offsets: dict[str, Any],
         query_name: str,
+        seed_path: Path | None = None,
     ) -> None:
         self.spark = spark
         self.pipeline = pipeline
@@ -72,9 +75,20 @@ class BatchCommitter:
         self.writer = BatchWriter(pipeline.application_id, epoch, pipeline.exactly_once)
         self.results: list[BatchResult] = []
         self.aggregate_schema = tables.aggregate_schema(pipeline)
+        self.seed_path = seed_path
+        self._aggregated = 0
+        self._changed_rows = 0
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
+        extra: dict[str, Any] = {}
+        if batch_id == 1 and self.seed_path is not None:
+            # Batch 0 absorbed the seed and read no record (Kafka waited for its
+            # commit); before this batch's records are aggregated, Spark's state
+            # must equal the cut's snapshot. A mismatch stops here, nothing committed.
+            extra["seed_verified_rows"] = verify_seeded_state(
+                self.spark, self.checkpoint, self.seed_path, self.pipeline.window is not None
+            )
         # The one action on this batch: it runs the scan, the aggregation and the
         # observation together (a second action would scan Kafka again).
         changed = batch.toArrow()
@@ -84,6 +98,8 @@ class BatchCommitter:
             timings[name] = round(time.monotonic() - started - sum(timings.values()), 3)
 
         lap("spark")
+        if batch_id == 0 and self.seed_path is not None:
+            extra["seed_rows"] = pq.read_metadata(self.seed_path).num_rows
         metrics = observed_metrics(self.spark, self.query_name, OBSERVATION)
         ledger_path = self.layout.table(tables.LEDGER)
         if self.pipeline.exactly_once:
@@ -99,7 +115,8 @@ class BatchCommitter:
             if batch_id == 0
             else offset_log.read_offsets(self.checkpoint, batch_id - 1).end_offsets
         )
-        rows = changed.cast(self.aggregate_schema)
+        rows, self._aggregated = self._diff(changed.cast(self.aggregate_schema), batch_id)
+        self._changed_rows = rows.num_rows
         now = pa.scalar(int(time.time() * 1_000_000), tables.TIMESTAMP)
         counts = self._counts(rows, metrics, batch_id, start, offsets.end_offsets)
         dead = self._dead_letters(metrics["dead_letters"], batch_id, now)
@@ -129,6 +146,10 @@ class BatchCommitter:
             )
             lap("state")
             maybe_crash("after_state", batch_id)
+        # The state version this batch leaves behind: a rewind's time-travel target.
+        versions["state_after"] = (
+            versions.get("state") or DeltaTable(str(self.layout.table("state"))).version()
+        )
         ledger = {
             "application_id": self.pipeline.application_id,
             "entry_type": "batch",
@@ -145,6 +166,7 @@ class BatchCommitter:
                 {
                     "seconds": round(time.monotonic() - started, 3),
                     "timings": timings,
+                    **extra,
                 }
             ),
             "commit_time": now.as_py(),
@@ -197,7 +219,7 @@ class BatchCommitter:
         valid = int(metrics["records_valid"])
         dead = int(metrics["dead_lettered"])
         per_record = self.pipeline.window.windows_per_record if self.pipeline.window else 1
-        aggregated = self._records_added(rows, batch_id)
+        aggregated = self._aggregated
         late = valid * per_record - aggregated
         offsets_span = sum(
             off - start.get(topic, {}).get(part, off)
@@ -226,25 +248,33 @@ class BatchCommitter:
             "aggregated": aggregated,
             "late_dropped": late,
             "windows_per_record": per_record,
-            "state_rows_changed": rows.num_rows,
+            "state_rows_changed": self._changed_rows,
         }
 
-    def _records_added(self, rows: pa.Table, batch_id: int) -> int:
-        """Sum over changed (key, window) rows of the growth of ``_records``."""
-        total_now = pc.sum(rows["_records"]).as_py() or 0
+    def _diff(self, rows: pa.Table, batch_id: int) -> tuple[pa.Table, int]:
+        """Rows whose values really changed, and how many (record, window) pairs this
+        batch added to the state (the growth of ``_records`` over the changed rows)."""
+        total_now = int(pc.sum(rows["_records"]).as_py() or 0)
         if rows.num_rows == 0:
-            return 0
+            return rows, 0
         keys = list(self.pipeline.state_keys)
+        values = list(self.pipeline.value_columns)
         dataset = self._previous_state(batch_id).to_pyarrow_dataset()
         condition = None
         if self.pipeline.window is not None:
-            first = pc.min(rows["window_start"])
-            condition = ds.field("window_start") >= first
-        before = dataset.to_table(columns=[*keys, "_records"], filter=condition)
+            condition = ds.field("window_start") >= pc.min(rows["window_start"])
+        before = dataset.to_table(columns=[*keys, *values], filter=condition)
         if before.num_rows == 0:
-            return int(total_now)
-        matched = rows.select(keys).join(before, keys=keys, join_type="inner")
-        return int(total_now - (pc.sum(matched["_records"]).as_py() or 0))
+            return rows, total_now
+        before = before.rename_columns(keys + [f"{v}__before" for v in values])
+        joined = rows.join(before, keys=keys, join_type="left outer")
+        changed = None
+        for v in values:
+            differs = pc.fill_null(pc.not_equal(joined[v], joined[f"{v}__before"]), True)
+            changed = differs if changed is None else pc.or_(changed, differs)
+        grown = pc.subtract(joined["_records"], pc.fill_null(joined["_records__before"], 0))
+        aggregated = int(pc.sum(grown).as_py() or 0)
+        return joined.filter(changed).select(rows.column_names), aggregated
 
     def _dead_letters(
         self, letters: list[dict[str, Any]], batch_id: int, now: pa.Scalar

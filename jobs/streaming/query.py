@@ -27,6 +27,7 @@ def read_kafka(
     bootstrap_servers: str,
     starting_offsets_json: str,
     client_settings: dict[str, str],
+    hold_until: str | None = None,
 ) -> DataFrame:
     reader = (
         spark.readStream.format(FORMAT)
@@ -36,6 +37,8 @@ def read_kafka(
     )
     for key, value in client_settings.items():
         reader = reader.option(f"kafka.{key}", value)
+    if hold_until is not None:
+        reader = reader.option("holdUntilFileExists", hold_until)
     if pipeline.max_offsets_per_trigger is not None:
         reader = reader.option("maxOffsetsPerTrigger", str(pipeline.max_offsets_per_trigger))
     return reader.load()
@@ -129,42 +132,68 @@ def event_time(pipeline: Pipeline) -> Column:
     return F.timestamp_micros(value.cast("bigint"))
 
 
-def aggregate(classified: DataFrame, pipeline: Pipeline) -> DataFrame:
-    """Valid rows -> one output row per (key, window) changed in the batch (update mode)."""
-    columns = [F.col(f"t.`{k}`").alias(k) for k in pipeline.keys]
-    columns.append(event_time(pipeline).alias("_event_time"))
-    fields = {a.field for a in pipeline.aggregations if a.field} - {
-        d.name for d in pipeline.derived
-    }
-    columns += [F.col(f"t.`{f}`").alias(f) for f in sorted(fields)]
+def contribution_types(pipeline: Pipeline) -> dict[str, str]:
+    """Spark type of each aggregate's per-row contribution column ``_in_<name>``.
+
+    Aggregations are kept algebraic (count and avg become sums of contributions),
+    so a state snapshot can be fed back in as rows: a seed row contributes its
+    stored count, sum, min or max exactly as records would (see ``seed.py``).
+    """
+    from jobs.delta.layout import value_type
+
+    spark_type = {"int64": "bigint", "double": "double", "int32": "int"}
+    spark_type.update({"string": "string", "bool": "boolean"})
+    types = {}
+    for agg in pipeline.aggregations:
+        column = f"_sum_{agg.name}" if agg.function == "avg" else agg.name
+        types[agg.name] = spark_type[str(value_type(pipeline, column))]
+    types["_records"] = "bigint"
+    return types
+
+
+def record_contributions(classified: DataFrame, pipeline: Pipeline) -> DataFrame:
+    """Valid Kafka records -> keys, event time and what each adds to each aggregate."""
+    valid = classified.filter(F.col("_reason").isNull())
+    values: dict[str, Column] = {}
     for derived in pipeline.derived:
         sign = F.lit(0)
         for category, factor in derived.signs.items():
             sign = F.when(F.col(f"t.`{derived.sign_by}`") == category, F.lit(factor)).otherwise(
                 sign
             )
-        columns.append((F.col(f"t.`{derived.field}`") * sign).alias(derived.name))
-    valid = classified.filter(F.col("_reason").isNull()).select(*columns)
+        values[derived.name] = F.col(f"t.`{derived.field}`") * sign
+    types = contribution_types(pipeline)
+    columns = [F.col(f"t.`{k}`").alias(k) for k in pipeline.keys]
+    columns.append(event_time(pipeline).alias("_event_time"))
+    for agg in pipeline.aggregations:
+        if agg.function == "count":
+            value = F.lit(1)
+        else:
+            assert agg.field is not None  # validated: only count has no field
+            value = values.get(agg.field, F.col(f"t.`{agg.field}`"))
+        columns.append(value.cast(types[agg.name]).alias(f"_in_{agg.name}"))
+    columns.append(F.lit(1).cast("bigint").alias("_in__records"))
+    return valid.select(*columns)
 
+
+def aggregate(contributions: DataFrame, pipeline: Pipeline) -> DataFrame:
+    """Contributions -> one output row per (key, window) changed in the batch (update mode)."""
     group: list[Column] = [F.col(k) for k in pipeline.keys]
     if pipeline.window is not None:
         assert pipeline.watermark_seconds is not None
-        valid = valid.withWatermark("_event_time", f"{pipeline.watermark_seconds} seconds")
+        contributions = contributions.withWatermark(
+            "_event_time", f"{pipeline.watermark_seconds} seconds"
+        )
         size = f"{pipeline.window.size_seconds} seconds"
         slide = f"{pipeline.window.slide_seconds} seconds"
         group.append(F.window("_event_time", size, slide).alias("_window"))
     aggs: list[Column] = []
     for agg in pipeline.aggregations:
-        if agg.function == "count":
-            aggs.append(F.count(F.lit(1)).alias(agg.name))
-        else:
-            assert agg.field is not None  # validated: only count has no field
-            if agg.function == "avg":
-                aggs.append(F.sum(agg.field).alias(f"_sum_{agg.name}"))
-            else:
-                aggs.append(getattr(F, agg.function)(agg.field).alias(agg.name))
-    aggs.append(F.count(F.lit(1)).alias("_records"))
-    grouped = valid.groupBy(*group).agg(*aggs)
+        name = f"_sum_{agg.name}" if agg.function == "avg" else agg.name
+        combine = F.min if agg.function == "min" else F.max if agg.function == "max" else F.sum
+        aggs.append(combine(f"_in_{agg.name}").alias(name))
+    aggs.append(F.sum("_in__records").alias("_records"))
+    grouped = contributions.groupBy(*group).agg(*aggs)
 
     out: list[Column] = [F.col(k) for k in pipeline.keys]
     if pipeline.window is not None:
@@ -188,7 +217,14 @@ def build(
     bootstrap_servers: str,
     starting_offsets_json: str,
     client_settings: dict[str, str],
+    seed: DataFrame | None = None,
+    hold_until: str | None = None,
 ) -> DataFrame:
-    raw = read_kafka(spark, pipeline, bootstrap_servers, starting_offsets_json, client_settings)
-    classified = observe_input(classify(raw, pipeline))
-    return aggregate(classified, pipeline)
+    """The stream's output; ``seed`` (a stream of state rows) joins it at a cut."""
+    raw = read_kafka(
+        spark, pipeline, bootstrap_servers, starting_offsets_json, client_settings, hold_until
+    )
+    contributions = record_contributions(observe_input(classify(raw, pipeline)), pipeline)
+    if seed is not None:
+        contributions = contributions.unionByName(seed)
+    return aggregate(contributions, pipeline)

@@ -7,23 +7,24 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import FrameType
-from typing import Any
 
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from jobs import kafka_admin
+from jobs.cut import Cut, read_cut, seed_file, write_cut
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
 from jobs.delta.writer import table_epoch
+from jobs.errors import ConsistencyError, FencedError
 from jobs.kafka_source import offsets as plan
 from jobs.lock import application_lock
 from jobs.pipeline import Pipeline
 from jobs.settings import Settings
 from jobs.streaming import query
 from jobs.streaming.batch import BatchCommitter, BatchResult
+from jobs.streaming.seed import seed_stream
 
 
 @dataclass
@@ -38,6 +39,9 @@ class RunSummary:
         return sum(int(b.ledger.get("records_in", 0)) for b in self.batches if not b.skipped)
 
 
+FENCE_CHECK_S = 5.0
+
+
 def current_epoch(layout: AppLayout) -> int:
     """The application's epoch: the fence on its ledger (0 before any bump)."""
     ledger = layout.table(tables.LEDGER)
@@ -46,35 +50,30 @@ def current_epoch(layout: AppLayout) -> int:
     return max(0, table_epoch(DeltaTable(str(ledger)), layout.application_id))
 
 
-def epoch_start_file(layout: AppLayout, epoch: int) -> Path:
-    return layout.checkpoints / f"epoch={epoch}.json"
+def epoch_cut(layout: AppLayout, pipeline: Pipeline, settings: Settings) -> Cut:
+    """The cut the current epoch starts from, fixed once so every restart agrees.
 
-
-def epoch_starting_offsets(
-    layout: AppLayout, pipeline: Pipeline, settings: Settings
-) -> dict[str, Any]:
-    """The offsets epoch ``n`` starts from, fixed once so every restart agrees.
-
-    For a new application they come from the pipeline's ``starting_offsets``
-    resolved against the broker now; maintenance operations write their own cut.
+    For a new application it comes from the pipeline's ``starting_offsets``
+    resolved against the broker now; maintenance operations write their own.
     """
     epoch = current_epoch(layout)
-    path = epoch_start_file(layout, epoch)
-    if path.exists():
-        data: dict[str, Any] = json.loads(path.read_text())
-        return dict(data["starting_offsets"])
+    cut = read_cut(layout, epoch)
+    if cut is not None:
+        return cut
+    if epoch > 0:
+        raise ConsistencyError(
+            f"epoch {epoch} of {layout.application_id} has no cut: an operation fenced the "
+            "application and did not finish; run the operation again (see the ledger)"
+        )
     config = kafka_admin.client_config(settings.bootstrap_servers, settings.kafka_client)
     partitions = kafka_admin.topic_partitions(kafka_admin.admin(config), pipeline.topics)
     marks = kafka_admin.watermarks(
         config, [(t, p) for t, parts in partitions.items() for p in parts]
     )
     start = plan.resolve_starting_offsets(pipeline.starting_offsets, partitions, marks)
-    offsets = plan.to_json_dict(start)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"epoch": epoch, "starting_offsets": offsets, "origin": "pipeline"}))
-    tmp.rename(path)  # atomic: a crash leaves either no file or a whole one
-    return offsets
+    cut = Cut(epoch=epoch, starting_offsets=plan.to_json_dict(start), origin="pipeline")
+    write_cut(layout, cut)
+    return cut
 
 
 def run_pipeline(
@@ -100,14 +99,28 @@ def _run_locked(
     started = time.monotonic()
     tables.ensure_tables(layout, pipeline)
     epoch = current_epoch(layout)
-    starting = epoch_starting_offsets(layout, pipeline, settings)
+    cut = epoch_cut(layout, pipeline, settings)
+    starting = cut.starting_offsets
     checkpoint = layout.checkpoint(epoch)
+    seed_path = seed_file(layout, epoch) if cut.seed_rows is not None else None
+    seed = None
+    if seed_path is not None:
+        seed = seed_stream(spark, pipeline, seed_path)
     name = f"{pipeline.application_id}_epoch{epoch}"
     spark.conf.set("spark.sql.shuffle.partitions", str(pipeline.shuffle_partitions))
     stream = query.build(
-        spark, pipeline, settings.bootstrap_servers, json.dumps(starting), settings.kafka_client
+        spark,
+        pipeline,
+        settings.bootstrap_servers,
+        json.dumps(starting),
+        settings.kafka_client,
+        seed=seed,
+        # Records wait until the seed batch (batch 0) is committed.
+        hold_until=str(checkpoint / "commits" / "0") if seed is not None else None,
     )
-    committer = BatchCommitter(spark, pipeline, layout, epoch, checkpoint, starting, name)
+    committer = BatchCommitter(
+        spark, pipeline, layout, epoch, checkpoint, starting, name, seed_path
+    )
     writer = (
         stream.writeStream.queryName(name)
         .outputMode("update")
@@ -130,9 +143,18 @@ def _run_locked(
         for sig in (signal.SIGTERM, signal.SIGINT):
             previous[sig] = signal.signal(sig, request_stop)
     try:
+        checked = time.monotonic()
         while not running.awaitTermination(1):
             if stop_requested.is_set():
                 running.stop()
+            elif time.monotonic() - checked > FENCE_CHECK_S:
+                checked = time.monotonic()
+                if current_epoch(layout) > epoch:  # an idle stream would never commit
+                    running.stop()
+                    raise FencedError(
+                        f"{pipeline.application_id} moved to epoch {current_epoch(layout)}; "
+                        f"this run of epoch {epoch} stopped without committing anything more"
+                    )
         running.awaitTermination()
     finally:
         for sig, handler in previous.items():

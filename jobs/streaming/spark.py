@@ -10,6 +10,7 @@ from pyspark.sql import SparkSession
 
 from jobs.kafka_source import KafkaDataSource
 from jobs.settings import REPO_ROOT
+from jobs.streaming.seed import SeedDataSource
 
 LOG4J_CONFIG = REPO_ROOT / "include" / "config" / "log4j2.properties"
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -52,4 +53,5 @@ def get_spark(
     )
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(KafkaDataSource)
+    spark.dataSource.register(SeedDataSource)
     return spark

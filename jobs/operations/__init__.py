@@ -1,0 +1,2 @@
+"""Maintenance operations: every one restarts the application from a consistent cut
+(``jobs/cut.py``) in a new epoch that fences the old one, and is audited in the ledger."""

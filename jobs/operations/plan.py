@@ -1,0 +1,135 @@
+"""What an operation will do, computed before it does anything (``--dry-run`` prints it).
+
+A plan picks the cut: the offsets the new epoch starts from and the Delta state
+version Spark is seeded from, and says what happens to the published ``state``
+table (kept, time-travelled back, or emptied) and which writers are fenced.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import pyarrow.compute as pc
+
+from jobs.delta.layout import AppLayout
+from jobs.kafka_source import offsets as kafka_offsets
+from jobs.status import read_ledger
+
+Offsets = kafka_offsets.Offsets
+
+
+@dataclass
+class Boundary:
+    """A committed batch's end: offsets and the state version exact for them."""
+
+    epoch: int
+    batch_id: int
+    end_offsets: Offsets
+    state_version: int
+
+
+@dataclass
+class Plan:
+    operation: str
+    application_id: str
+    reason: str
+    epoch_before: int
+    epoch_after: int
+    current_offsets: Offsets
+    target_offsets: Offsets
+    seed_state_version: int | None  # None: Spark starts from empty state
+    state_action: str  # "keep", "restore:<version>", "empty", "publish"
+    boundary: Boundary | None = None
+    records_to_replay: int = 0
+    skipped: dict[str, list[int]] = field(default_factory=dict)  # "topic[p]" -> [from, to)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def records_skipped(self) -> int:
+        return sum(end - start for start, end in self.skipped.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["current_offsets"] = kafka_offsets.to_json_dict(self.current_offsets)
+        data["target_offsets"] = kafka_offsets.to_json_dict(self.target_offsets)
+        if self.boundary is not None:
+            data["boundary"]["end_offsets"] = kafka_offsets.to_json_dict(self.boundary.end_offsets)
+        data["records_skipped"] = self.records_skipped
+        return data
+
+    def describe(self) -> str:
+        lines = [
+            f"{self.operation} of {self.application_id}: {self.reason}",
+            "  partition            current ->   target",
+        ]
+        for tp in sorted(set(self.current_offsets) | set(self.target_offsets)):
+            name = f"{tp[0]}[{tp[1]}]"
+            now = self.current_offsets.get(tp, "-")
+            then = self.target_offsets.get(tp, "-")
+            lines.append(f"  {name:<20} {now!s:>7} -> {then!s:>8}")
+        if self.boundary is not None:
+            b = self.boundary
+            lines.append(
+                f"  batch boundary: epoch {b.epoch} batch {b.batch_id} "
+                f"(state table version {b.state_version})"
+            )
+        seed = (
+            "empty state"
+            if self.seed_state_version is None
+            else f"Delta state version {self.seed_state_version}"
+        )
+        lines.append(f"  Spark state is seeded from: {seed}")
+        lines.append(f"  published state table: {self.state_action}")
+        lines.append(f"  records to replay: {self.records_to_replay}")
+        if self.skipped:
+            ranges = ", ".join(f"{k} {v[0]}..{v[1] - 1}" for k, v in sorted(self.skipped.items()))
+            lines.append(f"  records skipped: {self.records_skipped} ({ranges})")
+        lines.append(
+            f"  fenced: every writer of epoch {self.epoch_before} (a running stream of it "
+            f"stops at its next commit); the application restarts in epoch {self.epoch_after}"
+        )
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, default=str)
+
+
+def batch_boundaries(layout: AppLayout) -> list[Boundary]:
+    """Every committed batch end in the ledger (all epochs), oldest first."""
+    ledger = read_ledger(layout)
+    if ledger is None:
+        return []
+    batches = ledger.filter(pc.equal(ledger["entry_type"], "batch"))
+    result = []
+    for row in batches.sort_by([("commit_time", "ascending")]).to_pylist():
+        versions = json.loads(row["delta_versions"] or "{}")
+        if versions.get("state_after") is None:
+            continue
+        result.append(
+            Boundary(
+                epoch=row["epoch"],
+                batch_id=row["batch_id"],
+                end_offsets=kafka_offsets.from_json_dict(json.loads(row["end_offsets"])),
+                state_version=int(versions["state_after"]),
+            )
+        )
+    return result
+
+
+def last_boundary(layout: AppLayout) -> Boundary | None:
+    boundaries = batch_boundaries(layout)
+    return boundaries[-1] if boundaries else None
+
+
+def boundary_at_or_before(layout: AppLayout, target: Offsets) -> Boundary | None:
+    """The latest batch end with every partition at or before ``target``."""
+    fits = [
+        (sum(b.end_offsets.values()), i, b)
+        for i, b in enumerate(batch_boundaries(layout))
+        if all(off <= target.get(tp, off) for tp, off in b.end_offsets.items())
+    ]
+    # Furthest along; for the same offsets, the newest ledger row (latest state).
+    return max(fits, key=lambda f: (f[0], f[1]))[2] if fits else None

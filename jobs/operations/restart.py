@@ -1,0 +1,248 @@
+"""Planning and applying the restarts: rebuild and rewind (backfill publishes first,
+then restarts the same way).
+
+Applying a plan, under the application lock:
+1. write the seed (the state snapshot) and the new epoch's cut (inert until 4.);
+2. bump the epoch on every table, the ledger first, its bump commit being the
+   audit row: from here on every writer of the old epoch is fenced;
+3. apply the plan's state action (time travel back, or empty) in one commit;
+the next ``run`` starts the new epoch from the cut.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+from deltalake import DeltaTable
+
+from jobs import kafka_admin
+from jobs.cut import Cut, seed_file, write_cut
+from jobs.delta import layout as tables
+from jobs.delta.layout import AppLayout
+from jobs.delta.writer import bump_epoch, fenced_properties
+from jobs.errors import ConfigError
+from jobs.kafka_source import offsets as kafka_offsets
+from jobs.operations.audit import append_audit, audit_row
+from jobs.operations.plan import Plan, boundary_at_or_before, last_boundary
+from jobs.operations.targets import TargetSpec, resolve_targets
+from jobs.pipeline import Pipeline
+from jobs.settings import Settings
+from jobs.streaming.run import current_epoch
+from jobs.streaming.seed import check_seedable, seed_rows, write_seed
+
+Offsets = kafka_offsets.Offsets
+
+
+def broker_marks(
+    pipeline: Pipeline, settings: Settings, topics: list[str] | None = None
+) -> tuple[dict[str, str], dict[tuple[str, int], tuple[int, int]]]:
+    config = kafka_admin.client_config(settings.bootstrap_servers, settings.kafka_client)
+    chosen = topics or list(pipeline.topics)
+    unknown = sorted(set(chosen) - set(pipeline.topics))
+    if unknown:
+        raise ConfigError(f"--topics {unknown} are not topics of {pipeline.application_id}")
+    partitions = kafka_admin.topic_partitions(kafka_admin.admin(config), chosen)
+    marks = kafka_admin.watermarks(config, [(t, p) for t, ps in partitions.items() for p in ps])
+    return config, marks
+
+
+def plan_rebuild(pipeline: Pipeline, settings: Settings, reason: str, from_source: bool) -> Plan:
+    layout = AppLayout(settings.warehouse, pipeline.application_id)
+    epoch = current_epoch(layout)
+    last = last_boundary(layout)
+    current = last.end_offsets if last else {}
+    if from_source or last is None:
+        _config, marks = broker_marks(pipeline, settings)
+        target = {tp: low for tp, (low, _high) in marks.items()}
+        return Plan(
+            operation="rebuild",
+            application_id=pipeline.application_id,
+            reason=reason,
+            epoch_before=epoch,
+            epoch_after=epoch + 1,
+            current_offsets=current,
+            target_offsets=target,
+            seed_state_version=None,
+            state_action="empty",
+            records_to_replay=sum(current.get(tp, low) - low for tp, (low, _h) in marks.items()),
+            notes=[
+                "recomputes from the earliest offsets on the broker; the published state is "
+                "empty until the replay has caught up"
+            ],
+        )
+    check_seedable(pipeline)
+    return Plan(
+        operation="rebuild",
+        application_id=pipeline.application_id,
+        reason=reason,
+        epoch_before=epoch,
+        epoch_after=epoch + 1,
+        current_offsets=current,
+        target_offsets=dict(current),
+        seed_state_version=last.state_version,
+        state_action="keep",
+        boundary=last,
+        notes=["restores Spark's state from Delta; Kafka is not re-read"],
+    )
+
+
+def plan_rewind(
+    pipeline: Pipeline,
+    settings: Settings,
+    reason: str,
+    spec: TargetSpec,
+    mode: str,
+    topics: list[str] | None,
+) -> Plan:
+    layout = AppLayout(settings.warehouse, pipeline.application_id)
+    epoch = current_epoch(layout)
+    last = last_boundary(layout)
+    if last is None:
+        raise ConfigError(f"{pipeline.application_id} has no committed batch: nothing to rewind")
+    current = last.end_offsets
+    config, marks = broker_marks(pipeline, settings, topics)
+    chosen = resolve_targets(spec, current, marks, config)
+    target = {**current, **chosen}  # partitions of other topics stay where they are
+    base: dict[str, Any] = {
+        "operation": "rewind",
+        "application_id": pipeline.application_id,
+        "reason": reason,
+        "epoch_before": epoch,
+        "epoch_after": epoch + 1,
+        "current_offsets": current,
+    }
+    if mode == "skip":
+        backwards = {
+            tp: (current.get(tp), off) for tp, off in chosen.items() if off < current.get(tp, off)
+        }
+        if backwards:
+            raise ConfigError(
+                f"--mode skip only moves forward (it keeps the state); these would go back: "
+                f"{_names(backwards)}; use --mode reprocess"
+            )
+        check_seedable(pipeline)
+        skipped = {
+            f"{tp[0]}[{tp[1]}]": [current.get(tp, off), off]
+            for tp, off in chosen.items()
+            if off > current.get(tp, off)
+        }
+        return Plan(
+            **base,
+            target_offsets=target,
+            seed_state_version=last.state_version,
+            state_action="keep",
+            boundary=last,
+            skipped=skipped,
+        )
+    boundary = boundary_at_or_before(layout, target)
+    if boundary is None:
+        return Plan(
+            **base,
+            target_offsets={tp: low for tp, (low, _h) in marks.items()}
+            | {tp: off for tp, off in current.items() if tp not in marks},
+            seed_state_version=None,
+            state_action="empty",
+            records_to_replay=sum(current.values()) - sum(low for low, _h in marks.values()),
+            notes=["no batch ended at or before the target: replays from the earliest offsets"],
+        )
+    check_seedable(pipeline)
+    return Plan(
+        **base,
+        target_offsets=dict(boundary.end_offsets),
+        seed_state_version=boundary.state_version,
+        state_action=f"restore:{boundary.state_version}",
+        boundary=boundary,
+        records_to_replay=sum(current.values()) - sum(boundary.end_offsets.values()),
+        notes=[
+            f"the target {_names({tp: (None, off) for tp, off in chosen.items()})} is not a "
+            "batch boundary: replay starts at the boundary at or before it"
+        ]
+        if boundary.end_offsets != target
+        else [],
+    )
+
+
+def _names(pairs: dict[tuple[str, int], tuple[Any, int]]) -> str:
+    return ", ".join(f"{t}[{p}]->{off}" for (t, p), (_cur, off) in sorted(pairs.items()))
+
+
+def apply_plan(
+    pipeline: Pipeline, settings: Settings, plan: Plan, seed_override: pa.Table | None = None
+) -> dict[str, Any]:
+    """Carry out ``plan`` (the caller holds the application lock)."""
+    layout = AppLayout(settings.warehouse, pipeline.application_id)
+    tables.ensure_tables(layout, pipeline)
+    if current_epoch(layout) != plan.epoch_before:
+        raise ConfigError("the application moved to another epoch since the plan was made")
+    new = plan.epoch_after
+    state_path = layout.table("state")
+    seeded: int | None = None
+    snapshot = seed_override
+    if snapshot is None and plan.seed_state_version is not None:
+        snapshot = DeltaTable(str(state_path), version=plan.seed_state_version).to_pyarrow_table()
+    if snapshot is not None and snapshot.num_rows:
+        write_seed(seed_rows(pa.table(snapshot), pipeline), seed_file(layout, new))
+        seeded = snapshot.num_rows
+    write_cut(
+        layout,
+        Cut(
+            epoch=new,
+            starting_offsets=kafka_offsets.to_json_dict(plan.target_offsets),
+            origin=plan.operation,
+            seed_rows=seeded,
+        ),
+    )
+    result = {"seeded_rows": seeded or 0, "state_action": plan.state_action}
+    audit = audit_row(
+        pipeline,
+        plan.operation,
+        new,
+        {
+            "reason": plan.reason,
+            "plan": plan.to_dict(),
+            "dry_run": False,
+            "result": result,
+            "epoch_before": plan.epoch_before,
+            "epoch_after": new,
+        },
+        kafka_offsets.to_json_dict(plan.current_offsets),
+        kafka_offsets.to_json_dict(plan.target_offsets),
+    )
+    bump_epoch(
+        [layout.table(tables.LEDGER), *(layout.table(t) for t in reversed(tables.DATA_TABLES))],
+        pipeline.application_id,
+        new,
+        plan.reason,
+        first_rows=audit,
+    )
+    props = fenced_properties(pipeline.application_id, new, plan.operation)
+    if plan.state_action.startswith("restore:"):
+        DeltaTable(str(state_path)).restore(
+            int(plan.state_action.split(":")[1]), commit_properties=props
+        )
+    elif plan.state_action == "empty":
+        DeltaTable(str(state_path)).delete(commit_properties=props)
+    return result
+
+
+def audit_dry_run(pipeline: Pipeline, settings: Settings, plan: Plan) -> None:
+    layout = AppLayout(settings.warehouse, pipeline.application_id)
+    tables.ensure_tables(layout, pipeline)
+    append_audit(
+        layout,
+        audit_row(
+            pipeline,
+            plan.operation,
+            plan.epoch_before,
+            {
+                "reason": plan.reason,
+                "plan": plan.to_dict(),
+                "dry_run": True,
+                "epoch_before": plan.epoch_before,
+                "epoch_after": plan.epoch_before,
+            },
+            kafka_offsets.to_json_dict(plan.current_offsets),
+            kafka_offsets.to_json_dict(plan.target_offsets),
+        ),
+    )

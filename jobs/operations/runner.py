@@ -1,0 +1,91 @@
+"""Running an operation from the command line or Airflow: plan, print, audit, and
+(without ``--dry-run``) fence the stream, take the application, apply."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from jobs.delta import layout as tables
+from jobs.delta.layout import AppLayout
+from jobs.delta.writer import bump_epoch
+from jobs.errors import ConfigError
+from jobs.lock import LockedError, application_lock, describe, holder
+from jobs.operations.audit import audit_row
+from jobs.operations.plan import Plan
+from jobs.operations.restart import apply_plan, audit_dry_run
+from jobs.pipeline import Pipeline
+from jobs.settings import Settings
+from jobs.streaming.run import current_epoch
+
+FENCE_WAIT_S = 120.0
+
+
+def check_reason(reason: str) -> str:
+    reason = reason.strip()
+    if not reason or len(reason) > 500:
+        raise ConfigError("--reason must be 1-500 characters: say why, it goes into the ledger")
+    return reason
+
+
+def run_operation(
+    pipeline: Pipeline,
+    settings: Settings,
+    make_plan: Callable[[], Plan],
+    dry_run: bool,
+    echo: Callable[[str], None] = print,
+) -> Plan:
+    layout = AppLayout(settings.warehouse, pipeline.application_id)
+    busy = None if dry_run else holder(layout)
+    if busy is not None and not str(busy.get("purpose", "")).startswith("run"):
+        # Another operation: refuse. A stream is fenced instead (below).
+        raise LockedError(
+            f"application {pipeline.application_id} is busy: held by {describe(busy)}"
+        )
+    plan = make_plan()
+    echo(plan.describe())
+    if dry_run:
+        audit_dry_run(pipeline, settings, plan)
+        echo("dry run: nothing was changed (the plan is recorded in the ledger)")
+        return plan
+    if busy is not None:
+        fence_running_stream(pipeline, layout, plan, busy, echo)
+    with application_lock(layout, f"{plan.operation} --reason {plan.reason!r}"):
+        plan = make_plan()  # again: the stream may have committed more before the fence
+        echo(f"plan under the lock:\n{plan.describe()}")
+        result = apply_plan(pipeline, settings, plan)
+    echo(f"applied: {result}; epoch {plan.epoch_before} -> {plan.epoch_after}")
+    echo(f"next: python -m jobs run --pipeline {pipeline.application_id} resumes from the cut")
+    return plan
+
+
+def fence_running_stream(
+    pipeline: Pipeline,
+    layout: AppLayout,
+    plan: Plan,
+    busy: dict[str, object],
+    echo: Callable[[str], None],
+) -> None:
+    """Bump the epoch now (the stream cannot commit after this), then wait for it to exit.
+
+    The fence epoch never runs: it has no cut. The operation then plans from the
+    stream's last commit and starts the epoch after it."""
+    epoch = current_epoch(layout)
+    echo(f"fencing the running stream ({describe(busy)}) at epoch {epoch + 1}")
+    bump_epoch(
+        [layout.table(tables.LEDGER), *(layout.table(t) for t in reversed(tables.DATA_TABLES))],
+        pipeline.application_id,
+        epoch + 1,
+        plan.reason,
+        first_rows=audit_row(
+            pipeline, "fence", epoch + 1, {"reason": plan.reason, "for": plan.operation}
+        ),
+    )
+    deadline = time.monotonic() + FENCE_WAIT_S
+    while holder(layout) is not None:
+        if time.monotonic() > deadline:
+            raise LockedError(
+                f"the fenced stream of {pipeline.application_id} did not exit within "
+                f"{FENCE_WAIT_S:.0f} s; it can no longer commit; stop it and run this again"
+            )
+        time.sleep(0.5)

@@ -1,0 +1,160 @@
+"""Seeding Spark's state at a cut: state rows fed back in as contributions.
+
+A maintenance operation writes the snapshot it restarts from (the Delta ``state``
+table at a batch boundary, or a backfill's result) to a Parquet file. The next
+run of the new epoch unions ``platform_seed``, a one-shot stream of those rows,
+with Kafka: the aggregation absorbs them in the epoch's first batch exactly like
+records (counts and sums add, min and max combine), while Kafka is held back
+until that batch is committed. The batch then checks Spark's state store against
+the snapshot before any record is processed, as Kafka Streams finishes restoring
+before it resumes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
+from pyspark.sql.types import StructType
+
+from jobs.delta.layout import FIELD_ARROW, TIMESTAMP
+from jobs.errors import ConfigError, ConsistencyError
+from jobs.pipeline import Pipeline
+from jobs.streaming.query import SPARK_TYPES, contribution_types
+
+FORMAT = "platform_seed"
+ARROW_OF_SPARK = {
+    "bigint": pa.int64(),
+    "double": pa.float64(),
+    "int": pa.int32(),
+    "string": pa.string(),
+    "boolean": pa.bool_(),
+}
+
+
+def check_seedable(pipeline: Pipeline) -> None:
+    if pipeline.window is not None and pipeline.window.windows_per_record != 1:
+        raise ConfigError(
+            f"{pipeline.application_id}: a hopping window cannot be seeded from its state "
+            "(a seed row would land in several windows); recompute from the source instead"
+        )
+
+
+def seed_schema(pipeline: Pipeline) -> pa.Schema:
+    fields = [pa.field(k, FIELD_ARROW[pipeline.schema[k]]) for k in pipeline.keys]
+    fields.append(pa.field("_event_time", TIMESTAMP))
+    for name, kind in contribution_types(pipeline).items():
+        fields.append(pa.field(f"_in_{name}", ARROW_OF_SPARK[kind]))
+    return pa.schema(fields)
+
+
+def seed_ddl(pipeline: Pipeline) -> str:
+    columns = [f"`{k}` {SPARK_TYPES[pipeline.schema[k]]}" for k in pipeline.keys]
+    columns.append("`_event_time` timestamp")
+    columns += [f"`_in_{n}` {kind}" for n, kind in contribution_types(pipeline).items()]
+    return ", ".join(columns)
+
+
+def seed_rows(state: pa.Table, pipeline: Pipeline) -> pa.Table:
+    """State rows -> contributions: what each row adds to a fresh aggregation."""
+    check_seedable(pipeline)
+    n = state.num_rows
+    columns: dict[str, Any] = {k: state[k] for k in pipeline.keys}
+    if pipeline.window is not None:
+        columns["_event_time"] = state["window_start"]
+    else:
+        columns["_event_time"] = pa.array([0] * n, TIMESTAMP)
+    for agg in pipeline.aggregations:
+        source = f"_sum_{agg.name}" if agg.function == "avg" else agg.name
+        columns[f"_in_{agg.name}"] = state[source]
+    columns["_in__records"] = state["_records"]
+    return pa.table(columns).cast(seed_schema(pipeline))
+
+
+def write_seed(rows: pa.Table, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    pq.write_table(rows, tmp)
+    tmp.rename(path)  # a crash leaves no half-written seed
+
+
+def seed_stream(spark: SparkSession, pipeline: Pipeline, path: Path) -> DataFrame:
+    return (
+        spark.readStream.format(FORMAT)
+        .option("path", str(path))
+        .option("schema", seed_ddl(pipeline))
+        .load()
+    )
+
+
+def verify_seeded_state(spark: SparkSession, checkpoint: Path, path: Path, windowed: bool) -> int:
+    """Spark's state after the seed batch (batch 0) must equal the snapshot, row by row.
+
+    Called when batch 1 starts (the state reader needs batch 0 committed)."""
+    state = spark.read.format("statestore").option("batchId", 0).load(str(checkpoint))
+    # Positional: the aggregate buffers are all named "sum"/"min"/"max".
+    got = sorted(_flatten(tuple(row["key"]), tuple(row["value"])) for row in state.collect())
+    seed = pq.read_table(path).to_pylist()
+    want = sorted(_flatten_seed(tuple(row.values()), windowed) for row in seed)
+    if got != want:
+        seen = set(got)
+        missing = [w for w in want if w not in seen][:3]
+        raise ConsistencyError(
+            f"the rebuilt Spark state ({len(got)} rows) differs from the Delta snapshot "
+            f"({len(want)} rows), e.g. {missing} not in Spark; the stream does not resume"
+        )
+    return len(got)
+
+
+def _flatten(key: tuple[Any, ...], value: tuple[Any, ...]) -> tuple[Any, ...]:
+    parts = [v[0].timestamp() if isinstance(v, tuple) else v for v in key]  # window: start
+    return (*parts, *value)
+
+
+def _flatten_seed(row: tuple[Any, ...], windowed: bool) -> tuple[Any, ...]:
+    """Seed columns: keys, _event_time (the window start, or unused), contributions."""
+    index = next(i for i, v in enumerate(row) if hasattr(v, "timestamp"))
+    moment = (row[index].timestamp(),) if windowed else ()
+    return (*row[:index], *moment, *row[index + 1 :])
+
+
+class SeedDataSource(DataSource):
+    """A one-shot stream of the rows in one Parquet file (the epoch's first batch)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT
+
+    def schema(self) -> str:
+        return str(self.options["schema"])
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return SeedStreamReader(str(self.options["path"]))
+
+
+class SeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def initialOffset(self) -> dict[str, Any]:
+        return {"seeded": 0}
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        return {"seeded": 1}
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Everything is available from the start."""
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
+        if start.get("seeded") == 0 and end.get("seeded") == 1:
+            return [InputPartition(self.path)]
+        return []
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        yield from pq.read_table(partition.value).to_batches()

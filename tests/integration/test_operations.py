@@ -1,0 +1,246 @@
+"""Rebuild and rewind end to end: real broker, Spark and Delta; exact expected values
+from plain Python over the produced events."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from deltalake import DeltaTable
+
+from jobs.pipeline import Pipeline, load_pipeline
+from jobs.settings import REPO_ROOT, Settings
+from jobs.status import application_status
+from jobs.streaming.run import run_pipeline
+from tests.conftest import produce
+from tests.expected import clicks_per_window, state_as_counter
+
+pytestmark = pytest.mark.integration
+
+
+def clicks(n: int, salt: int) -> list[bytes]:
+    now = int(time.time())
+    return [
+        json.dumps(
+            {"user_id": f"u{(i * 7 + salt) % 17}", "timestamp": now - 280 + i % 240}
+        ).encode()
+        for i in range(n)
+    ]
+
+
+def setup_pipeline(tmp_path: Path, topic: str) -> tuple[Pipeline, Path]:
+    data = yaml.safe_load((REPO_ROOT / "include" / "pipelines" / "user_clicks.yaml").read_text())
+    data["source"]["topics"] = [topic]
+    data["source"]["max_offsets_per_trigger"] = 400
+    path = tmp_path / "user_clicks.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return load_pipeline(str(path), tmp_path), path
+
+
+def cli(path: Path, settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "jobs", *args, "--pipeline", str(path)]
+        + [
+            "--bootstrap-servers",
+            settings.bootstrap_servers,
+            "--warehouse",
+            str(settings.warehouse),
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def table(settings: Settings, name: str) -> list[dict[str, Any]]:
+    path = settings.warehouse / "user_clicks" / name
+    return DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+
+
+def assert_state(settings: Settings, *batches: list[bytes]) -> None:
+    expected, _dead, late = clicks_per_window(list(batches))
+    assert late == 0
+    assert state_as_counter(table(settings, "state"), "clicks") == expected
+    changelog = table(settings, "changelog")
+    keys = [(r["user_id"], r["window_start"], r["epoch"], r["batch_id"]) for r in changelog]
+    assert len(keys) == len(set(keys))
+
+
+def audits(settings: Settings, operation: str) -> list[dict[str, Any]]:
+    rows = [r for r in table(settings, "_ledger") if r["entry_type"] == operation]
+    rows.sort(key=lambda r: r["commit_time"])
+    return [{**r, "details": json.loads(r["details"])} for r in rows]
+
+
+def test_rebuild_after_the_checkpoint_is_lost(
+    spark, settings, kafka_config, new_topic, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    topic = new_topic(2)
+    pipeline, path = setup_pipeline(tmp_path, topic)
+    first = clicks(1000, 1)
+    produce(kafka_config, topic, first)
+    run_pipeline(spark, pipeline, settings)
+    shutil.rmtree(settings.warehouse / "user_clicks" / "_checkpoints" / "epoch=0")
+
+    status = application_status(pipeline, settings)
+    assert status.repair == "rebuild"
+    assert any("checkpoint" in p and "missing" in p for p in status.problems)
+
+    dry = cli(path, settings, "rebuild", "--reason", "checkpoint deleted", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "Spark state is seeded from: Delta state version" in dry.stdout
+    assert "dry run: nothing was changed" in dry.stdout
+    applied = cli(path, settings, "rebuild", "--reason", "checkpoint deleted")
+    assert applied.returncode == 0, applied.stderr
+
+    second = clicks(600, 2)
+    produce(kafka_config, topic, second)
+    summary = run_pipeline(spark, pipeline, settings)
+    assert summary.epoch == 1
+    assert_state(settings, first, second)
+    details = [json.loads(b.ledger["details"]) for b in summary.batches]
+    windows = len(clicks_per_window([first])[0])
+    assert details[0]["seed_rows"] == windows
+    assert details[1]["seed_verified_rows"] == windows  # checked before batch 1's records
+    entries = audits(settings, "rebuild")
+    assert [e["details"]["dry_run"] for e in entries] == [True, False]
+    assert entries[1]["details"]["epoch_before"] == 0 and entries[1]["epoch"] == 1
+    assert entries[1]["details"]["reason"] == "checkpoint deleted"
+    assert entries[1]["details"]["who"]
+    assert application_status(pipeline, settings).problems == []
+
+
+def test_rebuild_from_source(spark, settings, kafka_config, new_topic, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    topic = new_topic(2)
+    pipeline, path = setup_pipeline(tmp_path, topic)
+    first = clicks(900, 3)
+    produce(kafka_config, topic, first)
+    run_pipeline(spark, pipeline, settings)
+    applied = cli(path, settings, "rebuild", "--reason", "distrust delta", "--from-source")
+    assert applied.returncode == 0, applied.stderr
+    assert "published state table: empty" in applied.stdout
+    run_pipeline(spark, pipeline, settings)
+    assert_state(settings, first)
+
+
+def test_rewind_reprocess_counts_every_event_once(
+    spark, settings, kafka_config, new_topic, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    topic = new_topic(1)
+    pipeline, path = setup_pipeline(tmp_path, topic)
+    first = clicks(1000, 4)
+    produce(kafka_config, topic, first)
+    run_pipeline(spark, pipeline, settings)  # batches end at 400, 800, 1000
+    spec = json.dumps({topic: {"0": 500}})
+    dry = cli(path, settings, "rewind", "--to-offset", spec, "--reason", "replay", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert f"{topic}[0]" in dry.stdout and "1000 ->      400" in dry.stdout
+    assert "records to replay: 600" in dry.stdout
+    applied = cli(path, settings, "rewind", "--to-offset", spec, "--reason", "replay")
+    assert applied.returncode == 0, applied.stderr
+    # The published state went back to the boundary (offset 400) in one commit.
+    assert sum(r["_records"] for r in table(settings, "state")) == 400
+    run_pipeline(spark, pipeline, settings)
+    assert_state(settings, first)
+
+
+def test_rewind_skip_leaves_out_exactly_the_skipped_records(
+    spark, settings, kafka_config, new_topic, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    topic = new_topic(1)
+    pipeline, path = setup_pipeline(tmp_path, topic)
+    first, skipped, later = clicks(500, 5), clicks(300, 6), clicks(200, 7)
+    produce(kafka_config, topic, first)
+    run_pipeline(spark, pipeline, settings)
+    produce(kafka_config, topic, skipped)
+    back = cli(path, settings, "rewind", "--to-offset", "100", "--mode", "skip", "--reason", "x")
+    assert back.returncode == 2 and "only moves forward" in back.stderr
+    applied = cli(path, settings, "rewind", "--to-latest", "--mode", "skip", "--reason", "bad data")
+    assert applied.returncode == 0, applied.stderr
+    produce(kafka_config, topic, later)
+    run_pipeline(spark, pipeline, settings)
+    assert_state(settings, first, later)
+    entry = audits(settings, "rewind")[-1]
+    assert entry["details"]["plan"]["skipped"] == {f"{topic}[0]": [500, 800]}
+    assert entry["details"]["plan"]["records_skipped"] == 300
+
+
+def test_an_operation_fences_a_running_stream(settings, kafka_config, new_topic, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    topic = new_topic(1)
+    _pipeline, path = setup_pipeline(tmp_path, topic)
+    produce(kafka_config, topic, clicks(300, 8))
+    stream = subprocess.Popen(
+        [sys.executable, "-m", "jobs", "run", "--pipeline", str(path), "--trigger", "continuous"]
+        + [
+            "--bootstrap-servers",
+            settings.bootstrap_servers,
+            "--warehouse",
+            str(settings.warehouse),
+        ]
+        + ["--quiet"],
+        cwd=REPO_ROOT,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        ledger = settings.warehouse / "user_clicks" / "_ledger"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if DeltaTable.is_deltatable(str(ledger)) and any(
+                r["entry_type"] == "batch" for r in table(settings, "_ledger")
+            ):
+                break
+            time.sleep(1)
+        applied = cli(path, settings, "rebuild", "--reason", "maintenance")
+        assert applied.returncode == 0, applied.stderr
+        assert "fencing the running stream" in applied.stdout
+        _out, err = stream.communicate(timeout=120)
+        assert stream.returncode == 2
+        assert "moved to epoch" in err
+    finally:
+        if stream.poll() is None:
+            os.killpg(stream.pid, signal.SIGKILL)
+    rows = table(settings, "_ledger")
+    fence = min(r["commit_time"] for r in rows if r["entry_type"] == "fence")
+    assert all(r["commit_time"] < fence for r in rows if r["entry_type"] == "batch")
+
+
+def test_two_operations_at_once_the_second_is_refused(settings, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    hold = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from jobs.delta.layout import AppLayout\n"
+        "from jobs.lock import application_lock\n"
+        "with application_lock(AppLayout(Path(sys.argv[1]), 'user_clicks'), 'rewind --reason a'):\n"
+        "    print('held', flush=True); time.sleep(60)\n"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", hold, str(settings.warehouse)],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        path = tmp_path / "user_clicks.yaml"
+        shutil.copy(REPO_ROOT / "include" / "pipelines" / "user_clicks.yaml", path)
+        second = cli(
+            path, dataclasses.replace(settings), "rebuild", "--reason", "b", "--from-source"
+        )
+        assert second.returncode == 2
+        assert "busy: held by rewind --reason a" in second.stderr
+    finally:
+        holder.kill()
+        holder.wait()
