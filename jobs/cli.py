@@ -13,6 +13,7 @@ import re
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from jobs import faults
 from jobs.errors import ConfigError, PlatformError
@@ -73,6 +74,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _operation_args(rebuild)
 
+    backfill = commands.add_parser(
+        "backfill", help="recompute with the current pipeline version and publish atomically"
+    )
+    _pipeline_args(backfill)
+    start = backfill.add_mutually_exclusive_group(required=True)
+    start.add_argument("--from-earliest", action="store_true", help="the application's start")
+    start.add_argument("--from-datetime", metavar="ISO", help="first record at/after a time")
+    start.add_argument("--from-offset", metavar="SPEC", help="N, or JSON topic->partition->offset")
+    backfill.add_argument("--reason", required=True, help="why (recorded in the ledger)")
+    backfill.add_argument(
+        "--preview", action="store_true", help="write and print the corrections, publish nothing"
+    )
+
     broker = commands.add_parser("broker", help="the embedded Kafka-protocol broker")
     broker.add_argument("action", choices=["start", "stop", "status"])
     broker.add_argument("--port", type=int, help="default: $PLATFORM_BROKER_PORT or 19092")
@@ -120,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command in ("rewind", "rebuild"):
             return _operation(args, settings, pipeline)
+        if args.command == "backfill":
+            return _backfill(args, settings, pipeline)
         return _run(args, settings, pipeline)
     except PlatformError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -194,6 +210,67 @@ def _operation(args: argparse.Namespace, settings: Settings, pipeline: object) -
         lambda: plan_rewind(pipeline, settings, reason, spec, args.mode, topics),
         args.dry_run,
     )
+    return 0
+
+
+def _backfill(args: argparse.Namespace, settings: Settings, pipeline: object) -> int:
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    from jobs.delta import layout as tables
+    from jobs.delta.layout import AppLayout
+    from jobs.operations import backfill
+    from jobs.operations.plan import Plan
+    from jobs.operations.restart import apply_plan
+    from jobs.operations.runner import check_reason, run_operation
+    from jobs.operations.targets import TargetSpec
+    from jobs.pipeline import Pipeline
+    from jobs.streaming.spark import get_spark
+
+    assert isinstance(pipeline, Pipeline)
+    reason = check_reason(args.reason)
+    if args.from_earliest:
+        spec = TargetSpec("earliest")
+    elif args.from_datetime:
+        spec = TargetSpec("datetime", args.from_datetime)
+    else:
+        spec = TargetSpec("offset", args.from_offset)
+    layout = AppLayout(settings.warehouse, pipeline.application_id)
+    spark = get_spark(settings.spark_master, "backfill", settings.spark_driver_memory)
+
+    def corrected_and_preview(plan: Plan) -> pa.Table:
+        tables.ensure_tables(layout, pipeline)
+        corrected = backfill.recompute(spark, pipeline, settings, plan)
+        columns = list(tables.aggregate_schema(pipeline).names)
+        current = DeltaTable(str(layout.table("state"))).to_pyarrow_table(columns=columns)
+        report = backfill.preview(pipeline, current, corrected)
+        path = backfill.write_preview(layout, plan, report)
+        print(backfill.summary(report))
+        print(f"preview written to {path}")
+        return corrected
+
+    def show(plan: Plan) -> None:
+        corrected_and_preview(plan)
+
+    def apply(plan: Plan) -> dict[str, Any]:
+        corrected = corrected_and_preview(plan)
+
+        def publish() -> dict[str, Any]:
+            return backfill.publish(pipeline, settings, plan, corrected)
+
+        return apply_plan(pipeline, settings, plan, corrected, publish)
+
+    try:
+        run_operation(
+            pipeline,
+            settings,
+            lambda: backfill.plan_backfill(pipeline, settings, reason, spec),
+            args.preview,
+            apply=apply,
+            inspect=show,
+        )
+    finally:
+        spark.stop()
     return 0
 
 

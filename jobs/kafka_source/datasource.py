@@ -15,7 +15,12 @@ from typing import Any
 
 import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
@@ -120,6 +125,39 @@ class KafkaDataSource(DataSource):
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return KafkaStreamReader(SourceOptions(dict(self.options)))
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        """Batch reads of an exact range: ``startingOffsets`` and ``endingOffsets`` as
+        concrete JSON (what a backfill reads)."""
+        options = SourceOptions(dict(self.options))
+        lowered = {k.lower(): v for k, v in self.options.items()}
+        if "endingoffsets" not in lowered or not isinstance(options.starting, dict):
+            raise ConfigError(
+                "a batch read of kafka_py needs concrete JSON startingOffsets and endingOffsets"
+            )
+        ending = plan.parse_starting_offsets(lowered["endingoffsets"])
+        if not isinstance(ending, dict):
+            raise ConfigError("endingOffsets must be JSON topic -> partition -> offset")
+        return KafkaBatchReader(options, options.starting, ending)
+
+
+class KafkaBatchReader(DataSourceReader):
+    def __init__(self, options: SourceOptions, start: plan.Offsets, end: plan.Offsets) -> None:
+        self.options = options
+        self.ranges = [
+            InputPartition((tp[0], tp[1], start.get(tp, end[tp]), end[tp]))
+            for tp in sorted(end)
+            if end[tp] > start.get(tp, end[tp])
+        ]
+
+    def partitions(self) -> list[InputPartition]:
+        return self.ranges
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        topic, part, start, end = partition.value
+        yield from read_range(
+            self.options.consumer_config(), topic, part, start, end, self.options.include_headers
+        )
 
 
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):

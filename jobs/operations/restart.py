@@ -11,6 +11,7 @@ the next ``run`` starts the new epoch from the cut.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -168,7 +169,11 @@ def _names(pairs: dict[tuple[str, int], tuple[Any, int]]) -> str:
 
 
 def apply_plan(
-    pipeline: Pipeline, settings: Settings, plan: Plan, seed_override: pa.Table | None = None
+    pipeline: Pipeline,
+    settings: Settings,
+    plan: Plan,
+    seed_override: pa.Table | None = None,
+    publish: Callable[[], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Carry out ``plan`` (the caller holds the application lock)."""
     layout = AppLayout(settings.warehouse, pipeline.application_id)
@@ -193,36 +198,44 @@ def apply_plan(
             seed_rows=seeded,
         ),
     )
-    result = {"seeded_rows": seeded or 0, "state_action": plan.state_action}
-    audit = audit_row(
-        pipeline,
-        plan.operation,
-        new,
-        {
-            "reason": plan.reason,
-            "plan": plan.to_dict(),
-            "dry_run": False,
-            "result": result,
-            "epoch_before": plan.epoch_before,
-            "epoch_after": new,
-        },
+    offsets = (
         kafka_offsets.to_json_dict(plan.current_offsets),
         kafka_offsets.to_json_dict(plan.target_offsets),
     )
+    details = {
+        "reason": plan.reason,
+        "plan": plan.to_dict(),
+        "dry_run": False,
+        "epoch_before": plan.epoch_before,
+        "epoch_after": new,
+    }
+    # The bump commit on the ledger is the audit row: fenced and recorded at once.
     bump_epoch(
         [layout.table(tables.LEDGER), *(layout.table(t) for t in reversed(tables.DATA_TABLES))],
         pipeline.application_id,
         new,
         plan.reason,
-        first_rows=audit,
+        first_rows=audit_row(
+            pipeline, plan.operation, new, {**details, "phase": "started"}, *offsets
+        ),
     )
     props = fenced_properties(pipeline.application_id, new, plan.operation)
+    result: dict[str, Any] = {"seeded_rows": seeded or 0, "state_action": plan.state_action}
     if plan.state_action.startswith("restore:"):
-        DeltaTable(str(state_path)).restore(
-            int(plan.state_action.split(":")[1]), commit_properties=props
-        )
+        version = int(plan.state_action.split(":")[1])
+        DeltaTable(str(state_path)).restore(version, commit_properties=props)
     elif plan.state_action == "empty":
         DeltaTable(str(state_path)).delete(commit_properties=props)
+    elif plan.state_action == "publish":
+        assert publish is not None
+        result.update(publish())
+    result["state_version"] = DeltaTable(str(state_path)).version()
+    append_audit(
+        layout,
+        audit_row(
+            pipeline, plan.operation, new, {**details, "phase": "done", "result": result}, *offsets
+        ),
+    )
     return result
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
@@ -34,7 +35,11 @@ def run_operation(
     make_plan: Callable[[], Plan],
     dry_run: bool,
     echo: Callable[[str], None] = print,
+    apply: Callable[[Plan], dict[str, Any]] | None = None,
+    inspect: Callable[[Plan], None] | None = None,
 ) -> Plan:
+    """``inspect`` adds to a dry run (a backfill's preview); ``apply`` replaces the
+    plain restart (a backfill publishes before it restarts)."""
     layout = AppLayout(settings.warehouse, pipeline.application_id)
     busy = None if dry_run else holder(layout)
     if busy is not None and not str(busy.get("purpose", "")).startswith("run"):
@@ -45,6 +50,8 @@ def run_operation(
     plan = make_plan()
     echo(plan.describe())
     if dry_run:
+        if inspect is not None:
+            inspect(plan)
         audit_dry_run(pipeline, settings, plan)
         echo("dry run: nothing was changed (the plan is recorded in the ledger)")
         return plan
@@ -53,7 +60,7 @@ def run_operation(
     with application_lock(layout, f"{plan.operation} --reason {plan.reason!r}"):
         plan = make_plan()  # again: the stream may have committed more before the fence
         echo(f"plan under the lock:\n{plan.describe()}")
-        result = apply_plan(pipeline, settings, plan)
+        result = apply(plan) if apply is not None else apply_plan(pipeline, settings, plan)
     echo(f"applied: {result}; epoch {plan.epoch_before} -> {plan.epoch_after}")
     echo(f"next: python -m jobs run --pipeline {pipeline.application_id} resumes from the cut")
     return plan

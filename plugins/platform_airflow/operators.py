@@ -3,6 +3,7 @@ hand with ``spark-submit`` on a worker."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
@@ -25,6 +26,7 @@ class PlatformJobOperator(SparkSubmitOperator):
         command: str,
         pipeline: str,
         arguments: list[str] | None = None,
+        arguments_from_params: Callable[[dict[str, Any]], list[str]] | None = None,
         **kwargs: Any,
     ) -> None:
         settings = load_settings()
@@ -36,7 +38,20 @@ class PlatformJobOperator(SparkSubmitOperator):
             application_args=[command, "--pipeline", pipeline, *(arguments or [])],
             **kwargs,
         )
+        # Arguments that depend on trigger-form params (optional flags), built at run time.
+        self.arguments_from_params = arguments_from_params
 
     def execute(self, context: Any) -> Any:
-        self.env_vars = {**platform_environment(), **(self.env_vars or {})}
+        if self.arguments_from_params is not None:
+            self.application_args = [
+                *(self.application_args or []),
+                *self.arguments_from_params(dict(context["params"])),
+            ]
+        dag_run = context.get("dag_run")
+        user = getattr(dag_run, "triggering_user_name", None) or "scheduler"
+        self.env_vars = {
+            **platform_environment(),
+            "PLATFORM_TRIGGERED_BY": user,
+            **(self.env_vars or {}),
+        }
         return super().execute(context)

@@ -92,3 +92,62 @@ def test_continuous_pipeline_gets_a_supervised_stream_and_a_health_check(tmp_pat
     assert stream.params["trigger"] == "continuous"
     sensor = health.get_task("check")
     assert sensor.max_batch_age_s == 300 and sensor.mode == "reschedule"
+
+
+def test_maintenance_dags_plan_then_apply(dagbag) -> None:  # type: ignore[no-untyped-def]
+    for name in ("rewind", "rebuild", "backfill"):
+        dag = dagbag.dags[f"maintenance_{name}"]
+        assert dag.params["dry_run"] is True  # dry run by default
+        assert set(dag.params.get_param("pipeline").schema["enum"]) >= {"user_clicks", "inventory"}
+        plan, gate, apply = (dag.get_task(t) for t in ("plan", "apply_requested", "apply"))
+        assert gate.task_id in plan.downstream_task_ids
+        assert apply.task_id in gate.downstream_task_ids
+    recovery = dagbag.dags["recovery"]
+    assert {"check_user_clicks", "rebuild_user_clicks"} <= set(recovery.task_ids)
+
+
+def test_maintenance_forms_reject_bad_values(dagbag) -> None:  # type: ignore[no-untyped-def]
+    from airflow.sdk.definitions.param import ParamsDict
+    from airflow.sdk.exceptions import ParamValidationError
+
+    dag = dagbag.dags["maintenance_rewind"]
+    good = ParamsDict(dag.params)
+    good.update({"reason": "replay the last hour", "target": "by-duration", "target_value": "PT1H"})
+    good.validate()
+    for bad in (
+        {"reason": ""},  # a reason is required
+        {"reason": "ok reason", "target": "to-yesterday"},
+        {"reason": "ok reason", "pipeline": "no_such_pipeline"},
+        {"reason": "ok reason", "mode": "sideways"},
+    ):
+        params = ParamsDict(dag.params)
+        with pytest.raises(ParamValidationError):
+            params.update(bad)
+            params.validate()
+
+
+def test_operation_arguments_from_the_form() -> None:
+    from include.maintenance_dags import backfill_args, rebuild_args, rewind_args
+
+    base = {"reason": "why", "topics": "", "mode": "reprocess"}
+    assert rewind_args({**base, "target": "to-latest", "target_value": ""}) == [
+        "--to-latest",
+        "--mode",
+        "reprocess",
+        "--reason",
+        "why",
+    ]
+    assert rewind_args(
+        {**base, "target": "by-duration", "target_value": "PT1H", "topics": "a"}
+    ) == ["--by-duration", "PT1H", "--topics", "a", "--mode", "reprocess", "--reason", "why"]
+    assert rebuild_args({"reason": "why", "from_source": True}) == [
+        "--from-source",
+        "--reason",
+        "why",
+    ]
+    assert backfill_args({"reason": "why", "start": "from-offset", "start_value": "5"}) == [
+        "--from-offset",
+        "5",
+        "--reason",
+        "why",
+    ]

@@ -114,10 +114,16 @@ def test_rebuild_after_the_checkpoint_is_lost(
     assert details[0]["seed_rows"] == windows
     assert details[1]["seed_verified_rows"] == windows  # checked before batch 1's records
     entries = audits(settings, "rebuild")
-    assert [e["details"]["dry_run"] for e in entries] == [True, False]
-    assert entries[1]["details"]["epoch_before"] == 0 and entries[1]["epoch"] == 1
-    assert entries[1]["details"]["reason"] == "checkpoint deleted"
-    assert entries[1]["details"]["who"]
+    assert [(e["details"]["dry_run"], e["details"].get("phase")) for e in entries] == [
+        (True, None),
+        (False, "started"),
+        (False, "done"),
+    ]
+    done = entries[2]
+    assert done["details"]["epoch_before"] == 0 and done["epoch"] == 1
+    assert done["details"]["reason"] == "checkpoint deleted"
+    assert done["details"]["who"]
+    assert done["details"]["result"]["seeded_rows"] == windows
     assert application_status(pipeline, settings).problems == []
 
 

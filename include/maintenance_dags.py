@@ -1,0 +1,170 @@
+"""Airflow DAGs for the maintenance operations, and the scheduled recovery check.
+
+``maintenance_rewind``, ``maintenance_rebuild``, ``maintenance_backfill``: a trigger
+form (pipeline chosen from the defined ones, the operation's options, a required
+reason, dry run on by default), a ``plan`` task that prints the exact plan in its
+log, and an ``apply`` task that runs only when dry run is off. ``recovery`` checks
+every application's status every 15 minutes and rebuilds one whose Spark
+checkpoint is damaged. The jobs' per-application lock keeps all of them apart from
+each other and from the streams (an operation fences a running stream).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from airflow.providers.standard.operators.python import ShortCircuitOperator
+from airflow.sdk import DAG, Param
+
+from include.dag_factory import START, default_args
+from jobs.pipeline import list_pipelines
+from jobs.settings import load_settings
+from platform_airflow.hooks import PlatformHook
+from platform_airflow.operators import PlatformJobOperator
+
+REWIND_TARGETS = ["to-earliest", "to-latest", "to-offset", "to-datetime", "by-duration", "shift-by"]
+BACKFILL_STARTS = ["from-earliest", "from-datetime", "from-offset"]
+
+
+def _reason(params: dict[str, Any]) -> list[str]:
+    return ["--reason", str(params["reason"])]
+
+
+def rewind_args(params: dict[str, Any]) -> list[str]:
+    args = [f"--{params['target']}"]
+    if params["target"] not in ("to-earliest", "to-latest"):
+        args.append(str(params["target_value"]))
+    if params.get("topics"):
+        args += ["--topics", str(params["topics"])]
+    return [*args, "--mode", str(params["mode"]), *_reason(params)]
+
+
+def rebuild_args(params: dict[str, Any]) -> list[str]:
+    return [*(["--from-source"] if params["from_source"] else []), *_reason(params)]
+
+
+def backfill_args(params: dict[str, Any]) -> list[str]:
+    args = [f"--{params['start']}"]
+    if params["start"] != "from-earliest":
+        args.append(str(params["start_value"]))
+    return [*args, *_reason(params)]
+
+
+def operation_dag(
+    name: str,
+    description: str,
+    params: dict[str, Param],
+    build_args: Callable[[dict[str, Any]], list[str]],
+    dry_flag: str = "--dry-run",
+) -> DAG:
+    pipelines = sorted(p.application_id for p in list_pipelines(load_settings().pipelines_dir))
+    with DAG(
+        dag_id=f"maintenance_{name}",
+        description=description,
+        doc_md=f"{description}. Dry run is on by default: read the `plan` task's log, then "
+        "trigger again with dry run off to apply.",
+        schedule=None,
+        start_date=START,
+        catchup=False,
+        max_active_runs=1,
+        tags=["maintenance", name],
+        default_args=default_args(retries=1),
+        params={
+            "pipeline": Param(pipelines[0], enum=pipelines, description="the application"),
+            **params,
+            "reason": Param(
+                type="string", minLength=3, maxLength=500, description="why (goes into the ledger)"
+            ),
+            "dry_run": Param(True, type="boolean", description="only plan (and preview)"),
+        },
+    ) as dag:
+        plan = PlatformJobOperator(
+            task_id="plan",
+            command=name,
+            pipeline="{{ params.pipeline }}",
+            arguments_from_params=lambda p: [*build_args(p), dry_flag],
+        )
+        gate = ShortCircuitOperator(
+            task_id="apply_requested",
+            python_callable=lambda **context: not context["params"]["dry_run"],
+        )
+        apply = PlatformJobOperator(
+            task_id="apply",
+            command=name,
+            pipeline="{{ params.pipeline }}",
+            arguments_from_params=build_args,
+        )
+        plan >> gate >> apply
+    return dag
+
+
+def needs_rebuild(application_id: str) -> bool:
+    status = PlatformHook().status(application_id)
+    return bool(status.get("repair") == "rebuild")
+
+
+def recovery_dag() -> DAG:
+    with DAG(
+        dag_id="recovery",
+        description="Rebuilds applications whose Spark checkpoint is damaged",
+        doc_md="Every 15 minutes: `status` of every application; a damaged checkpoint "
+        "(missing, unreadable, empty state store behind a non-empty ledger) gets a rebuild "
+        "from Delta.",
+        schedule=timedelta(minutes=15),
+        start_date=START,
+        catchup=False,
+        max_active_runs=1,
+        tags=["maintenance", "recovery"],
+        default_args=default_args(retries=1),
+    ) as dag:
+        for pipeline in list_pipelines(load_settings().pipelines_dir):
+            app = pipeline.application_id
+            check = ShortCircuitOperator(
+                task_id=f"check_{app}", python_callable=needs_rebuild, op_args=[app]
+            )
+            rebuild = PlatformJobOperator(
+                task_id=f"rebuild_{app}",
+                command="rebuild",
+                pipeline=app,
+                arguments=["--reason", "automatic recovery: damaged Spark checkpoint"],
+            )
+            check >> rebuild
+    return dag
+
+
+def maintenance_dags() -> dict[str, DAG]:
+    dags = [
+        operation_dag(
+            "rewind",
+            "Rewind an application's input (reprocess: state goes back; skip: input jumps)",
+            {
+                "target": Param("to-latest", enum=REWIND_TARGETS, description="where to"),
+                "target_value": Param(
+                    "", type="string", description="offset spec, ISO time, PnDTnHnMnS or N"
+                ),
+                "topics": Param("", type="string", description="comma list; empty: all"),
+                "mode": Param("reprocess", enum=["reprocess", "skip"]),
+            },
+            rewind_args,
+        ),
+        operation_dag(
+            "rebuild",
+            "Rebuild Spark's state from the Delta state table (or from the source)",
+            {"from_source": Param(False, type="boolean", description="recompute from Kafka")},
+            rebuild_args,
+        ),
+        operation_dag(
+            "backfill",
+            "Recompute with the current pipeline version and publish the corrections",
+            {
+                "start": Param("from-earliest", enum=BACKFILL_STARTS),
+                "start_value": Param("", type="string", description="ISO time or offset spec"),
+            },
+            backfill_args,
+            dry_flag="--preview",
+        ),
+        recovery_dag(),
+    ]
+    return {dag.dag_id: dag for dag in dags}

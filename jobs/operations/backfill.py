@@ -1,0 +1,237 @@
+"""Backfill after a bug fix: recompute the state with the current pipeline version in
+a Spark batch job, preview the corrections, publish them atomically, and restart the
+stream from the backfill's end offsets with the corrected state.
+
+The recomputation starts at a batch boundary at or before the requested start
+(``--from-earliest``: the application's first offsets, empty state) and reads up to
+the head offsets at the time of the backfill. Publishing is one MERGE commit on
+``state`` (the change data feed shows every correction as an update pre/post image;
+a reader sees the state before or after, never half) and one append of the
+corrections to ``changelog``, both in the new epoch after the stream was fenced.
+Unlike the stream, the batch recomputation drops no record as late.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable, write_deltalake
+from pyspark.sql import SparkSession
+
+from jobs.cut import read_cut
+from jobs.delta import layout as tables
+from jobs.delta.layout import AppLayout
+from jobs.delta.writer import fenced_properties
+from jobs.errors import ConfigError
+from jobs.kafka_source import offsets as kafka_offsets
+from jobs.kafka_source.datasource import FORMAT
+from jobs.operations.plan import Plan, boundary_at_or_before, last_boundary
+from jobs.operations.restart import broker_marks
+from jobs.operations.targets import TargetSpec, resolve_targets
+from jobs.pipeline import Pipeline
+from jobs.settings import Settings
+from jobs.streaming.query import aggregate, classify, record_contributions
+from jobs.streaming.run import current_epoch
+from jobs.streaming.seed import seed_rows
+
+SAMPLES = 10
+
+
+def plan_backfill(pipeline: Pipeline, settings: Settings, reason: str, start: TargetSpec) -> Plan:
+    layout = AppLayout(settings.warehouse, pipeline.application_id)
+    epoch = current_epoch(layout)
+    last = last_boundary(layout)
+    current = last.end_offsets if last else {}
+    config, marks = broker_marks(pipeline, settings)
+    head = {tp: high for tp, (_low, high) in marks.items()}
+    boundary = None
+    if start.kind != "earliest":
+        wanted = resolve_targets(start, current, marks, config)
+        boundary = boundary_at_or_before(layout, wanted)
+    if boundary is None:
+        first = read_cut(layout, 0)
+        origin = kafka_offsets.from_json_dict(first.starting_offsets) if first else {}
+        read_from = {tp: origin.get(tp, low) for tp, (low, _high) in marks.items()}
+        gone = {tp: (off, marks[tp][0]) for tp, off in read_from.items() if off < marks[tp][0]}
+        if gone:
+            raise ConfigError(
+                f"records the application read are no longer on the broker {gone} "
+                "(retention): a backfill from Kafka would lose them"
+            )
+    else:
+        read_from = dict(boundary.end_offsets)
+    return Plan(
+        operation="backfill",
+        application_id=pipeline.application_id,
+        reason=reason,
+        epoch_before=epoch,
+        epoch_after=epoch + 1,
+        current_offsets=current,
+        target_offsets=head,
+        seed_state_version=None if boundary is None else boundary.state_version,
+        state_action="publish",
+        boundary=boundary,
+        records_to_replay=sum(head[tp] - read_from.get(tp, head[tp]) for tp in head),
+        notes=[
+            f"recomputes with pipeline version {pipeline.version} from "
+            f"{kafka_offsets.to_json_dict(read_from)} to the head offsets, in one batch job"
+        ],
+    )
+
+
+def recompute(spark: SparkSession, pipeline: Pipeline, settings: Settings, plan: Plan) -> pa.Table:
+    """The corrected state: the boundary's state plus every record after it."""
+    layout = AppLayout(settings.warehouse, pipeline.application_id)
+    start = plan.boundary.end_offsets if plan.boundary else None
+    if start is None:
+        first = read_cut(layout, 0)
+        start = kafka_offsets.from_json_dict(first.starting_offsets) if first else {}
+        start = {tp: start.get(tp, 0) for tp in plan.target_offsets}
+    reader = (
+        spark.read.format(FORMAT)
+        .option("subscribe", ",".join(pipeline.topics))
+        .option("kafka.bootstrap.servers", settings.bootstrap_servers)
+        .option("startingOffsets", json.dumps(kafka_offsets.to_json_dict(start)))
+        .option("endingOffsets", json.dumps(kafka_offsets.to_json_dict(plan.target_offsets)))
+    )
+    for key, value in settings.kafka_client.items():
+        reader = reader.option(f"kafka.{key}", value)
+    contributions = record_contributions(classify(reader.load(), pipeline), pipeline)
+    if plan.seed_state_version is not None:
+        base = DeltaTable(str(layout.table("state")), version=plan.seed_state_version)
+        seed = seed_rows(base.to_pyarrow_table(), pipeline)
+        if seed.num_rows:
+            contributions = contributions.unionByName(spark.createDataFrame(seed))
+    corrected = aggregate(contributions, pipeline).toArrow()
+    return corrected.cast(tables.aggregate_schema(pipeline))
+
+
+def preview(pipeline: Pipeline, current: pa.Table, corrected: pa.Table) -> dict[str, Any]:
+    keys = list(pipeline.state_keys)
+    values = [a.name for a in pipeline.aggregations]
+    before = current.select(keys + values).rename_columns(keys + [f"{v}__before" for v in values])
+    joined = corrected.select(keys + values).join(before, keys=keys, join_type="full outer")
+    changed_rows = []
+    added = removed = 0
+    for row in joined.to_pylist():
+        new = {v: row[v] for v in values}
+        old = {v: row[f"{v}__before"] for v in values}
+        if all(x is None for x in old.values()):
+            added += 1
+        elif all(x is None for x in new.values()):
+            removed += 1
+        elif new == old:
+            continue
+        changed_rows.append({**{k: str(row[k]) for k in keys}, "before": old, "after": new})
+    totals = {
+        v: {
+            "before": pc.sum(current[v]).as_py() if current.num_rows else 0,
+            "after": pc.sum(corrected[v]).as_py() if corrected.num_rows else 0,
+        }
+        for v in values
+    }
+    return {
+        "rows_before": current.num_rows,
+        "rows_after": corrected.num_rows,
+        "keys_changed": len(changed_rows) - added - removed,
+        "keys_added": added,
+        "keys_removed": removed,
+        "totals": totals,
+        "samples": changed_rows[:SAMPLES],
+    }
+
+
+def write_preview(layout: AppLayout, plan: Plan, report: dict[str, Any]) -> Path:
+    directory = layout.root / "_backfill"
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"preview-epoch{plan.epoch_before}-{int(time.time())}.json"
+    path.write_text(json.dumps({"plan": plan.to_dict(), "preview": report}, indent=2, default=str))
+    return path
+
+
+def summary(report: dict[str, Any]) -> str:
+    totals = ", ".join(
+        f"{name} {t['before']} -> {t['after']}" for name, t in report["totals"].items()
+    )
+    return (
+        f"preview: {report['keys_changed']} keys changed, {report['keys_added']} added, "
+        f"{report['keys_removed']} removed ({report['rows_before']} -> {report['rows_after']} "
+        f"rows); totals: {totals}"
+    )
+
+
+def publish(
+    pipeline: Pipeline, settings: Settings, plan: Plan, corrected: pa.Table
+) -> dict[str, Any]:
+    """One MERGE on state and one append to changelog, fenced in the new epoch."""
+    layout = AppLayout(settings.warehouse, pipeline.application_id)
+    epoch = plan.epoch_after
+    now = int(time.time() * 1_000_000)
+    n = corrected.num_rows
+    stamps = {
+        "epoch": pa.array([epoch] * n, pa.int64()),
+        "batch_id": pa.array([-1] * n, pa.int64()),  # -1: written by an operation
+    }
+    state_rows = corrected
+    for name, values in stamps.items():
+        state_rows = state_rows.append_column(pa.field(name, pa.int64(), False), values)
+    state_rows = state_rows.append_column(
+        pa.field("updated_at", tables.TIMESTAMP, False), pa.array([now] * n, tables.TIMESTAMP)
+    )
+    values = list(pipeline.value_columns)
+    keys = " AND ".join(f"t.`{k}` = s.`{k}`" for k in pipeline.state_keys)
+    changed = " OR ".join(f"NOT (t.`{v}` <=> s.`{v}`)" for v in values)
+    props = fenced_properties(pipeline.application_id, epoch, "backfill")
+    before_version = DeltaTable(str(layout.table("state"))).version()
+    metrics = (
+        DeltaTable(str(layout.table("state")))
+        .merge(state_rows, keys, source_alias="s", target_alias="t", commit_properties=props)
+        .when_matched_update_all(predicate=changed)
+        .when_not_matched_insert_all()
+        .when_not_matched_by_source_delete()
+        .execute()
+    )
+    state_version = DeltaTable(str(layout.table("state"))).version()
+    corrections = (
+        DeltaTable(str(layout.table("state")))
+        .load_cdf(starting_version=state_version, ending_version=state_version)
+        .read_all()
+    )
+    corrections_table = _plain_strings(pa.table(corrections))
+    changelog_rows = corrections_table.filter(
+        pc.is_in(corrections_table["_change_type"], pa.array(["update_postimage", "insert"]))
+    )
+    changelog = changelog_rows.select(list(tables.aggregate_schema(pipeline).names))
+    changelog = changelog.append_column("epoch", pa.array([epoch] * changelog.num_rows, pa.int64()))
+    changelog = changelog.append_column("batch_id", pa.array([-1] * changelog.num_rows, pa.int64()))
+    changelog = changelog.append_column(
+        "commit_time", pa.array([now] * changelog.num_rows, tables.TIMESTAMP)
+    ).cast(tables.changelog_schema(pipeline))
+    if changelog.num_rows:
+        write_deltalake(
+            str(layout.table("changelog")), changelog, mode="append", commit_properties=props
+        )
+    return {
+        "state_version_before": before_version,
+        "state_version": state_version,
+        "rows_updated": metrics.get("num_target_rows_updated"),
+        "rows_inserted": metrics.get("num_target_rows_inserted"),
+        "rows_deleted": metrics.get("num_target_rows_deleted"),
+        "changelog_rows": changelog.num_rows,
+    }
+
+
+def _plain_strings(table: pa.Table) -> pa.Table:
+    """The change data feed reads strings as string_view, which few kernels take."""
+    schema = pa.schema(
+        [
+            pa.field(f.name, pa.string(), f.nullable) if pa.types.is_string_view(f.type) else f
+            for f in table.schema
+        ]
+    )
+    return table.cast(schema)

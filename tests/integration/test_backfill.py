@@ -1,0 +1,142 @@
+"""Backfill after a bug fix: inventory v1 subtracts returns, v2 adds them back."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+import yaml
+from deltalake import DeltaTable
+
+from jobs.pipeline import load_pipeline
+from jobs.settings import REPO_ROOT
+from jobs.streaming.run import run_pipeline
+from tests.conftest import produce
+
+pytestmark = pytest.mark.integration
+SIGNS = {1: {"receipt": 1, "sale": -1, "return": -1}, 2: {"receipt": 1, "sale": -1, "return": 1}}
+
+
+def movements(n: int, salt: int) -> list[dict[str, Any]]:
+    kinds = ["receipt", "receipt", "sale", "return"]
+    return [
+        {
+            "sku": f"S{(i + salt) % 9}",
+            "qty": 1 + (i * 3 + salt) % 7,
+            "kind": kinds[(i + salt) % 4],
+            "timestamp": 1700000000 + i,
+        }
+        for i in range(n)
+    ]
+
+
+def expected(events: list[dict[str, Any]], version: int) -> dict[str, int]:
+    totals: Counter[str] = Counter()
+    for e in events:
+        totals[e["sku"]] += SIGNS[version][e["kind"]] * e["qty"]
+    return dict(totals)
+
+
+def pipeline_file(tmp_path: Path, topic: str, version: int) -> Path:
+    data = yaml.safe_load((REPO_ROOT / "include" / "pipelines" / "inventory.yaml").read_text())
+    data["source"]["topics"] = [topic]
+    data["version"] = version
+    data["derived"][0]["signs"] = SIGNS[version]
+    directory = tmp_path / f"v{version}"
+    directory.mkdir()
+    path = directory / "inventory.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def state(warehouse: Path, version: int | None = None) -> dict[str, int]:
+    table = DeltaTable(str(warehouse / "inventory" / "state"), version=version)
+    return {r["sku"]: r["quantity"] for r in table.to_pyarrow_table().to_pylist()}
+
+
+def test_backfill_publishes_the_fix_atomically(
+    spark, settings, kafka_config, new_topic, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    topic = new_topic(2)
+    v1, v2 = pipeline_file(tmp_path, topic, 1), pipeline_file(tmp_path, topic, 2)
+    first = movements(800, 1)
+    produce(kafka_config, topic, [json.dumps(e).encode() for e in first])
+    run_pipeline(spark, load_pipeline(str(v1), tmp_path), settings)
+    assert state(settings.warehouse) == expected(first, 1)
+    assert min(state(settings.warehouse).values()) < 0  # the impossible negative stock
+
+    def backfill(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "jobs", "backfill", "--pipeline", str(v2), "--from-earliest"]
+            + ["--reason", "returns were subtracted", *extra]
+            + ["--bootstrap-servers", settings.bootstrap_servers]
+            + ["--warehouse", str(settings.warehouse)],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+    preview = backfill("--preview")
+    assert preview.returncode == 0, preview.stderr
+    assert "preview:" in preview.stdout and "keys changed" in preview.stdout
+    files = list((settings.warehouse / "inventory" / "_backfill").glob("preview-*.json"))
+    report = json.loads(files[0].read_text())["preview"]
+    changed = {k for k in expected(first, 1) if expected(first, 1)[k] != expected(first, 2)[k]}
+    assert report["keys_changed"] == len(changed)
+    assert report["totals"]["quantity"] == {
+        "before": sum(expected(first, 1).values()),
+        "after": sum(expected(first, 2).values()),
+    }
+    assert state(settings.warehouse) == expected(first, 1)  # a preview publishes nothing
+
+    # A reader polling the state while the backfill publishes sees v1 or v2, never a mix.
+    seen: list[dict[str, int]] = []
+    done = threading.Event()
+
+    def poll() -> None:
+        while not done.is_set():
+            seen.append(state(settings.warehouse))
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    try:
+        applied = backfill()
+    finally:
+        done.set()
+        poller.join()
+    assert applied.returncode == 0, applied.stderr
+    assert all(s in (expected(first, 1), expected(first, 2)) for s in seen), "half-corrected"
+    assert state(settings.warehouse) == expected(first, 2)
+
+    table = DeltaTable(str(settings.warehouse / "inventory" / "state"))
+    cdf = pa.table(
+        table.load_cdf(starting_version=table.version(), ending_version=table.version()).read_all()
+    ).to_pylist()
+    post = {r["sku"]: r["quantity"] for r in cdf if r["_change_type"] == "update_postimage"}
+    pre = {r["sku"]: r["quantity"] for r in cdf if r["_change_type"] == "update_preimage"}
+    assert set(post) == set(pre) == changed
+    assert all(
+        pre[k] == expected(first, 1)[k] and post[k] == expected(first, 2)[k] for k in changed
+    )
+
+    # The stream resumes from the backfill's end offsets with the corrected state.
+    later = movements(300, 2)
+    produce(kafka_config, topic, [json.dumps(e).encode() for e in later])
+    summary = run_pipeline(spark, load_pipeline(str(v2), tmp_path), settings)
+    assert summary.epoch == 1
+    assert state(settings.warehouse) == expected(first + later, 2)
+    ledger = DeltaTable(str(settings.warehouse / "inventory" / "_ledger")).to_pyarrow_table()
+    entries = [r for r in ledger.to_pylist() if r["entry_type"] == "backfill"]
+    details = [json.loads(r["details"]) for r in entries]
+    assert sorted(d.get("phase", "dry") for d in details) == ["done", "dry", "started"]
+    done_entry = next(d for d in details if d.get("phase") == "done")
+    assert done_entry["result"]["rows_updated"] == len(changed)
+    assert {r["pipeline_version"] for r in entries} == {2}
