@@ -13,7 +13,6 @@ import re
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from jobs import faults
 from jobs.errors import ConfigError, PlatformError
@@ -85,6 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
     backfill.add_argument("--reason", required=True, help="why (recorded in the ledger)")
     backfill.add_argument(
         "--preview", action="store_true", help="write and print the corrections, publish nothing"
+    )
+    backfill.add_argument(
+        "--source",
+        choices=["kafka", "archive"],
+        default="kafka",
+        help="read the records from Kafka or from the raw archive (beyond retention)",
     )
 
     broker = commands.add_parser("broker", help="the embedded Kafka-protocol broker")
@@ -214,15 +219,8 @@ def _operation(args: argparse.Namespace, settings: Settings, pipeline: object) -
 
 
 def _backfill(args: argparse.Namespace, settings: Settings, pipeline: object) -> int:
-    import pyarrow as pa
-    from deltalake import DeltaTable
-
-    from jobs.delta import layout as tables
-    from jobs.delta.layout import AppLayout
-    from jobs.operations import backfill
-    from jobs.operations.plan import Plan
-    from jobs.operations.restart import apply_plan
-    from jobs.operations.runner import check_reason, run_operation
+    from jobs.operations.backfill import run_backfill
+    from jobs.operations.runner import check_reason
     from jobs.operations.targets import TargetSpec
     from jobs.pipeline import Pipeline
     from jobs.streaming.spark import get_spark
@@ -235,40 +233,9 @@ def _backfill(args: argparse.Namespace, settings: Settings, pipeline: object) ->
         spec = TargetSpec("datetime", args.from_datetime)
     else:
         spec = TargetSpec("offset", args.from_offset)
-    layout = AppLayout(settings.warehouse, pipeline.application_id)
     spark = get_spark(settings.spark_master, "backfill", settings.spark_driver_memory)
-
-    def corrected_and_preview(plan: Plan) -> pa.Table:
-        tables.ensure_tables(layout, pipeline)
-        corrected = backfill.recompute(spark, pipeline, settings, plan)
-        columns = list(tables.aggregate_schema(pipeline).names)
-        current = DeltaTable(str(layout.table("state"))).to_pyarrow_table(columns=columns)
-        report = backfill.preview(pipeline, current, corrected)
-        path = backfill.write_preview(layout, plan, report)
-        print(backfill.summary(report))
-        print(f"preview written to {path}")
-        return corrected
-
-    def show(plan: Plan) -> None:
-        corrected_and_preview(plan)
-
-    def apply(plan: Plan) -> dict[str, Any]:
-        corrected = corrected_and_preview(plan)
-
-        def publish() -> dict[str, Any]:
-            return backfill.publish(pipeline, settings, plan, corrected)
-
-        return apply_plan(pipeline, settings, plan, corrected, publish)
-
     try:
-        run_operation(
-            pipeline,
-            settings,
-            lambda: backfill.plan_backfill(pipeline, settings, reason, spec),
-            args.preview,
-            apply=apply,
-            inspect=show,
-        )
+        run_backfill(spark, pipeline, settings, reason, spec, args.source, args.preview)
     finally:
         spark.stop()
     return 0

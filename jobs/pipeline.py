@@ -82,6 +82,7 @@ class Pipeline:
     trigger_interval_seconds: int
     shuffle_partitions: int
     schedule_minutes: int
+    archive: bool = False  # keep every raw record in <app>/raw (backfill beyond retention)
     source_path: Path | None = None
     description: str = ""
 
@@ -194,6 +195,7 @@ def parse_pipeline(data: Any, origin: str) -> Pipeline:
     max_offsets = source.get("max_offsets_per_trigger", int, None)
     if max_offsets is not None and max_offsets < 1:
         raise source.error("must be a positive integer", "max_offsets_per_trigger")
+    archive = source.get("archive", bool, False)
     source.finish()
 
     schema_data = top.get("schema", dict)
@@ -339,6 +341,7 @@ def parse_pipeline(data: Any, origin: str) -> Pipeline:
         trigger_interval_seconds=interval,
         shuffle_partitions=shuffle,
         schedule_minutes=schedule_minutes,
+        archive=archive,
         description=description,
     )
 

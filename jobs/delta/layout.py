@@ -51,6 +51,11 @@ class AppLayout:
     def checkpoints(self) -> Path:
         return self.root / "_checkpoints"
 
+    def raw_staging(self, epoch: int) -> Path:
+        """Where source tasks leave the raw records of their ranges until the batch
+        commits them to the ``raw`` table (archive pipelines only)."""
+        return self.root / "_raw_staging" / f"epoch={epoch}"
+
     def checkpoint(self, epoch: int) -> Path:
         return self.checkpoints / f"epoch={epoch}"
 
@@ -123,6 +128,20 @@ DEAD_LETTER_SCHEMA = pa.schema(
     ]
 )
 
+RAW_SCHEMA = pa.schema(
+    [
+        pa.field("topic", pa.string(), False),
+        pa.field("partition", pa.int32(), False),
+        pa.field("offset", pa.int64(), False),
+        pa.field("key", pa.binary()),
+        pa.field("value", pa.binary()),
+        pa.field("timestamp", TIMESTAMP),
+        pa.field("timestampType", pa.int32()),
+        pa.field("epoch", pa.int64(), False),
+        pa.field("batch_id", pa.int64(), False),
+    ]
+)
+
 LEDGER_SCHEMA = pa.schema(
     [
         pa.field("application_id", pa.string(), False),
@@ -149,12 +168,15 @@ LEDGER_SCHEMA = pa.schema(
 
 
 def table_schemas(pipeline: Pipeline) -> dict[str, pa.Schema]:
-    return {
+    schemas = {
         "dead_letter": DEAD_LETTER_SCHEMA,
         "changelog": changelog_schema(pipeline),
         "state": state_schema(pipeline),
         LEDGER: LEDGER_SCHEMA,
     }
+    if pipeline.archive:
+        schemas["raw"] = RAW_SCHEMA
+    return schemas
 
 
 def ensure_tables(layout: AppLayout, pipeline: Pipeline) -> None:

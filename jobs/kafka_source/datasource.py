@@ -11,9 +11,11 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from pyspark.sql.datasource import (
     DataSource,
@@ -84,6 +86,8 @@ class SourceOptions:
         if raw_headers not in ("true", "false"):
             raise ConfigError(f"includeHeaders must be true or false, got {raw_headers!r}")
         self.include_headers = raw_headers == "true"
+        # Archive pipelines: each task also leaves its range's records here.
+        self.archive_dir = lowered.get("archivedir")
         # Set at a seeded cut: no records until the seed batch is committed.
         self.hold_until = lowered.get("holduntilfileexists")
         raw_max = lowered.get("maxoffsetspertrigger")
@@ -283,14 +287,32 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         topic, part, start, end = partition.value
-        yield from read_range(
-            self.options.consumer_config(),
-            topic,
-            part,
-            start,
-            end,
-            self.options.include_headers,
+        batches = read_range(
+            self.options.consumer_config(), topic, part, start, end, self.options.include_headers
         )
+        if self.options.archive_dir is None:
+            yield from batches
+            return
+        kept = []
+        for batch in batches:
+            kept.append(batch)
+            yield batch
+        write_staging(Path(self.options.archive_dir), topic, part, start, end, kept)
+
+
+def staging_file(directory: Path, topic: str, partition: int, start: int, end: int) -> Path:
+    return directory / f"{topic}-{partition}-{start}-{end}.parquet"
+
+
+def write_staging(
+    directory: Path, topic: str, partition: int, start: int, end: int, batches: list[pa.RecordBatch]
+) -> None:
+    """The records of one range, for the batch to archive (same name on a replay)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    target = staging_file(directory, topic, partition, start, end)
+    tmp = target.with_suffix(f".{os.getpid()}.tmp")
+    pq.write_table(pa.Table.from_batches(batches, schema=ARROW_SCHEMA), tmp)
+    tmp.rename(target)
 
 
 def read_range(

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 from jobs.cut import read_cut
 from jobs.delta import layout as tables
@@ -42,13 +43,22 @@ from jobs.streaming.seed import seed_rows
 SAMPLES = 10
 
 
-def plan_backfill(pipeline: Pipeline, settings: Settings, reason: str, start: TargetSpec) -> Plan:
+def plan_backfill(
+    pipeline: Pipeline, settings: Settings, reason: str, start: TargetSpec, source: str = "kafka"
+) -> Plan:
     layout = AppLayout(settings.warehouse, pipeline.application_id)
     epoch = current_epoch(layout)
     last = last_boundary(layout)
     current = last.end_offsets if last else {}
     config, marks = broker_marks(pipeline, settings)
     head = {tp: high for tp, (_low, high) in marks.items()}
+    if source == "archive":
+        if not pipeline.archive:
+            raise ConfigError(f"{pipeline.application_id} keeps no raw archive (archive: false)")
+        # The archive holds what the stream committed: the backfill ends there and the
+        # stream reads the rest from Kafka as usual.
+        head = dict(current)
+        marks = {tp: (0, off) for tp, off in current.items()}
     boundary = None
     if start.kind != "earliest":
         wanted = resolve_targets(start, current, marks, config)
@@ -58,10 +68,10 @@ def plan_backfill(pipeline: Pipeline, settings: Settings, reason: str, start: Ta
         origin = kafka_offsets.from_json_dict(first.starting_offsets) if first else {}
         read_from = {tp: origin.get(tp, low) for tp, (low, _high) in marks.items()}
         gone = {tp: (off, marks[tp][0]) for tp, off in read_from.items() if off < marks[tp][0]}
-        if gone:
+        if gone and source == "kafka":
             raise ConfigError(
                 f"records the application read are no longer on the broker {gone} "
-                "(retention): a backfill from Kafka would lose them"
+                "(retention): a backfill from Kafka would lose them; use --source archive"
             )
     else:
         read_from = dict(boundary.end_offsets)
@@ -77,6 +87,7 @@ def plan_backfill(pipeline: Pipeline, settings: Settings, reason: str, start: Ta
         state_action="publish",
         boundary=boundary,
         records_to_replay=sum(head[tp] - read_from.get(tp, head[tp]) for tp in head),
+        source=source,
         notes=[
             f"recomputes with pipeline version {pipeline.version} from "
             f"{kafka_offsets.to_json_dict(read_from)} to the head offsets, in one batch job"
@@ -92,16 +103,20 @@ def recompute(spark: SparkSession, pipeline: Pipeline, settings: Settings, plan:
         first = read_cut(layout, 0)
         start = kafka_offsets.from_json_dict(first.starting_offsets) if first else {}
         start = {tp: start.get(tp, 0) for tp in plan.target_offsets}
-    reader = (
-        spark.read.format(FORMAT)
-        .option("subscribe", ",".join(pipeline.topics))
-        .option("kafka.bootstrap.servers", settings.bootstrap_servers)
-        .option("startingOffsets", json.dumps(kafka_offsets.to_json_dict(start)))
-        .option("endingOffsets", json.dumps(kafka_offsets.to_json_dict(plan.target_offsets)))
-    )
-    for key, value in settings.kafka_client.items():
-        reader = reader.option(f"kafka.{key}", value)
-    contributions = record_contributions(classify(reader.load(), pipeline), pipeline)
+    if plan.source == "archive":
+        raw = archived_records(spark, layout, start, plan.target_offsets)
+    else:
+        reader = (
+            spark.read.format(FORMAT)
+            .option("subscribe", ",".join(pipeline.topics))
+            .option("kafka.bootstrap.servers", settings.bootstrap_servers)
+            .option("startingOffsets", json.dumps(kafka_offsets.to_json_dict(start)))
+            .option("endingOffsets", json.dumps(kafka_offsets.to_json_dict(plan.target_offsets)))
+        )
+        for key, value in settings.kafka_client.items():
+            reader = reader.option(f"kafka.{key}", value)
+        raw = reader.load()
+    contributions = record_contributions(classify(raw, pipeline), pipeline)
     if plan.seed_state_version is not None:
         base = DeltaTable(str(layout.table("state")), version=plan.seed_state_version)
         seed = seed_rows(base.to_pyarrow_table(), pipeline)
@@ -109,6 +124,38 @@ def recompute(spark: SparkSession, pipeline: Pipeline, settings: Settings, plan:
             contributions = contributions.unionByName(spark.createDataFrame(seed))
     corrected = aggregate(contributions, pipeline).toArrow()
     return corrected.cast(tables.aggregate_schema(pipeline))
+
+
+def archived_records(
+    spark: SparkSession,
+    layout: AppLayout,
+    start: kafka_offsets.Offsets,
+    end: kafka_offsets.Offsets,
+) -> DataFrame:
+    """Records [start, end) per partition from the ``raw`` table, as Kafka rows."""
+    table = DeltaTable(str(layout.table("raw"))).to_pyarrow_table()
+    keep = None
+    for (topic, part), stop in end.items():
+        begin = start.get((topic, part), 0)
+        rows = pc.and_(
+            pc.and_(pc.equal(table["topic"], topic), pc.equal(table["partition"], part)),
+            pc.and_(pc.greater_equal(table["offset"], begin), pc.less(table["offset"], stop)),
+        )
+        keep = rows if keep is None else pc.or_(keep, rows)
+    selected = table.filter(keep) if keep is not None else table.slice(0, 0)
+    # One row per offset even if a range was archived in two epochs (after a rewind).
+    offsets = ["topic", "partition", "offset"]
+    selected = selected.group_by(offsets).aggregate(
+        [(c, "first") for c in ("key", "value", "timestamp", "timestampType")]
+    )
+    selected = selected.rename_columns(
+        offsets + ["key", "value", "timestamp", "timestampType"]
+    ).select(["key", "value", "topic", "partition", "offset", "timestamp", "timestampType"])
+    wanted = sum(max(0, stop - start.get(tp, 0)) for tp, stop in end.items())
+    # Fewer rows than offsets is normal for transactional topics (markers take offsets).
+    if wanted and not selected.num_rows:
+        raise ConfigError(f"the raw archive has none of the {wanted} offsets to recompute")
+    return spark.createDataFrame(selected)
 
 
 def preview(pipeline: Pipeline, current: pa.Table, corrected: pa.Table) -> dict[str, Any]:
@@ -235,3 +282,55 @@ def _plain_strings(table: pa.Table) -> pa.Table:
         ]
     )
     return table.cast(schema)
+
+
+def run_backfill(
+    spark: SparkSession,
+    pipeline: Pipeline,
+    settings: Settings,
+    reason: str,
+    start: TargetSpec,
+    source: str = "kafka",
+    preview_only: bool = False,
+    echo: Callable[[str], None] = print,
+) -> Plan:
+    """Plan; with ``preview_only`` recompute and report; else fence, recompute,
+    publish and restart (see ``runner.run_operation``)."""
+    from jobs.operations.restart import apply_plan
+    from jobs.operations.runner import run_operation
+
+    layout = AppLayout(settings.warehouse, pipeline.application_id)
+
+    def corrected_and_preview(plan: Plan) -> pa.Table:
+        tables.ensure_tables(layout, pipeline)
+        corrected = recompute(spark, pipeline, settings, plan)
+        columns = list(tables.aggregate_schema(pipeline).names)
+        current = DeltaTable(str(layout.table("state"))).to_pyarrow_table(columns=columns)
+        report = preview(pipeline, current, corrected)
+        path = write_preview(layout, plan, report)
+        echo(summary(report))
+        echo(f"preview written to {path}")
+        return corrected
+
+    def show(plan: Plan) -> None:
+        corrected_and_preview(plan)
+
+    def apply(plan: Plan) -> dict[str, Any]:
+        corrected = corrected_and_preview(plan)
+        return apply_plan(
+            pipeline,
+            settings,
+            plan,
+            corrected,
+            lambda: publish(pipeline, settings, plan, corrected),
+        )
+
+    return run_operation(
+        pipeline,
+        settings,
+        lambda: plan_backfill(pipeline, settings, reason, start, source),
+        preview_only,
+        echo,
+        apply=apply,
+        inspect=show,
+    )

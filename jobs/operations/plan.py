@@ -44,6 +44,7 @@ class Plan:
     boundary: Boundary | None = None
     records_to_replay: int = 0
     skipped: dict[str, list[int]] = field(default_factory=dict)  # "topic[p]" -> [from, to)
+    source: str = "kafka"  # where a backfill reads: "kafka" or "archive" (the raw table)
     notes: list[str] = field(default_factory=list)
 
     @property

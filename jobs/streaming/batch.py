@@ -37,6 +37,7 @@ from jobs.delta.layout import AppLayout
 from jobs.delta.writer import BatchWriter, committed_batch, find_commit_version
 from jobs.errors import ConsistencyError
 from jobs.faults import maybe_crash
+from jobs.kafka_source.datasource import staging_file
 from jobs.pipeline import Pipeline
 from jobs.streaming import offset_log
 from jobs.streaming.observed import observed_metrics
@@ -130,6 +131,9 @@ class BatchCommitter:
             )
         lap("dead_letter")
         maybe_crash("after_dead_letter", batch_id)
+        if self.pipeline.archive:
+            versions["raw"] = self._archive(batch_id, start, offsets.end_offsets, meta)
+            lap("raw")
         if rows.num_rows:
             stamped = self._stamp(rows, batch_id, now, "commit_time")
             versions["changelog"] = self.writer.append(
@@ -176,6 +180,40 @@ class BatchCommitter:
         )
         maybe_crash("after_ledger", batch_id)
         self.results.append(BatchResult(batch_id, False, ledger))
+
+    def _archive(
+        self,
+        batch_id: int,
+        start: dict[str, Any],
+        end: dict[str, Any],
+        meta: dict[str, str],
+    ) -> int | None:
+        """Append the batch's raw records (left by the source tasks) to ``raw``, once."""
+        path = self.layout.table("raw")
+        staging = self.layout.raw_staging(self.epoch)
+        files = [
+            staging_file(staging, topic, int(part), start.get(topic, {}).get(part, off), off)
+            for topic, parts in end.items()
+            for part, off in parts.items()
+            if off > start.get(topic, {}).get(part, off)
+        ]
+        if self.pipeline.exactly_once:
+            done = committed_batch(DeltaTable(str(path)), self.pipeline.application_id, self.epoch)
+            if done is not None and done >= batch_id:
+                return None
+        if not files:
+            return None
+        missing = [f.name for f in files if not f.exists()]
+        if missing:
+            raise ConsistencyError(f"batch {batch_id}: raw records of {missing} were not staged")
+        records = pa.concat_tables([pq.read_table(f) for f in files])
+        n = records.num_rows
+        records = records.append_column("epoch", pa.array([self.epoch] * n, pa.int64()))
+        records = records.append_column("batch_id", pa.array([batch_id] * n, pa.int64()))
+        version = self.writer.append(path, batch_id, records.cast(tables.RAW_SCHEMA), meta)
+        for f in files:
+            f.unlink(missing_ok=True)
+        return version
 
     def _stamp(self, rows: pa.Table, batch_id: int, now: pa.Scalar, time_column: str) -> pa.Table:
         n = rows.num_rows

@@ -28,6 +28,7 @@ def read_kafka(
     starting_offsets_json: str,
     client_settings: dict[str, str],
     hold_until: str | None = None,
+    archive_dir: str | None = None,
 ) -> DataFrame:
     reader = (
         spark.readStream.format(FORMAT)
@@ -39,6 +40,8 @@ def read_kafka(
         reader = reader.option(f"kafka.{key}", value)
     if hold_until is not None:
         reader = reader.option("holdUntilFileExists", hold_until)
+    if archive_dir is not None:
+        reader = reader.option("archiveDir", archive_dir)
     if pipeline.max_offsets_per_trigger is not None:
         reader = reader.option("maxOffsetsPerTrigger", str(pipeline.max_offsets_per_trigger))
     return reader.load()
@@ -219,10 +222,17 @@ def build(
     client_settings: dict[str, str],
     seed: DataFrame | None = None,
     hold_until: str | None = None,
+    archive_dir: str | None = None,
 ) -> DataFrame:
     """The stream's output; ``seed`` (a stream of state rows) joins it at a cut."""
     raw = read_kafka(
-        spark, pipeline, bootstrap_servers, starting_offsets_json, client_settings, hold_until
+        spark,
+        pipeline,
+        bootstrap_servers,
+        starting_offsets_json,
+        client_settings,
+        hold_until,
+        archive_dir,
     )
     contributions = record_contributions(observe_input(classify(raw, pipeline)), pipeline)
     if seed is not None:

@@ -117,6 +117,7 @@ def _run_locked(
         seed=seed,
         # Records wait until the seed batch (batch 0) is committed.
         hold_until=str(checkpoint / "commits" / "0") if seed is not None else None,
+        archive_dir=str(layout.raw_staging(epoch)) if pipeline.archive else None,
     )
     committer = BatchCommitter(
         spark, pipeline, layout, epoch, checkpoint, starting, name, seed_path

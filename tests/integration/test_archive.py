@@ -1,0 +1,71 @@
+"""The raw archive: a backfill reaches records that Kafka's retention deleted."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from confluent_kafka import TopicPartition
+from deltalake import DeltaTable
+
+from jobs import kafka_admin
+from jobs.pipeline import load_pipeline
+from jobs.settings import REPO_ROOT
+from jobs.streaming.run import run_pipeline
+from tests.conftest import produce
+from tests.expected import clicks_per_window, state_as_counter
+
+pytestmark = pytest.mark.integration
+
+
+def test_backfill_from_the_archive_after_retention(
+    spark, settings, kafka_config, new_topic, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    topic = new_topic(1)
+    data = yaml.safe_load((REPO_ROOT / "include" / "pipelines" / "user_clicks.yaml").read_text())
+    data["source"].update({"topics": [topic], "archive": True, "max_offsets_per_trigger": 400})
+    path = tmp_path / "user_clicks.yaml"
+    path.write_text(yaml.safe_dump(data))
+    now = int(time.time())
+    values = [
+        json.dumps({"user_id": f"u{i % 9}", "timestamp": now - 200 + i % 150}).encode()
+        for i in range(1000)
+    ] + [b"not json"]
+    produce(kafka_config, topic, values)
+    run_pipeline(spark, load_pipeline(str(path), tmp_path), settings)
+
+    raw = DeltaTable(str(settings.warehouse / "user_clicks" / "raw")).to_pyarrow_table()
+    assert sorted(raw["offset"].to_pylist()) == list(range(len(values)))  # once each
+    assert not list((settings.warehouse / "user_clicks" / "_raw_staging").rglob("*.parquet"))
+
+    admin = kafka_admin.admin(kafka_config)
+    for future in admin.delete_records([TopicPartition(topic, 0, 600)]).values():
+        future.result()
+
+    def backfill(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "jobs", "backfill", "--pipeline", str(path), "--from-earliest"]
+            + ["--reason", "recompute after retention", *extra]
+            + ["--bootstrap-servers", settings.bootstrap_servers]
+            + ["--warehouse", str(settings.warehouse)],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+    from_kafka = backfill()
+    assert from_kafka.returncode == 2
+    assert (
+        "no longer on the broker" in from_kafka.stderr and "--source archive" in from_kafka.stderr
+    )
+    from_archive = backfill("--source", "archive")
+    assert from_archive.returncode == 0, from_archive.stderr
+    expected, _dead, _late = clicks_per_window([values])
+    state = DeltaTable(str(settings.warehouse / "user_clicks" / "state")).to_pyarrow_table()
+    assert state_as_counter(state.to_pylist(), "clicks") == expected
