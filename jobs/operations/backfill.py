@@ -145,7 +145,7 @@ def archived_records(
     selected = table.filter(keep) if keep is not None else table.slice(0, 0)
     # One row per offset even if a range was archived in two epochs (after a rewind).
     offsets = ["topic", "partition", "offset"]
-    selected = selected.group_by(offsets).aggregate(
+    selected = selected.group_by(offsets, use_threads=False).aggregate(
         [(c, "first") for c in ("key", "value", "timestamp", "timestampType")]
     )
     selected = selected.rename_columns(

@@ -208,9 +208,11 @@ class BatchCommitter:
             raise ConsistencyError(f"batch {batch_id}: raw records of {missing} were not staged")
         records = pa.concat_tables([pq.read_table(f) for f in files])
         n = records.num_rows
-        records = records.append_column("epoch", pa.array([self.epoch] * n, pa.int64()))
-        records = records.append_column("batch_id", pa.array([batch_id] * n, pa.int64()))
-        version = self.writer.append(path, batch_id, records.cast(tables.RAW_SCHEMA), meta)
+        columns = {name: records[name] for name in tables.RAW_SCHEMA.names[:-2]}
+        columns["epoch"] = pa.chunked_array([pa.array([self.epoch] * n, pa.int64())])
+        columns["batch_id"] = pa.chunked_array([pa.array([batch_id] * n, pa.int64())])
+        archived = pa.table(columns).cast(tables.RAW_SCHEMA)
+        version = self.writer.append(path, batch_id, archived, meta)
         for f in files:
             f.unlink(missing_ok=True)
         return version
