@@ -106,6 +106,10 @@ def _run_locked(
     seed = None
     if seed_path is not None:
         seed = seed_stream(spark, pipeline, seed_path)
+    # Records wait for the seed batch (batch 0) and, with a window, for the no-data
+    # batch after it: Spark judges lateness by the previous batch's watermark, so
+    # records must not arrive before the seed has moved the watermark on.
+    seed_batches = 2 if pipeline.window is not None else 1
     name = f"{pipeline.application_id}_epoch{epoch}"
     spark.conf.set("spark.sql.shuffle.partitions", str(pipeline.shuffle_partitions))
     stream = query.build(
@@ -115,8 +119,7 @@ def _run_locked(
         json.dumps(starting),
         settings.kafka_client,
         seed=seed,
-        # Records wait until the seed batch (batch 0) is committed.
-        hold_until=str(checkpoint / "commits" / "0") if seed is not None else None,
+        hold_until=str(checkpoint / "commits" / str(seed_batches - 1)) if seed else None,
         archive_dir=str(layout.raw_staging(epoch)) if pipeline.archive else None,
     )
     committer = BatchCommitter(

@@ -5,9 +5,11 @@ table at a batch boundary, or a backfill's result) to a Parquet file. The next
 run of the new epoch unions ``platform_seed``, a one-shot stream of those rows,
 with Kafka: the aggregation absorbs them in the epoch's first batch exactly like
 records (counts and sums add, min and max combine), while Kafka is held back
-until that batch is committed. The batch then checks Spark's state store against
-the snapshot before any record is processed, as Kafka Streams finishes restoring
-before it resumes.
+until that batch (and, with a window, the no-data batch that moves the watermark
+on) is committed. Batch 1 first checks Spark's state store against the snapshot,
+before any record is processed, as Kafka Streams finishes restoring before it
+resumes. Caveat: the watermark after a seed is the newest seeded window start
+minus the delay, at most one window behind the old epoch's.
 """
 
 from __future__ import annotations

@@ -82,3 +82,26 @@ def test_dag_test_of_stream_user_clicks(
     produce(kafka_config, topic, [b'{"user_id": "late", "timestamp": 1}'])
     lagging = ApplicationHealthSensor(task_id="lagging", pipeline="user_clicks", max_lag=0)
     assert lagging.poke({}) is False
+
+    # Maintenance from Airflow: dry run by default (plan only), then applied.
+    bag = DagBag(dag_folder=str(REPO_ROOT / "dags"))
+    rebuild = bag.dags["maintenance_rebuild"]
+    dry = rebuild.test(run_conf={"pipeline": "user_clicks", "reason": "airflow dry run"})
+    assert str(dry.state) in ("success", "DagRunState.SUCCESS")
+    applied = rebuild.test(
+        run_conf={"pipeline": "user_clicks", "reason": "airflow rebuild", "dry_run": False}
+    )
+    assert str(applied.state) in ("success", "DagRunState.SUCCESS")
+    ledger = DeltaTable(str(warehouse / "user_clicks" / "_ledger")).to_pyarrow_table().to_pylist()
+    audits = [json.loads(r["details"]) for r in ledger if r["entry_type"] == "rebuild"]
+    assert [a["dry_run"] for a in audits].count(True) == 2  # each run plans first
+    assert any(a.get("phase") == "done" for a in audits)
+    assert all(a["who"].startswith("airflow:") for a in audits)
+    # The stream resumes in the new epoch with the same state plus new events.
+    more = [json.dumps({"user_id": "u1", "timestamp": now - 100}).encode()] * 5
+    produce(kafka_config, topic, more)
+    again = dag.test(run_conf={"trigger": "available-now"})
+    assert str(again.state) in ("success", "DagRunState.SUCCESS")
+    expected, _dead, _late = clicks_per_window([values, more])
+    state = DeltaTable(str(warehouse / "user_clicks" / "state")).to_pyarrow_table().to_pylist()
+    assert state_as_counter(state, "clicks") == expected
