@@ -189,14 +189,18 @@ def bump_epoch(
             raise ConsistencyError(f"could not bump the epoch of {path}: too many conflicts")
 
 
-def fenced_properties(application_id: str, epoch: int, operation: str) -> CommitProperties:
-    """Commit properties of an operation's own commits in its (new) epoch."""
+def fenced_properties(
+    application_id: str, epoch: int, operation: str, tags: dict[str, str] | None = None
+) -> CommitProperties:
+    """Commit properties of an operation's own commits in its (new) epoch, tagged
+    with the operation (and its reason and versions) in the commit info."""
     return CommitProperties(
         app_transactions=[Transaction(fence_txn_id(application_id), epoch)],
         custom_metadata={
             "application_id": application_id,
             "platform_operation": operation,
             "epoch": str(epoch),
+            **(tags or {}),
         },
     )
 

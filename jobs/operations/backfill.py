@@ -233,7 +233,16 @@ def publish(
     values = list(pipeline.value_columns)
     keys = " AND ".join(f"t.`{k}` = s.`{k}`" for k in pipeline.state_keys)
     changed = " OR ".join(f"NOT (t.`{v}` <=> s.`{v}`)" for v in values)
-    props = fenced_properties(pipeline.application_id, epoch, "backfill")
+    props = fenced_properties(
+        pipeline.application_id,
+        epoch,
+        "backfill",
+        {
+            "reason": plan.reason,
+            "pipeline_version": str(pipeline.version),
+            "epoch_before": str(plan.epoch_before),
+        },
+    )
     before_version = DeltaTable(str(layout.table("state"))).version()
     metrics = (
         DeltaTable(str(layout.table("state")))

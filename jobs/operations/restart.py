@@ -219,7 +219,12 @@ def apply_plan(
             pipeline, plan.operation, new, {**details, "phase": "started"}, *offsets
         ),
     )
-    props = fenced_properties(pipeline.application_id, new, plan.operation)
+    props = fenced_properties(
+        pipeline.application_id,
+        new,
+        plan.operation,
+        {"reason": plan.reason, "pipeline_version": str(pipeline.version)},
+    )
     result: dict[str, Any] = {"seeded_rows": seeded or 0, "state_action": plan.state_action}
     if plan.state_action.startswith("restore:"):
         version = int(plan.state_action.split(":")[1])

@@ -21,6 +21,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
@@ -98,32 +99,40 @@ def seed_stream(spark: SparkSession, pipeline: Pipeline, path: Path) -> DataFram
 def verify_seeded_state(spark: SparkSession, checkpoint: Path, path: Path, windowed: bool) -> int:
     """Spark's state after the seed batch (batch 0) must equal the snapshot, row by row.
 
-    Called when batch 1 starts (the state reader needs batch 0 committed)."""
+    Called when batch 1 starts (the state reader needs batch 0 committed). Compared
+    in Spark, by position: the aggregate buffers are all named "sum", "min", "max".
+    """
     state = spark.read.format("statestore").option("batchId", 0).load(str(checkpoint))
-    # Positional: the aggregate buffers are all named "sum"/"min"/"max".
-    got = sorted(_flatten(tuple(row["key"]), tuple(row["value"])) for row in state.collect())
-    seed = pq.read_table(path).to_pylist()
-    want = sorted(_flatten_seed(tuple(row.values()), windowed) for row in seed)
-    if got != want:
-        seen = set(got)
-        missing = [w for w in want if w not in seen][:3]
+    key_fields = state.schema["key"].dataType.fieldNames()  # type: ignore[attr-defined]
+    value_type = state.schema["value"].dataType
+    # Casting a struct is positional: it gives the "sum", "sum", ... buffers unique names.
+    renamed = ", ".join(
+        f"v{i}: {f.dataType.simpleString()}"
+        for i, f in enumerate(value_type.fields)  # type: ignore[attr-defined]
+    )
+    columns = [
+        F.col(f"key.`{k}`.start") if k == "window" else F.col(f"key.`{k}`") for k in key_fields
+    ]
+    values = F.col("value").cast(f"struct<{renamed}>")
+    width = len(value_type.fields)  # type: ignore[attr-defined]
+    flat = state.select(*columns, *(values.getField(f"v{i}") for i in range(width)))
+    got = flat.toDF(*[f"c{i}" for i in range(len(key_fields) + width)])
+    seed = spark.read.parquet(str(path))
+    names = seed.columns
+    wanted = [c for c in names if c != "_event_time" or windowed]
+    want = seed.select(*wanted).toDF(*got.columns)
+    got_rows = got.count()
+    missing = want.exceptAll(got)
+    extra = got.exceptAll(want)
+    problems = missing.limit(3).collect()
+    if problems or got_rows != want.count() or extra.limit(1).count():
         raise ConsistencyError(
-            f"the rebuilt Spark state ({len(got)} rows) differs from the Delta snapshot "
-            f"({len(want)} rows), e.g. {missing} not in Spark; the stream does not resume"
+            f"the rebuilt Spark state ({got_rows} rows) differs from the Delta snapshot "
+            f"({want.count()} rows), e.g. {[tuple(r) for r in problems]} not in Spark "
+            f"{[tuple(r) for r in extra.limit(3).collect()]}; "
+            "the stream does not resume"
         )
-    return len(got)
-
-
-def _flatten(key: tuple[Any, ...], value: tuple[Any, ...]) -> tuple[Any, ...]:
-    parts = [v[0].timestamp() if isinstance(v, tuple) else v for v in key]  # window: start
-    return (*parts, *value)
-
-
-def _flatten_seed(row: tuple[Any, ...], windowed: bool) -> tuple[Any, ...]:
-    """Seed columns: keys, _event_time (the window start, or unused), contributions."""
-    index = next(i for i, v in enumerate(row) if hasattr(v, "timestamp"))
-    moment = (row[index].timestamp(),) if windowed else ()
-    return (*row[:index], *moment, *row[index + 1 :])
+    return int(got_rows)
 
 
 class SeedDataSource(DataSource):

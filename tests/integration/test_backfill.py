@@ -117,6 +117,9 @@ def test_backfill_publishes_the_fix_atomically(
     assert state(settings.warehouse) == expected(first, 2)
 
     table = DeltaTable(str(settings.warehouse / "inventory" / "state"))
+    commit = table.history(1)[0]  # one commit, tagged with the operation
+    assert commit["operation"] == "MERGE" and commit["platform_operation"] == "backfill"
+    assert commit["reason"] == "returns were subtracted" and commit["pipeline_version"] == "2"
     cdf = pa.table(
         table.load_cdf(starting_version=table.version(), ending_version=table.version()).read_all()
     ).to_pylist()
