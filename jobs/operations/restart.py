@@ -30,7 +30,7 @@ from jobs.operations.targets import TargetSpec, resolve_targets
 from jobs.pipeline import Pipeline
 from jobs.settings import Settings
 from jobs.streaming.run import current_epoch
-from jobs.streaming.seed import check_seedable, seed_rows, write_seed
+from jobs.streaming.seed import check_seedable, open_windows, seed_rows, write_seed
 
 Offsets = kafka_offsets.Offsets
 
@@ -186,8 +186,10 @@ def apply_plan(
     snapshot = seed_override
     if snapshot is None and plan.seed_state_version is not None:
         snapshot = DeltaTable(str(state_path), version=plan.seed_state_version).to_pyarrow_table()
+    if snapshot is not None:
+        snapshot = open_windows(pa.table(snapshot), pipeline)
     if snapshot is not None and snapshot.num_rows:
-        write_seed(seed_rows(pa.table(snapshot), pipeline), seed_file(layout, new))
+        write_seed(seed_rows(snapshot, pipeline), seed_file(layout, new))
         seeded = snapshot.num_rows
     write_cut(
         layout,

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -78,6 +79,22 @@ def seed_rows(state: pa.Table, pipeline: Pipeline) -> pa.Table:
         columns[f"_in_{agg.name}"] = state[source]
     columns["_in__records"] = state["_records"]
     return pa.table(columns).cast(seed_schema(pipeline))
+
+
+def open_windows(state: pa.Table, pipeline: Pipeline) -> pa.Table:
+    """The state rows Spark still needs: windows the seeded watermark keeps open.
+
+    Spark's watermark after the seed batch is the newest seeded window start minus
+    the delay, and it drops windows that end at or before it (they stay in the Delta
+    ``state`` table, closed, as they were). Unwindowed state is needed whole.
+    """
+    if pipeline.window is None or state.num_rows == 0:
+        return state
+    assert pipeline.watermark_seconds is not None
+    newest = pc.max(state["window_start"]).value  # microseconds
+    watermark = newest - pipeline.watermark_seconds * 1_000_000
+    ends = pc.cast(state["window_end"], pa.int64())
+    return state.filter(pc.greater(ends, watermark))
 
 
 def write_seed(rows: pa.Table, path: Path) -> None:
