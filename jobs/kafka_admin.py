@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from confluent_kafka import KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from jobs.errors import SourceError
@@ -24,13 +24,14 @@ def admin(config: Mapping[str, str]) -> AdminClient:
     return AdminClient(dict(config))
 
 
-def topic_partitions(client: AdminClient, topics: Iterable[str]) -> dict[str, list[int]]:
+def topic_partitions(
+    client: AdminClient | Consumer, topics: Iterable[str], servers: str = "the configured servers"
+) -> dict[str, list[int]]:
     """Partitions per topic; a missing topic or unreachable broker is a SourceError."""
     wanted = list(topics)
     try:
         metadata = client.list_topics(timeout=REQUEST_TIMEOUT_S)
     except KafkaException as exc:
-        servers = "the configured bootstrap servers"
         raise SourceError(f"cannot reach the Kafka broker at {servers}: {exc}") from exc
     result: dict[str, list[int]] = {}
     for topic in wanted:
@@ -101,25 +102,27 @@ def produce_all(
     return count
 
 
+def partition_watermarks(
+    consumer: Consumer, partitions: Iterable[tuple[str, int]]
+) -> dict[tuple[str, int], tuple[int, int]]:
+    """(low, high) watermark per topic-partition, asked of the broker without consuming."""
+    result = {}
+    for topic, partition in partitions:
+        try:
+            low, high = consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=REQUEST_TIMEOUT_S
+            )
+        except KafkaException as exc:
+            raise SourceError(f"cannot read offsets of {topic}[{partition}]: {exc}") from exc
+        result[(topic, partition)] = (int(low), int(high))
+    return result
+
+
 def watermarks(
     consumer_config: Mapping[str, str], partitions: Iterable[tuple[str, int]]
 ) -> dict[tuple[str, int], tuple[int, int]]:
-    """(low, high) watermark per topic-partition, asked of the broker without consuming."""
-    from confluent_kafka import Consumer
-
     consumer = Consumer({**consumer_config, "group.id": "platform-watermarks"})
     try:
-        result = {}
-        for topic, partition in partitions:
-            try:
-                low, high = consumer.get_watermark_offsets(
-                    TopicPartition(topic, partition), timeout=REQUEST_TIMEOUT_S
-                )
-            except KafkaException as exc:
-                raise SourceError(
-                    f"cannot read offsets of {topic}[{partition}] from the broker: {exc}"
-                ) from exc
-            result[(topic, partition)] = (int(low), int(high))
-        return result
+        return partition_watermarks(consumer, partitions)
     finally:
         consumer.close()

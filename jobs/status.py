@@ -172,7 +172,9 @@ def _lags(
 ) -> list[PartitionLag]:
     config = kafka_admin.client_config(settings.bootstrap_servers, settings.kafka_client)
     try:
-        partitions = kafka_admin.topic_partitions(kafka_admin.admin(config), pipeline.topics)
+        partitions = kafka_admin.topic_partitions(
+            kafka_admin.admin(config), pipeline.topics, settings.bootstrap_servers
+        )
         marks = kafka_admin.watermarks(
             config, [(t, p) for t, parts in partitions.items() for p in parts]
         )

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from jobs import broker as embedded
 from jobs import kafka_admin
@@ -77,3 +78,13 @@ def produce(
 ) -> None:
     now_ms = int(time.time() * 1000)
     kafka_admin.produce_all(config, topic, ((key, v, now_ms) for v in values))  # type: ignore[misc]
+
+
+def pipeline_file(directory: Path, name: str, topic: str, **source: object) -> Path:
+    """A copy of a reference pipeline reading ``topic`` (and other source settings)."""
+    data = yaml.safe_load((REPO_ROOT / "include" / "pipelines" / f"{name}.yaml").read_text())
+    data["source"].update({"topics": [topic], **source})
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path

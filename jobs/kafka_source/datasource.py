@@ -16,7 +16,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -31,6 +31,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from jobs import kafka_admin
 from jobs.errors import ConfigError, SourceError
 from jobs.faults import maybe_crash
 from jobs.kafka_source import offsets as plan
@@ -178,33 +179,14 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._consumer
 
     def _partitions(self) -> dict[str, list[int]]:
-        consumer = self._driver_consumer()
-        try:
-            metadata = consumer.list_topics(timeout=10)
-        except KafkaException as exc:
-            servers = self.options.client["bootstrap.servers"]
-            raise SourceError(f"cannot reach the Kafka broker at {servers}: {exc}") from exc
-        result = {}
-        for topic in self.options.topics:
-            meta = metadata.topics.get(topic)
-            if meta is None or meta.error is not None or not meta.partitions:
-                raise SourceError(f"topic {topic!r} does not exist on the broker")
-            result[topic] = sorted(meta.partitions)
-        return result
+        servers = self.options.client["bootstrap.servers"]
+        return kafka_admin.topic_partitions(self._driver_consumer(), self.options.topics, servers)
 
     def _watermarks(
         self, partitions: dict[str, list[int]]
     ) -> dict[tuple[str, int], tuple[int, int]]:
-        consumer = self._driver_consumer()
-        marks = {}
-        for topic, parts in partitions.items():
-            for p in parts:
-                try:
-                    low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-                except KafkaException as exc:
-                    raise SourceError(f"cannot read offsets of {topic}[{p}]: {exc}") from exc
-                marks[(topic, p)] = (int(low), int(high))
-        return marks
+        every = [(topic, p) for topic, parts in partitions.items() for p in parts]
+        return kafka_admin.partition_watermarks(self._driver_consumer(), every)
 
     def _offsets_for_timestamp(
         self,

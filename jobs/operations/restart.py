@@ -43,7 +43,9 @@ def broker_marks(
     unknown = sorted(set(chosen) - set(pipeline.topics))
     if unknown:
         raise ConfigError(f"--topics {unknown} are not topics of {pipeline.application_id}")
-    partitions = kafka_admin.topic_partitions(kafka_admin.admin(config), chosen)
+    partitions = kafka_admin.topic_partitions(
+        kafka_admin.admin(config), chosen, settings.bootstrap_servers
+    )
     marks = kafka_admin.watermarks(config, [(t, p) for t, ps in partitions.items() for p in ps])
     return config, marks
 

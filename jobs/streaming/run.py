@@ -66,7 +66,9 @@ def epoch_cut(layout: AppLayout, pipeline: Pipeline, settings: Settings) -> Cut:
             "application and did not finish; run the operation again (see the ledger)"
         )
     config = kafka_admin.client_config(settings.bootstrap_servers, settings.kafka_client)
-    partitions = kafka_admin.topic_partitions(kafka_admin.admin(config), pipeline.topics)
+    partitions = kafka_admin.topic_partitions(
+        kafka_admin.admin(config), pipeline.topics, settings.bootstrap_servers
+    )
     marks = kafka_admin.watermarks(
         config, [(t, p) for t, parts in partitions.items() for p in parts]
     )

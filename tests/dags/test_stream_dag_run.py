@@ -11,11 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 from deltalake import DeltaTable
 
 from jobs.settings import REPO_ROOT
-from tests.conftest import produce
+from tests.conftest import pipeline_file, produce
 from tests.expected import clicks_per_window, state_as_counter
 
 pytestmark = pytest.mark.integration
@@ -43,10 +42,7 @@ def test_dag_test_of_stream_user_clicks(
     ] + [b"garbage"]
     produce(kafka_config, topic, values)
     pipelines = tmp_path / "pipelines"
-    pipelines.mkdir()
-    data = yaml.safe_load((REPO_ROOT / "include" / "pipelines" / "user_clicks.yaml").read_text())
-    data["source"]["topics"] = [topic]
-    (pipelines / "user_clicks.yaml").write_text(yaml.safe_dump(data))
+    pipeline_file(pipelines, "user_clicks", topic)
     warehouse = tmp_path / "warehouse"
     bin_dir = str(Path(sys.executable).parent)
     # What the local Airflow sets: the platform's settings and the Spark connection.

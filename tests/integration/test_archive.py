@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 from confluent_kafka import TopicPartition
 from deltalake import DeltaTable
 
@@ -17,7 +16,7 @@ from jobs import kafka_admin
 from jobs.pipeline import load_pipeline
 from jobs.settings import REPO_ROOT
 from jobs.streaming.run import run_pipeline
-from tests.conftest import produce
+from tests.conftest import pipeline_file, produce
 from tests.expected import clicks_per_window, state_as_counter
 
 pytestmark = pytest.mark.integration
@@ -27,10 +26,7 @@ def test_backfill_from_the_archive_after_retention(
     spark, settings, kafka_config, new_topic, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]
     topic = new_topic(1)
-    data = yaml.safe_load((REPO_ROOT / "include" / "pipelines" / "user_clicks.yaml").read_text())
-    data["source"].update({"topics": [topic], "archive": True, "max_offsets_per_trigger": 400})
-    path = tmp_path / "user_clicks.yaml"
-    path.write_text(yaml.safe_dump(data))
+    path = pipeline_file(tmp_path, "user_clicks", topic, archive=True, max_offsets_per_trigger=400)
     now = int(time.time())
     values = [
         json.dumps({"user_id": f"u{i % 9}", "timestamp": now - 200 + i % 150}).encode()

@@ -11,24 +11,14 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 from deltalake import DeltaTable
 
 from jobs.settings import REPO_ROOT
-from tests.conftest import produce
+from tests.conftest import pipeline_file, produce
 from tests.expected import clicks_per_window, state_as_counter
 
 pytestmark = pytest.mark.integration
 BAD = [b"broken", b'{"user_id": "z"}']
-
-
-def write_pipeline(tmp: Path, topic: str) -> Path:
-    data = yaml.safe_load((REPO_ROOT / "include" / "pipelines" / "user_clicks.yaml").read_text())
-    data["source"]["topics"] = [topic]
-    data["source"]["max_offsets_per_trigger"] = 700  # several batches per run
-    path = tmp / "user_clicks.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
 
 
 def run_job(pipeline: Path, servers: str, warehouse: Path, fault: str | None) -> int:
@@ -67,7 +57,8 @@ def test_crash_and_restart_is_exact(broker, kafka_config, new_topic, tmp_path, f
         for i in range(2000)
     ] + BAD
     produce(kafka_config, topic, values)
-    pipeline = write_pipeline(tmp_path, topic)
+    # At most 700 records per batch: several batches per run.
+    pipeline = pipeline_file(tmp_path, "user_clicks", topic, max_offsets_per_trigger=700)
     warehouse = tmp_path / "warehouse"
 
     assert run_job(pipeline, broker.bootstrap_servers, warehouse, fault) == -9

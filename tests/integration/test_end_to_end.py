@@ -13,7 +13,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-import yaml
 from deltalake import DeltaTable
 
 from jobs.delta.layout import AppLayout
@@ -21,7 +20,7 @@ from jobs.pipeline import load_pipeline
 from jobs.settings import REPO_ROOT
 from jobs.status import application_status
 from jobs.streaming.run import run_pipeline
-from tests.conftest import produce
+from tests.conftest import pipeline_file, produce
 from tests.expected import clicks_per_window, state_as_counter
 
 pytestmark = pytest.mark.integration
@@ -154,10 +153,7 @@ def test_spark_submit_runs_the_same_command(broker, kafka_config, new_topic, tmp
         json.dumps({"user_id": f"u{i % 3}", "timestamp": now - i}).encode() for i in range(90)
     ]
     produce(kafka_config, topic, values)
-    data = yaml.safe_load((PIPELINES / "user_clicks.yaml").read_text())
-    data["source"]["topics"] = [topic]
-    pipeline = tmp_path / "user_clicks.yaml"
-    pipeline.write_text(yaml.safe_dump(data))
+    pipeline = pipeline_file(tmp_path, "user_clicks", topic)
     bin_dir = Path(sys.executable).parent
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
     result = subprocess.run(

@@ -15,14 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from deltalake import DeltaTable
 
 from jobs.pipeline import Pipeline, load_pipeline
 from jobs.settings import REPO_ROOT, Settings
 from jobs.status import application_status
 from jobs.streaming.run import run_pipeline
-from tests.conftest import produce
+from tests.conftest import pipeline_file, produce
 from tests.expected import clicks_per_window, state_as_counter
 
 pytestmark = pytest.mark.integration
@@ -39,11 +38,7 @@ def clicks(n: int, salt: int) -> list[bytes]:
 
 
 def setup_pipeline(tmp_path: Path, topic: str) -> tuple[Pipeline, Path]:
-    data = yaml.safe_load((REPO_ROOT / "include" / "pipelines" / "user_clicks.yaml").read_text())
-    data["source"]["topics"] = [topic]
-    data["source"]["max_offsets_per_trigger"] = 400
-    path = tmp_path / "user_clicks.yaml"
-    path.write_text(yaml.safe_dump(data))
+    path = pipeline_file(tmp_path, "user_clicks", topic, max_offsets_per_trigger=400)
     return load_pipeline(str(path), tmp_path), path
 
 

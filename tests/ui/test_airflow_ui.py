@@ -14,12 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from deltalake import DeltaTable
 
 from jobs.broker import find_free_port
 from jobs.settings import REPO_ROOT
-from tests.conftest import produce
+from tests.conftest import pipeline_file, produce
 from tests.expected import clicks_per_window, state_as_counter
 
 pytestmark = pytest.mark.integration
@@ -57,10 +56,7 @@ def airflow(broker, kafka_config, new_topic, tmp_path: Path) -> Iterator[dict[st
     ] + [b"{oops"]
     produce(kafka_config, topic, values)
     pipelines = tmp_path / "pipelines"
-    pipelines.mkdir()
-    data = yaml.safe_load((REPO_ROOT / "include" / "pipelines" / "user_clicks.yaml").read_text())
-    data["source"]["topics"] = [topic]
-    (pipelines / "user_clicks.yaml").write_text(yaml.safe_dump(data))
+    pipeline_file(pipelines, "user_clicks", topic)
     port = find_free_port(42000, 48000)
     env = {
         **os.environ,
