@@ -3,7 +3,9 @@ client configuration, topic creation, watermarks and bulk producing."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
@@ -13,10 +15,19 @@ from jobs.errors import SourceError
 REQUEST_TIMEOUT_S = 10.0
 
 
-def client_config(bootstrap_servers: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+# librdkafka logs every failed connection attempt to stderr; the platform reports
+# failures itself, in one line. The client logs stay available to a configured
+# "jobs.kafka_client" logger.
+CLIENT_LOG = logging.getLogger("jobs.kafka_client")
+CLIENT_LOG.addHandler(logging.NullHandler())
+CLIENT_LOG.propagate = False
+
+
+def client_config(bootstrap_servers: str, extra: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Client settings: bootstrap servers plus pass-through settings (security included)."""
-    config = dict(extra or {})
+    config: dict[str, Any] = dict(extra or {})
     config["bootstrap.servers"] = bootstrap_servers
+    config.setdefault("logger", CLIENT_LOG)
     return config
 
 
