@@ -31,7 +31,7 @@ from jobs.delta.writer import fenced_properties
 from jobs.errors import ConfigError
 from jobs.kafka_source import offsets as kafka_offsets
 from jobs.kafka_source.datasource import FORMAT
-from jobs.operations.plan import Plan, boundary_at_or_before, last_boundary
+from jobs.operations.plan import Plan, boundary_at_or_before, header, last_boundary
 from jobs.operations.restart import broker_marks
 from jobs.operations.targets import TargetSpec, resolve_targets
 from jobs.pipeline import Pipeline
@@ -76,12 +76,7 @@ def plan_backfill(
     else:
         read_from = dict(boundary.end_offsets)
     return Plan(
-        operation="backfill",
-        application_id=pipeline.application_id,
-        reason=reason,
-        epoch_before=epoch,
-        epoch_after=epoch + 1,
-        current_offsets=current,
+        **header("backfill", pipeline.application_id, reason, epoch, current),
         target_offsets=head,
         seed_state_version=None if boundary is None else boundary.state_version,
         state_action="publish",

@@ -98,6 +98,20 @@ class Plan:
         return json.dumps(self.to_dict(), sort_keys=True, default=str)
 
 
+def header(
+    operation: str, application_id: str, reason: str, epoch: int, current: Offsets
+) -> dict[str, Any]:
+    """The fields every plan starts with: from the current epoch to the next."""
+    return {
+        "operation": operation,
+        "application_id": application_id,
+        "reason": reason,
+        "epoch_before": epoch,
+        "epoch_after": epoch + 1,
+        "current_offsets": current,
+    }
+
+
 def batch_boundaries(layout: AppLayout) -> list[Boundary]:
     """Every committed batch end in the ledger (all epochs), oldest first."""
     ledger = read_ledger(layout)

@@ -25,7 +25,7 @@ from jobs.delta.writer import bump_epoch, fenced_properties
 from jobs.errors import ConfigError
 from jobs.kafka_source import offsets as kafka_offsets
 from jobs.operations.audit import append_audit, audit_row
-from jobs.operations.plan import Plan, boundary_at_or_before, last_boundary
+from jobs.operations.plan import Plan, boundary_at_or_before, header, last_boundary
 from jobs.operations.targets import TargetSpec, resolve_targets
 from jobs.pipeline import Pipeline
 from jobs.settings import Settings
@@ -59,12 +59,7 @@ def plan_rebuild(pipeline: Pipeline, settings: Settings, reason: str, from_sourc
         _config, marks = broker_marks(pipeline, settings)
         target = {tp: low for tp, (low, _high) in marks.items()}
         return Plan(
-            operation="rebuild",
-            application_id=pipeline.application_id,
-            reason=reason,
-            epoch_before=epoch,
-            epoch_after=epoch + 1,
-            current_offsets=current,
+            **header("rebuild", pipeline.application_id, reason, epoch, current),
             target_offsets=target,
             seed_state_version=None,
             state_action="empty",
@@ -76,12 +71,7 @@ def plan_rebuild(pipeline: Pipeline, settings: Settings, reason: str, from_sourc
         )
     check_seedable(pipeline)
     return Plan(
-        operation="rebuild",
-        application_id=pipeline.application_id,
-        reason=reason,
-        epoch_before=epoch,
-        epoch_after=epoch + 1,
-        current_offsets=current,
+        **header("rebuild", pipeline.application_id, reason, epoch, current),
         target_offsets=dict(current),
         seed_state_version=last.state_version,
         state_action="keep",
@@ -107,14 +97,7 @@ def plan_rewind(
     config, marks = broker_marks(pipeline, settings, topics)
     chosen = resolve_targets(spec, current, marks, config)
     target = {**current, **chosen}  # partitions of other topics stay where they are
-    base: dict[str, Any] = {
-        "operation": "rewind",
-        "application_id": pipeline.application_id,
-        "reason": reason,
-        "epoch_before": epoch,
-        "epoch_after": epoch + 1,
-        "current_offsets": current,
-    }
+    base = header("rewind", pipeline.application_id, reason, epoch, current)
     if mode == "skip":
         backwards = {
             tp: (current.get(tp), off) for tp, off in chosen.items() if off < current.get(tp, off)
