@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -88,3 +89,16 @@ def pipeline_file(directory: Path, name: str, topic: str, **source: object) -> P
     path = directory / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
+
+
+def run_jobs(pipeline: Path, settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m jobs <args> --pipeline <file>`` against the test broker and warehouse."""
+    return subprocess.run(
+        [sys.executable, "-m", "jobs", *args, "--pipeline", str(pipeline)]
+        + ["--bootstrap-servers", settings.bootstrap_servers]
+        + ["--warehouse", str(settings.warehouse)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )

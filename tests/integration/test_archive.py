@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -14,9 +13,8 @@ from deltalake import DeltaTable
 
 from jobs import kafka_admin
 from jobs.pipeline import load_pipeline
-from jobs.settings import REPO_ROOT
 from jobs.streaming.run import run_pipeline
-from tests.conftest import pipeline_file, produce
+from tests.conftest import pipeline_file, produce, run_jobs
 from tests.expected import clicks_per_window, state_as_counter
 
 pytestmark = pytest.mark.integration
@@ -44,16 +42,8 @@ def test_backfill_from_the_archive_after_retention(
         future.result()
 
     def backfill(*extra: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "jobs", "backfill", "--pipeline", str(path), "--from-earliest"]
-            + ["--reason", "recompute after retention", *extra]
-            + ["--bootstrap-servers", settings.bootstrap_servers]
-            + ["--warehouse", str(settings.warehouse)],
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        reason = ["--reason", "recompute after retention"]
+        return run_jobs(path, settings, "backfill", "--from-earliest", *reason, *extra)
 
     from_kafka = backfill()
     assert from_kafka.returncode == 2

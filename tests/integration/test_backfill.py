@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import threading
 from collections import Counter
 from pathlib import Path
@@ -18,7 +17,7 @@ from deltalake import DeltaTable
 from jobs.pipeline import load_pipeline
 from jobs.settings import REPO_ROOT
 from jobs.streaming.run import run_pipeline
-from tests.conftest import produce
+from tests.conftest import produce, run_jobs
 
 pytestmark = pytest.mark.integration
 SIGNS = {1: {"receipt": 1, "sale": -1, "return": -1}, 2: {"receipt": 1, "sale": -1, "return": 1}}
@@ -73,16 +72,8 @@ def test_backfill_publishes_the_fix_atomically(
     assert min(state(settings.warehouse).values()) < 0  # the impossible negative stock
 
     def backfill(*extra: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "jobs", "backfill", "--pipeline", str(v2), "--from-earliest"]
-            + ["--reason", "returns were subtracted", *extra]
-            + ["--bootstrap-servers", settings.bootstrap_servers]
-            + ["--warehouse", str(settings.warehouse)],
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        reason = ["--reason", "returns were subtracted"]
+        return run_jobs(v2, settings, "backfill", "--from-earliest", *reason, *extra)
 
     preview = backfill("--preview")
     assert preview.returncode == 0, preview.stderr

@@ -21,7 +21,7 @@ from jobs.pipeline import Pipeline, load_pipeline
 from jobs.settings import REPO_ROOT, Settings
 from jobs.status import application_status
 from jobs.streaming.run import run_pipeline
-from tests.conftest import pipeline_file, produce
+from tests.conftest import pipeline_file, produce, run_jobs
 from tests.expected import clicks_per_window, state_as_counter
 
 pytestmark = pytest.mark.integration
@@ -43,19 +43,7 @@ def setup_pipeline(tmp_path: Path, topic: str) -> tuple[Pipeline, Path]:
 
 
 def cli(path: Path, settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "jobs", *args, "--pipeline", str(path)]
-        + [
-            "--bootstrap-servers",
-            settings.bootstrap_servers,
-            "--warehouse",
-            str(settings.warehouse),
-        ],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return run_jobs(path, settings, *args)
 
 
 def table(settings: Settings, name: str) -> list[dict[str, Any]]:
