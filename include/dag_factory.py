@@ -15,16 +15,21 @@ can be scheduled on them. Nothing heavy is imported here: DAG files parse fast.
 
 from __future__ import annotations
 
+import logging
+import re
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NoReturn
 
+from airflow.providers.standard.operators.python import PythonOperator
 from airflow.sdk import DAG, Asset, Param
 
-from jobs.pipeline import Pipeline, list_pipelines
+from jobs.errors import ConfigError
+from jobs.pipeline import Pipeline, load_each_pipeline
 from jobs.settings import Settings, load_settings
 from platform_airflow.operators import PlatformJobOperator
 from platform_airflow.sensors import ApplicationHealthSensor
 
+log = logging.getLogger(__name__)
 OWNER = "data-platform"
 START = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -120,11 +125,42 @@ def health_dag(pipeline: Pipeline) -> DAG:
     return dag
 
 
+def _fail_with(message: str) -> NoReturn:
+    raise ConfigError(message)
+
+
+def broken_pipeline_dag(stem: str, error: ConfigError) -> DAG:
+    """Stands in for the DAG of a pipeline file that does not load: the error shows
+    on this DAG (its description, docs and its one task's failure) instead of
+    taking every DAG of the file down as an import error."""
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", stem)
+    with DAG(
+        dag_id=f"stream_{name}",
+        description=f"BROKEN pipeline definition: {error}"[:1000],
+        doc_md=f"**The pipeline file `{stem}.yaml` does not load.** Fix it and the stream "
+        f"DAG comes back on the next parse.\n\n```\n{error}\n```",
+        schedule=None,
+        start_date=START,
+        catchup=False,
+        tags=["streaming", "broken", name],
+        default_args=default_args(retries=1),
+    ) as dag:
+        PythonOperator(
+            task_id="invalid_definition", python_callable=_fail_with, op_args=[str(error)]
+        )
+    return dag
+
+
 def stream_dags(settings: Settings | None = None) -> dict[str, DAG]:
     settings = settings or load_settings()
     dags: dict[str, DAG] = {}
-    for pipeline in list_pipelines(settings.pipelines_dir):
+    pipelines, broken = load_each_pipeline(settings.pipelines_dir)
+    for pipeline in pipelines:
         dags[f"stream_{pipeline.application_id}"] = stream_dag(pipeline, settings)
         if pipeline.trigger_mode == "continuous":
             dags[f"health_{pipeline.application_id}"] = health_dag(pipeline)
+    for stem, error in broken.items():
+        log.error("pipeline %s does not load: %s", stem, error)
+        dag = broken_pipeline_dag(stem, error)
+        dags.setdefault(dag.dag_id, dag)
     return dags

@@ -19,7 +19,7 @@ from airflow.providers.standard.operators.python import ShortCircuitOperator
 from airflow.sdk import DAG, Param
 
 from include.dag_factory import START, default_args
-from jobs.pipeline import list_pipelines
+from jobs.pipeline import load_each_pipeline
 from jobs.settings import load_settings
 from platform_airflow.hooks import PlatformHook
 from platform_airflow.operators import PlatformJobOperator
@@ -59,7 +59,9 @@ def operation_dag(
     build_args: Callable[[dict[str, Any]], list[str]],
     dry_flag: str = "--dry-run",
 ) -> DAG:
-    pipelines = sorted(p.application_id for p in list_pipelines(load_settings().pipelines_dir))
+    # Broken definitions are left out of the form (the stream DAGs show their errors).
+    loaded, _broken = load_each_pipeline(load_settings().pipelines_dir)
+    pipelines = sorted(p.application_id for p in loaded) or ["(no valid pipeline)"]
     with DAG(
         dag_id=f"maintenance_{name}",
         description=description,
@@ -119,7 +121,7 @@ def recovery_dag() -> DAG:
         tags=["maintenance", "recovery"],
         default_args=default_args(retries=1),
     ) as dag:
-        for pipeline in list_pipelines(load_settings().pipelines_dir):
+        for pipeline in load_each_pipeline(load_settings().pipelines_dir)[0]:
             app = pipeline.application_id
             check = ShortCircuitOperator(
                 task_id=f"check_{app}", python_callable=needs_rebuild, op_args=[app]

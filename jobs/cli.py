@@ -2,15 +2,18 @@
 
 The same entry point runs under ``spark-submit jobs/__main__.py ...`` on a worker.
 Expected failures (bad arguments, bad pipeline files, broker problems, fencing)
-print one ``error:`` line and exit 2; a crash exits 1 with its traceback.
+print one ``error:`` line and exit 2; anything else exits 1 with its traceback
+followed by one ``error:`` line, so the last line always says what failed.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import re
 import sys
+import traceback
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,6 +27,9 @@ HOST_PORT = re.compile(r"^[A-Za-z0-9.\-]+:\d{1,5}(,[A-Za-z0-9.\-]+:\d{1,5})*$")
 # An error raised inside a Spark task or the source comes back wrapped in Java and
 # Python tracebacks; this finds the platform's own one-line message in it.
 WRAPPED_ERROR = re.compile(r"jobs\.errors\.(\w+Error): (.+?)(?:\n|$| SQLSTATE)")
+# Spark's own errors start with their class: "[ARITHMETIC_OVERFLOW] long overflow. ..."
+SPARK_ERROR = re.compile(r"\[([A-Z][A-Z0-9_]+(?:\.[A-Z0-9_]+)*)\] ([^\n]{0,300})")
+EXIT_CRASH = 1
 
 
 class _Parser(argparse.ArgumentParser):
@@ -123,7 +129,20 @@ def _settings(args: argparse.Namespace) -> Settings:
     return settings
 
 
+def configure_logging() -> None:
+    """The platform's module loggers (one line per batch, operations' steps) go to
+    stderr; Spark and Kafka clients keep their own quieter settings."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger("jobs")
+    if not root.handlers:
+        root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    root.propagate = False
+
+
 def main(argv: list[str] | None = None) -> int:
+    configure_logging()
     try:
         args = build_parser().parse_args(argv)
         if args.command == "broker":
@@ -150,7 +169,24 @@ def main(argv: list[str] | None = None) -> int:
         if found:
             print(f"error: {found.group(2).strip()}", file=sys.stderr)
             return EXIT_ERROR
-        raise
+        traceback.print_exc()
+        print(f"error: {crash_summary(exc)}", file=sys.stderr)
+        return EXIT_CRASH
+
+
+def crash_summary(exc: BaseException) -> str:
+    """One line for an unexpected failure: what failed and what happens next."""
+    text = str(exc)
+    spark = SPARK_ERROR.search(text)
+    what = (
+        f"Spark failed with [{spark.group(1)}] {spark.group(2).strip()}"
+        if spark
+        else f"{type(exc).__name__}: {(text.strip().splitlines() or [''])[0][:300]}"
+    )
+    return (
+        f"{what}; nothing of the unfinished batch or operation was committed (a run replays "
+        "it; the traceback above has the details)"
+    )
 
 
 def _run(args: argparse.Namespace, settings: Settings, pipeline: object) -> int:

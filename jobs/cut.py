@@ -1,34 +1,81 @@
-"""The cut an epoch starts from: a state snapshot, the offsets it is exact for, and
-the epoch number. Every start of an application is one of these.
+"""The cut an epoch starts from: the one primitive every start of an application is.
 
-    <warehouse>/<app>/_checkpoints/epoch=<n>.json          the offsets (and the seed)
+A cut is the source offsets a new epoch starts from, the state snapshot that is
+exact for them (if any), the watermark the application had reached, and the epoch
+number. A new application's first cut has no snapshot and the pipeline's starting
+offsets; rebuild, rewind and backfill plan theirs (``jobs/operations``) and
+``apply_cut`` makes it the application's:
+
+1. write the seed (the state snapshot) and the cut file (inert until 2.);
+2. bump the epoch on every table of the layout, the ledger first (its bump commit
+   is the operation's audit row): every writer of an older epoch is fenced;
+3. remove what a fenced or crashed batch left in the tables without its ledger
+   row, so that no table is ahead of the ledger;
+4. apply the cut's state action to the published ``state`` table.
+
+    <warehouse>/<app>/_checkpoints/epoch=<n>.json          the cut
     <warehouse>/<app>/_checkpoints/epoch=<n>.seed.parquet  the state snapshot, if any
-
-A new application's first cut has no snapshot and the pipeline's starting offsets;
-rebuild, rewind and backfill write the next epoch's cut before they bump the epoch
-(see ``jobs/operations``), so a crash in between leaves an inert file, never an
-epoch without its cut.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import asdict, dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake import CommitProperties, DeltaTable
+
+from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
+from jobs.delta.writer import bump_epoch
+from jobs.errors import ConfigError, ConsistencyError, SourceError
+from jobs.kafka_source import offsets as kafka_offsets
+from jobs.ledger import last_batches, read_ledger
+from jobs.pipeline import Pipeline
+
+log = logging.getLogger(__name__)
+Offsets = kafka_offsets.Offsets
+
+
+class Origin(StrEnum):
+    """What made a cut."""
+
+    PIPELINE = "pipeline"  # a new application: the pipeline's starting offsets
+    REBUILD = "rebuild"
+    REWIND = "rewind"
+    BACKFILL = "backfill"
+
+
+class StateAction(StrEnum):
+    """What a cut does to the published ``state`` table."""
+
+    KEEP = "keep"  # as it is (Spark is seeded from it)
+    RESTORE = "restore"  # time-travelled back to a batch boundary's version
+    EMPTY = "empty"  # emptied: the replay recomputes it
+    PUBLISH = "publish"  # replaced by a backfill's recomputation
 
 
 @dataclass(frozen=True)
 class Cut:
     epoch: int
     starting_offsets: dict[str, dict[str, int]]
-    origin: str  # "pipeline" or the operation that made it
+    origin: str  # an Origin value
     seed_rows: int | None = None  # rows in the seed file; None: start from empty state
+    # The watermark the application had reached: windows that closed before the cut
+    # stay closed (their late records are dead letters), whatever Spark's new
+    # watermark is after a seed.
+    watermark_ms: int = 0
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
+
+    def offsets(self) -> Offsets:
+        return kafka_offsets.from_json_dict(self.starting_offsets)
 
 
 def cut_file(layout: AppLayout, epoch: int) -> Path:
@@ -43,13 +90,24 @@ def read_cut(layout: AppLayout, epoch: int) -> Cut | None:
     path = cut_file(layout, epoch)
     if not path.exists():
         return None
-    data: dict[str, Any] = json.loads(path.read_text())
-    return Cut(
-        epoch=int(data["epoch"]),
-        starting_offsets=data["starting_offsets"],
-        origin=str(data.get("origin", "pipeline")),
-        seed_rows=data.get("seed_rows"),
-    )
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+        cut = Cut(
+            epoch=int(data["epoch"]),
+            starting_offsets=data["starting_offsets"],
+            origin=str(data.get("origin", Origin.PIPELINE.value)),
+            seed_rows=None if data.get("seed_rows") is None else int(data["seed_rows"]),
+            watermark_ms=int(data.get("watermark_ms", 0)),
+        )
+        cut.offsets()  # validates the shape
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, ConfigError) as exc:
+        raise ConsistencyError(
+            f"cut file {path} is unreadable ({exc}); repair: python -m jobs rebuild "
+            f"--pipeline {layout.application_id} --reason '...' (it writes a new cut)"
+        ) from exc
+    if cut.epoch != epoch:
+        raise ConsistencyError(f"cut file {path} is for epoch {cut.epoch}, not {epoch}")
+    return cut
 
 
 def write_cut(layout: AppLayout, cut: Cut) -> None:
@@ -58,3 +116,124 @@ def write_cut(layout: AppLayout, cut: Cut) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(cut.to_json())
     tmp.rename(path)  # atomic: a crash leaves either no file or a whole one
+
+
+def starting_offsets(cut: Cut, marks: kafka_offsets.Watermarks) -> Offsets:
+    """The cut's offsets against the broker now: partitions added since the cut
+    start at their log start (as Spark's Kafka source does); a partition of the cut
+    that is gone, or whose log no longer reaches the cut's offset, is an error."""
+    start = cut.offsets()
+    kafka_offsets.check_continuity(start, marks)
+    kafka_offsets.check_not_expired(start, marks)
+    added = {tp: low for tp, (low, _high) in marks.items() if tp not in start}
+    if added:
+        log.info("partitions added since the cut start at their log start: %s", added)
+    return {**start, **added}
+
+
+def origin_offsets(layout: AppLayout) -> Offsets | None:
+    """Where the application first started reading (epoch 0's cut), if it has one."""
+    first = read_cut(layout, 0)
+    return None if first is None else first.offsets()
+
+
+def replay_from_origin(layout: AppLayout, marks: kafka_offsets.Watermarks, what: str) -> Offsets:
+    """The offsets a recomputation from the start reads from: the application's own
+    first offsets, never "whatever the log start is now". Records the application
+    read that retention has deleted since make it an error (nothing is skipped)."""
+    origin = origin_offsets(layout) or {}
+    start = {tp: origin.get(tp, low) for tp, (low, _high) in marks.items()}
+    gone = {
+        f"{tp[0]}[{tp[1]}]": f"{off}..{marks[tp][0] - 1}"
+        for tp, off in sorted(start.items())
+        if off < marks[tp][0]
+    }
+    if gone:
+        raise SourceError(
+            f"{what} would replay from the application's first offsets, but records "
+            f"{gone} are no longer on the broker (retention); nothing was changed. "
+            "Use backfill --source archive (pipelines with source.archive: true), or "
+            "rewind --mode skip to accept the loss explicitly"
+        )
+    return start
+
+
+def fenced_tables(layout: AppLayout, pipeline: Pipeline) -> list[Path]:
+    """Every table of the application, in fencing order: the ledger first, so that no
+    batch of an older epoch can complete once a bump has started."""
+    names = [tables.LEDGER] + [n for n in tables.table_schemas(pipeline) if n != tables.LEDGER]
+    return [layout.table(n) for n in names]
+
+
+def remove_orphans(
+    layout: AppLayout, pipeline: Pipeline, new_epoch: int, props: CommitProperties
+) -> dict[str, int]:
+    """Rows that batches wrote without their ledger row (fenced or crashed between
+    two commits) are removed: every table ends where the ledger does. Call after the
+    epoch bump (nothing of an older epoch can be written any more)."""
+    last = last_batches(read_ledger(layout))
+    # Batches of an epoch commit in order, so a table row is committed iff its
+    # batch id is at most the ledger's last one for its epoch.
+    kept = " OR ".join(f"(epoch = {e} AND batch_id <= {b})" for e, b in sorted(last.items()))
+    orphan = f"batch_id >= 0 AND epoch < {new_epoch}" + (f" AND NOT ({kept})" if kept else "")
+    removed: dict[str, int] = {}
+    for name in tables.table_schemas(pipeline):
+        if name in (tables.LEDGER, "state"):
+            continue
+        table = DeltaTable(str(layout.table(name)))
+        metrics = table.delete(orphan, commit_properties=props)
+        count = int(metrics.get("num_deleted_rows", 0) or 0)
+        if count:
+            removed[name] = count
+            log.warning("removed %d rows of %s left by uncommitted batches", count, name)
+    return removed
+
+
+def orphan_state_version(layout: AppLayout, boundary_version: int | None) -> int | None:
+    """The state version to go back to when batches merged into ``state`` after the
+    ledger's last batch (``boundary_version``) without their ledger row; None when
+    the state is consistent with the ledger."""
+    if boundary_version is None:
+        return None
+    last = last_batches(read_ledger(layout))
+    path = layout.table("state")
+    versions = [
+        int(e["version"])
+        for e in DeltaTable(str(path)).history()
+        if int(e["version"]) > boundary_version
+        and e.get("platform_operation") == "batch"
+        and int(e.get("batch_id", -1)) > last.get(int(e.get("epoch", -1)), -1)
+    ]
+    return min(versions) - 1 if versions else None
+
+
+def apply_cut(
+    layout: AppLayout,
+    pipeline: Pipeline,
+    cut: Cut,
+    reason: str,
+    audit: pa.Table,
+    props: CommitProperties,
+    seed: pa.Table | None = None,
+) -> dict[str, int]:
+    """Steps 1-3 of making ``cut`` the application's (see the module docstring); the
+    caller applies the state action (4.) with ``props``, the new epoch's fence.
+    Returns the orphan rows removed per table."""
+    if seed is not None:
+        write_seed(seed, seed_file(layout, cut.epoch))
+    write_cut(layout, cut)
+    bump_epoch(
+        fenced_tables(layout, pipeline),
+        pipeline.application_id,
+        cut.epoch,
+        reason,
+        first_rows=audit,
+    )
+    return remove_orphans(layout, pipeline, cut.epoch, props)
+
+
+def write_seed(rows: pa.Table, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    pq.write_table(rows, tmp)
+    tmp.rename(path)  # a crash leaves no half-written seed

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast, get_args
 
 import yaml
 
@@ -21,21 +22,42 @@ APPLICATION_ID = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 DURATION = re.compile(r"^\s*(\d+)\s*(second|minute|hour|day)s?\s*$")
-FIELD_TYPES = {"string", "long", "int", "double", "boolean"}
+FieldType = Literal["string", "long", "int", "double", "boolean"]
+AggFunction = Literal["count", "sum", "min", "max", "avg"]
+TimeUnit = Literal["seconds", "milliseconds", "microseconds"]
+Guarantee = Literal["exactly_once", "at_least_once"]
+TriggerMode = Literal["available-now", "continuous"]
+FIELD_TYPES: set[str] = set(get_args(FieldType))
 NUMERIC_TYPES = {"long", "int", "double"}
-AGG_FUNCTIONS = {"count", "sum", "min", "max", "avg"}
-TIME_UNITS = {"seconds": 1, "milliseconds": 1000, "microseconds": 1_000_000}
-GUARANTEES = {"exactly_once", "at_least_once"}
-TRIGGER_MODES = {"available-now", "continuous"}
-# Columns the platform adds to every state/changelog row; user names may not clash.
-RESERVED = {"window_start", "window_end", "epoch", "batch_id", "commit_time", "_records"}
+AGG_FUNCTIONS: set[str] = set(get_args(AggFunction))
+TIME_UNITS: dict[str, int] = {"seconds": 1, "milliseconds": 1000, "microseconds": 1_000_000}
+GUARANTEES: set[str] = set(get_args(Guarantee))
+TRIGGER_MODES: set[str] = set(get_args(TriggerMode))
+# Columns the platform adds to state/changelog/dead-letter rows and the columns the
+# Spark side uses internally; user names may not clash with them in any case
+# (Spark resolves column names case-insensitively). ``_sum_<avg>`` is checked apart.
+RESERVED = {
+    "window_start",
+    "window_end",
+    "epoch",
+    "batch_id",
+    "commit_time",
+    "updated_at",
+    "_records",
+    "_event_time",
+    "_event_us",
+    "_reason",
+    "_corrupt_record",
+    "_batch_watermark_ms",
+}
+DEFAULT_MAX_AHEAD = "1 day"
 UNIT_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
 
 
 @dataclass(frozen=True)
 class Aggregation:
     name: str
-    function: str
+    function: AggFunction
     field: str | None  # None only for count
 
 
@@ -72,17 +94,21 @@ class Pipeline:
     schema: dict[str, str]
     keys: tuple[str, ...]
     event_time_field: str
-    event_time_unit: str
+    event_time_unit: TimeUnit
     window: Window | None
     watermark_seconds: int | None
     derived: tuple[SignedField, ...]
     aggregations: tuple[Aggregation, ...]
-    processing_guarantee: str
-    trigger_mode: str
+    processing_guarantee: Guarantee
+    trigger_mode: TriggerMode
     trigger_interval_seconds: int
     shuffle_partitions: int
     schedule_minutes: int
     archive: bool = False  # keep every raw record in <app>/raw (backfill beyond retention)
+    # Event-time sanity: records more than this ahead of their batch's time, or
+    # before ``not_before_us``, are dead letters (a wrong unit, a broken clock).
+    max_ahead_seconds: int = 86400
+    not_before_us: int | None = None
     source_path: Path | None = None
     description: str = ""
 
@@ -208,6 +234,8 @@ def parse_pipeline(data: Any, origin: str) -> Pipeline:
                 f"type of {name!r} must be one of {', '.join(sorted(FIELD_TYPES))}, got {kind!r}",
                 "schema",
             )
+        if name.lower() in RESERVED:
+            raise top.error(f"field name {name!r} is reserved by the platform", "schema")
         schema[name] = kind
     if not schema:
         raise top.error("must name at least one field", "schema")
@@ -216,6 +244,8 @@ def parse_pipeline(data: Any, origin: str) -> Pipeline:
     if not keys:
         raise top.error("must list at least one group key", "keys")
     for key in keys:
+        if not isinstance(key, str):
+            raise top.error(f"each key must be a field name, got {key!r}", "keys")
         if key not in schema:
             raise top.error(f"key {key!r} is not a field of the schema", "keys")
     if len(set(keys)) != len(keys):
@@ -225,6 +255,11 @@ def parse_pipeline(data: Any, origin: str) -> Pipeline:
     assert event is not None
     event_field = event.get("field", str)
     unit = event.get("unit", str, "seconds")
+    max_ahead = parse_duration(
+        event.get("max_ahead", str, DEFAULT_MAX_AHEAD), origin, "event_time.max_ahead"
+    )
+    not_before = event.get("not_before", str, None)
+    not_before_us = None if not_before is None else _parse_instant(not_before, origin)
     event.finish()
     if event_field not in schema:
         raise top.error(f"field {event_field!r} is not in the schema", "event_time.field")
@@ -264,7 +299,7 @@ def parse_pipeline(data: Any, origin: str) -> Pipeline:
         sign_by = d.get("sign_by", str)
         signs = d.get("signs", dict)
         d.finish()
-        if not FIELD_NAME.match(name) or name in schema or name in RESERVED:
+        if not FIELD_NAME.match(name) or name in schema or name.lower() in RESERVED:
             raise d.error(f"{name!r} must be a new identifier", "name")
         if schema.get(src) not in NUMERIC_TYPES:
             raise d.error(f"{src!r} must be a numeric field of the schema", "field")
@@ -285,7 +320,7 @@ def parse_pipeline(data: Any, origin: str) -> Pipeline:
         function = a.get("function", str)
         src = a.get("field", str, None)
         a.finish()
-        if not FIELD_NAME.match(name) or name in RESERVED or name in keys:
+        if not FIELD_NAME.match(name) or name.lower() in RESERVED or name in keys:
             raise a.error(f"{name!r} must be an identifier that is not a key or reserved", "name")
         if function not in AGG_FUNCTIONS:
             raise a.error(f"must be one of {', '.join(sorted(AGG_FUNCTIONS))}", "function")
@@ -294,12 +329,10 @@ def parse_pipeline(data: Any, origin: str) -> Pipeline:
                 raise a.error("count takes no field", "field")
         elif columns.get(src or "") not in NUMERIC_TYPES:
             raise a.error(f"{function} needs a numeric field, got {src!r}", "field")
-        aggregations.append(Aggregation(name, function, src))
+        aggregations.append(Aggregation(name, cast(AggFunction, function), src))
     if not aggregations:
         raise top.error("must list at least one aggregation", "aggregations")
-    names = [a.name for a in aggregations]
-    if len(set(names)) != len(names):
-        raise top.error("output names must be unique", "aggregations")
+    _check_output_names(top, list(schema), [d.name for d in derived], aggregations)
 
     guarantee = top.get("processing_guarantee", str, "exactly_once")
     if guarantee not in GUARANTEES:
@@ -331,19 +364,61 @@ def parse_pipeline(data: Any, origin: str) -> Pipeline:
         schema=schema,
         keys=tuple(keys),
         event_time_field=event_field,
-        event_time_unit=unit,
+        event_time_unit=cast(TimeUnit, unit),
         window=window,
         watermark_seconds=watermark,
         derived=tuple(derived),
         aggregations=tuple(aggregations),
-        processing_guarantee=guarantee,
-        trigger_mode=mode,
+        processing_guarantee=cast(Guarantee, guarantee),
+        trigger_mode=cast(TriggerMode, mode),
         trigger_interval_seconds=interval,
         shuffle_partitions=shuffle,
         schedule_minutes=schedule_minutes,
         archive=archive,
+        max_ahead_seconds=max_ahead,
+        not_before_us=not_before_us,
         description=description,
     )
+
+
+def _parse_instant(text: str, origin: str) -> int:
+    """'2000-01-01' or an ISO 8601 time (UTC unless it says otherwise) -> epoch micros."""
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise ConfigError(
+            f"{origin}: event_time.not_before: must be an ISO 8601 date or time like "
+            f"'2020-01-01' or '2020-01-01T00:00:00Z', got {text!r}"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    if moment.year < 1000:
+        raise ConfigError(f"{origin}: event_time.not_before: must be after the year 1000")
+    delta = moment - datetime(1970, 1, 1, tzinfo=UTC)
+    return (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def _check_output_names(
+    top: _Reader, fields: list[str], derived: list[str], aggregations: list[Aggregation]
+) -> None:
+    """Every column of the state and changelog tables must be unique, ignoring case
+    (Spark resolves names case-insensitively), and clear of the platform's own."""
+    names = [a.name for a in aggregations]
+    hidden = {f"_sum_{a.name}".lower() for a in aggregations if a.function == "avg"}
+    seen: dict[str, str] = {}
+    for name in [*fields, *derived, *names]:
+        if name.lower() in seen and seen[name.lower()] != name:
+            raise top.error(
+                f"names {seen[name.lower()]!r} and {name!r} differ only in case", "aggregations"
+            )
+        seen.setdefault(name.lower(), name)
+    if len({n.lower() for n in names}) != len(names):
+        raise top.error("output names must be unique", "aggregations")
+    for name in [*fields, *derived, *names]:
+        if name.lower() in hidden:
+            raise top.error(
+                f"{name!r} is the hidden sum column of an average; rename it", "aggregations"
+            )
 
 
 def load_pipeline(name_or_path: str, pipelines_dir: Path) -> Pipeline:
@@ -367,3 +442,16 @@ def load_pipeline(name_or_path: str, pipelines_dir: Path) -> Pipeline:
 
 def list_pipelines(pipelines_dir: Path) -> list[Pipeline]:
     return [load_pipeline(str(p), pipelines_dir) for p in sorted(pipelines_dir.glob("*.yaml"))]
+
+
+def load_each_pipeline(pipelines_dir: Path) -> tuple[list[Pipeline], dict[str, ConfigError]]:
+    """Every pipeline that loads, and the error of each file that does not (by file
+    stem): one broken definition must not take the others down with it."""
+    loaded: list[Pipeline] = []
+    broken: dict[str, ConfigError] = {}
+    for path in sorted(pipelines_dir.glob("*.yaml")):
+        try:
+            loaded.append(load_pipeline(str(path), pipelines_dir))
+        except ConfigError as exc:
+            broken[path.stem] = exc
+    return loaded, broken

@@ -7,19 +7,17 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from jobs import kafka_admin
-from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
 from jobs.errors import PlatformError
 from jobs.kafka_source import offsets as plan
+from jobs.ledger import batch_rows, current_epoch, read_ledger, unfinished_operation
 from jobs.pipeline import Pipeline
 from jobs.settings import Settings
 from jobs.streaming import offset_log
-from jobs.streaming.run import current_epoch
 
 COUNT_COLUMNS = ("records_in", "records_valid", "dead_lettered", "aggregated", "late_dropped")
 
@@ -51,18 +49,17 @@ class Status:
         return asdict(self)
 
 
-def read_ledger(layout: AppLayout) -> pa.Table | None:
-    path = layout.table(tables.LEDGER)
-    if not DeltaTable.is_deltatable(str(path)):
-        return None
-    return pa.table(DeltaTable(str(path)).to_pyarrow_table())
-
-
 def application_status(pipeline: Pipeline, settings: Settings, with_broker: bool = True) -> Status:
     layout = AppLayout(settings.warehouse, pipeline.application_id)
     ledger = read_ledger(layout)
     epoch = current_epoch(layout)
     problems: list[str] = []
+    unfinished = unfinished_operation(layout)
+    if unfinished is not None:
+        problems.append(
+            f"unfinished operation: {unfinished.describe()}; `run` refuses until it is "
+            f"completed: run the same {unfinished.operation} again"
+        )
     batches = None
     if ledger is not None:
         batches = ledger.filter(pc.equal(ledger["entry_type"], "batch"))
@@ -72,7 +69,7 @@ def application_status(pipeline: Pipeline, settings: Settings, with_broker: bool
         status.problems = problems
         return status
 
-    rows = batches.sort_by([("epoch", "ascending"), ("batch_id", "ascending")]).to_pylist()
+    rows = batch_rows(ledger)
     last = rows[-1]
     totals = {c: int(pc.sum(batches[c]).as_py() or 0) for c in COUNT_COLUMNS}
     _check_batches(rows, problems)
@@ -181,6 +178,10 @@ def _lags(
     except PlatformError as exc:
         problems.append(f"broker: {exc}")
         return []
+    try:
+        plan.check_continuity(committed, marks)
+    except PlatformError as exc:
+        problems.append(str(exc))
     result = []
     for (topic, part), (low, high) in sorted(marks.items()):
         done = committed.get((topic, part))

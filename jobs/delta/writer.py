@@ -99,20 +99,29 @@ class BatchWriter:
             props = CommitProperties(app_transactions=txns, custom_metadata=custom)
             try:
                 operation(table, props)
-            except CommitFailedError as exc:
-                if "oncurrent" not in str(exc):
-                    raise
-                continue  # someone committed in between: look again
+            except CommitFailedError:
+                # delta-rs raises this type when another commit won the version (its
+                # text varies): look at the new snapshot again, which tells whether the
+                # batch is there now or the epoch moved on.
+                continue
             return int(table.version())
         raise ConsistencyError(
             f"could not commit batch {batch_id} to {path} after {MAX_ATTEMPTS} concurrent conflicts"
         )
 
     def append(
-        self, path: Path, batch_id: int, rows: pa.Table, metadata: dict[str, str] | None = None
+        self,
+        path: Path,
+        batch_id: int,
+        rows: pa.Table | Callable[[], pa.RecordBatchReader],
+        metadata: dict[str, str] | None = None,
     ) -> int | None:
+        """Append ``rows``: a table, or a factory of readers whose batches are streamed
+        into the commit (bounded memory; a fresh reader for every attempt)."""
+
         def run(table: DeltaTable, props: CommitProperties) -> None:
-            write_deltalake(table, rows, mode="append", commit_properties=props)
+            data = rows if isinstance(rows, pa.Table) else rows()
+            write_deltalake(table, data, mode="append", commit_properties=props)
 
         return self.commit(path, batch_id, run, metadata)
 
@@ -180,10 +189,8 @@ def bump_epoch(
             )
             try:
                 write_deltalake(table, rows, mode="append", commit_properties=props)
-            except CommitFailedError as exc:
-                if "oncurrent" not in str(exc):
-                    raise
-                continue
+            except CommitFailedError:
+                continue  # another commit won the version: look again
             break
         else:
             raise ConsistencyError(f"could not bump the epoch of {path}: too many conflicts")
@@ -205,9 +212,12 @@ def fenced_properties(
     )
 
 
-def find_commit_version(path: Path, application_id: str, epoch: int, batch_id: int) -> int | None:
-    """The table version that committed batch ``batch_id`` of ``epoch``, from the history."""
-    for entry in DeltaTable(str(path)).history():
+def find_commit_version(
+    path: Path, application_id: str, epoch: int, batch_id: int, limit: int | None = None
+) -> int | None:
+    """The table version that committed batch ``batch_id`` of ``epoch``, from the
+    history (the newest ``limit`` commits, or all)."""
+    for entry in DeltaTable(str(path)).history(limit):
         if (
             entry.get("application_id") == application_id
             and entry.get("epoch") == str(epoch)

@@ -1,5 +1,5 @@
-"""Kafka for Spark 4 as a Python Data Source (no Spark Kafka connector jar exists here)."""
+"""Kafka for Spark 4 as a Python Data Source (no Spark Kafka connector jar exists here).
 
-from jobs.kafka_source.datasource import KafkaDataSource
-
-__all__ = ["KafkaDataSource"]
+``datasource`` is the Spark side; ``offsets`` is pure planning, importable without
+Spark (status, planners and the Airflow hook use it).
+"""

@@ -41,6 +41,11 @@ SCHEMA = (
     "timestamp timestamp, timestampType int"
 )
 HEADERS_SCHEMA = ", headers array<struct<key:string,value:binary>>"
+# With option watermarkCheckpoint: every row carries the event-time watermark its
+# batch runs with (from Spark's offset log), so that records the aggregation would
+# drop as late can be routed to the dead letters instead, the same way on a replay.
+WATERMARK_COLUMN = "_batch_watermark_ms"
+WATERMARK_SCHEMA = f", {WATERMARK_COLUMN} long"
 HEADERS_TYPE = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 ARROW_SCHEMA = pa.schema(
     [
@@ -59,7 +64,9 @@ CLIENT_PREFIX = "kafka."
 # How long a read may see no progress before it calls the range unreachable.
 READ_STALL_TIMEOUT_S = 60.0
 CONSUME_BATCH = 10000
+# An output batch closes at whichever comes first: large records must not pile up.
 OUTPUT_BATCH_ROWS = 65536
+OUTPUT_BATCH_BYTES = 32 * 1024 * 1024
 
 
 class SourceOptions:
@@ -91,6 +98,13 @@ class SourceOptions:
         self.archive_dir = lowered.get("archivedir")
         # Set at a seeded cut: no records until the seed batch is committed.
         self.hold_until = lowered.get("holduntilfileexists")
+        # The checkpoint whose offset log gives each batch's watermark, and a floor
+        # for it (the watermark the application had reached before its current cut).
+        self.watermark_checkpoint = lowered.get("watermarkcheckpoint")
+        raw_floor = lowered.get("minwatermarkms", "0")
+        if not raw_floor.isdigit():
+            raise ConfigError(f"minWatermarkMs must be epoch milliseconds, got {raw_floor!r}")
+        self.min_watermark_ms = int(raw_floor)
         raw_max = lowered.get("maxoffsetspertrigger")
         self.max_offsets: int | None = None
         if raw_max is not None:
@@ -107,6 +121,9 @@ class SourceOptions:
             "enable.partition.eof": False,
             # Transactional producers: never show aborted or open transactions.
             "isolation.level": "read_committed",
+            # An offset that is gone (retention during a read) must fail the read,
+            # never jump to the log end or start: a short batch would commit.
+            "auto.offset.reset": "error",
             "fetch.max.bytes": 52428800,
             "max.partition.fetch.bytes": 10485760,
             "queued.min.messages": 200000,
@@ -124,9 +141,13 @@ class KafkaDataSource(DataSource):
 
     def schema(self) -> str:
         # As Spark's Kafka source: a headers column only with includeHeaders=true.
-        if self.options.get("includeHeaders", "false").lower() == "true":
-            return SCHEMA + HEADERS_SCHEMA
-        return SCHEMA
+        lowered = {k.lower(): v for k, v in self.options.items()}
+        schema = SCHEMA
+        if lowered.get("includeheaders", "false").lower() == "true":
+            schema += HEADERS_SCHEMA
+        if lowered.get("watermarkcheckpoint"):
+            schema += WATERMARK_SCHEMA
+        return schema
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return KafkaStreamReader(SourceOptions(dict(self.options)))
@@ -231,6 +252,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return start
         partitions = self._partitions()
         marks = self._watermarks(partitions)
+        plan.check_continuity(current, marks)
         plan.check_not_expired(current, marks)
         target = self._available_now_target
         if target is not None:
@@ -250,12 +272,25 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         first = plan.from_json_dict(start)
         last = plan.from_json_dict(end)
+        watermark = self._batch_watermark_ms()
         ranges = []
         for tp in sorted(last):
             begin = first.get(tp, last[tp])
             if last[tp] > begin:
-                ranges.append(InputPartition((tp[0], tp[1], begin, last[tp])))
+                ranges.append(InputPartition((tp[0], tp[1], begin, last[tp], watermark)))
         return ranges
+
+    def _batch_watermark_ms(self) -> int | None:
+        """The watermark of the batch being planned: Spark wrote its offset log entry
+        (the newest one) before asking for partitions, on a first run and a replay."""
+        if self.options.watermark_checkpoint is None:
+            return None
+        from jobs.streaming import offset_log
+
+        checkpoint = Path(self.options.watermark_checkpoint)
+        batches = offset_log.offset_batches(checkpoint)
+        current = offset_log.read_offsets(checkpoint, batches[-1]).watermark_ms if batches else 0
+        return max(current, self.options.min_watermark_ms)
 
     def commit(self, end: dict[str, Any]) -> None:
         """Offsets live in the checkpoint and the ledger, not in a consumer group."""
@@ -268,18 +303,20 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- executor side ---------------------------------------------------------
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        topic, part, start, end = partition.value
+        topic, part, start, end, watermark = partition.value
         batches = read_range(
             self.options.consumer_config(), topic, part, start, end, self.options.include_headers
         )
-        if self.options.archive_dir is None:
-            yield from batches
-            return
         kept = []
         for batch in batches:
-            kept.append(batch)
+            if self.options.archive_dir is not None:
+                kept.append(batch)
+            if watermark is not None:
+                column = pa.array([watermark] * batch.num_rows, pa.int64())
+                batch = batch.append_column(WATERMARK_COLUMN, column)
             yield batch
-        write_staging(Path(self.options.archive_dir), topic, part, start, end, kept)
+        if self.options.archive_dir is not None:
+            write_staging(Path(self.options.archive_dir), topic, part, start, end, kept)
 
 
 def staging_file(directory: Path, topic: str, partition: int, start: int, end: int) -> Path:
@@ -320,23 +357,30 @@ def read_range(
             if failed:
                 err = failed[0].error()
                 if err is not None and err.code() != KafkaError._PARTITION_EOF:
-                    raise SourceError(f"error reading {topic}[{partition}]: {err}")
+                    raise SourceError(
+                        f"error reading {topic}[{partition}] at offset {position}: {err}; nothing "
+                        "of the batch is committed (the next run retries it; if the records were "
+                        "deleted by retention, see python -m jobs status for the repair)"
+                    )
                 messages = [m for m in messages if m.error() is None]
             kept = messages
             if messages and _offset(messages[-1]) >= end:
                 kept = [m for m in messages if _offset(m) < end]
+            if kept and _offset(kept[0]) > position:
+                _check_not_deleted(consumer, topic, partition, position)
             if kept:
                 builder.add(kept)
                 maybe_crash("during_read")
                 position = _offset(kept[-1]) + 1
                 last_progress = time.monotonic()
-                if builder.rows >= OUTPUT_BATCH_ROWS:
+                if builder.rows >= OUTPUT_BATCH_ROWS or builder.bytes >= OUTPUT_BATCH_BYTES:
                     yield builder.flush()
             if position < end:
                 # Control records (transaction markers) and aborted records occupy
                 # offsets that read_committed never delivers: trust the position.
                 tp_pos = consumer.position([TopicPartition(topic, partition)])[0].offset
                 if tp_pos >= end:
+                    _check_not_deleted(consumer, topic, partition, position)
                     break
                 if time.monotonic() - last_progress > READ_STALL_TIMEOUT_S:
                     raise SourceError(
@@ -347,6 +391,19 @@ def read_range(
             yield builder.flush()
     finally:
         consumer.close()
+
+
+def _check_not_deleted(consumer: Consumer, topic: str, partition: int, position: int) -> None:
+    """Offsets skipped by the log are fine for transaction markers and compaction, but
+    records deleted under the read (retention) would make the batch short."""
+    low, _high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+    if low > position:
+        raise SourceError(
+            f"{topic}[{partition}] records {position}..{low - 1} were deleted by retention while "
+            "the batch read them; nothing of the batch is committed. Repair: raise the topic's "
+            "retention, then python -m jobs rewind --mode skip --reason ... to accept the loss "
+            "explicitly (or backfill --source archive)"
+        )
 
 
 def _offset(message: Message) -> int:
@@ -372,6 +429,7 @@ class _BatchBuilder:
         self.types: list[int] = []
         self.headers: list[list[dict[str, Any]]] = []
         self.rows = 0
+        self.bytes = 0
 
     def add(self, messages: list[Any]) -> None:
         self.keys.extend([m.key() for m in messages])
@@ -386,6 +444,7 @@ class _BatchBuilder:
                 [[{"key": k, "value": v} for k, v in (m.headers() or [])] for m in messages]
             )
         self.rows += len(messages)
+        self.bytes += sum(len(m.value() or b"") + len(m.key() or b"") for m in messages)
 
     def flush(self) -> pa.RecordBatch:
         n = self.rows

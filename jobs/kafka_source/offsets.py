@@ -110,6 +110,28 @@ def check_not_expired(start: Offsets, marks: Watermarks) -> None:
             )
 
 
+def check_continuity(current: Offsets, marks: Watermarks) -> None:
+    """The committed position must still exist on the broker: a partition that
+    vanished, or a log end below the committed offset (the topic was deleted and
+    recreated, or truncated), means the next records are not the ones that follow
+    what was processed. Never skip or wait: stop and name the repair."""
+    for tp, offset in sorted(current.items()):
+        if tp not in marks:
+            raise SourceError(
+                f"partition {tp[0]}[{tp[1]}] was processed up to offset {offset} but no longer "
+                "exists on the broker (topic deleted or recreated with fewer partitions); "
+                "repair: python -m jobs rewind --to-earliest --topics "
+                f"{tp[0]} (or rebuild --from-source) after checking the topic"
+            )
+        high = marks[tp][1]
+        if high < offset:
+            raise SourceError(
+                f"{tp[0]}[{tp[1]}] ends at offset {high}, below the committed offset {offset}: "
+                "the topic was deleted and recreated (or truncated) under the application; "
+                f"repair: python -m jobs rewind --to-earliest --topics {tp[0]} --reason ..."
+            )
+
+
 def plan_end(
     start: Offsets,
     marks: Watermarks,
@@ -121,12 +143,13 @@ def plan_end(
     start and are read from the next batch on, so every batch's range is fixed by
     its two offset maps alone (a replay reads the same records).
     """
+    check_continuity(start, marks)
     end: Offsets = {}
     for tp, (low, _high) in marks.items():
         if tp not in start:
             end[tp] = low
-    current = {tp: off for tp, off in start.items() if tp in marks}
-    lag = {tp: max(0, marks[tp][1] - off) for tp, off in current.items()}
+    current = dict(start)
+    lag = {tp: marks[tp][1] - off for tp, off in current.items()}
     total = sum(lag.values())
     if max_records is None or total <= max_records:
         end.update({tp: current[tp] + lag[tp] for tp in current})

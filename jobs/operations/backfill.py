@@ -24,20 +24,20 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import DataFrame, SparkSession
 
-from jobs.cut import read_cut
+from jobs.cut import StateAction, origin_offsets, replay_from_origin
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
 from jobs.delta.writer import fenced_properties
 from jobs.errors import ConfigError
 from jobs.kafka_source import offsets as kafka_offsets
 from jobs.kafka_source.datasource import FORMAT
-from jobs.operations.plan import Plan, boundary_at_or_before, header, last_boundary
+from jobs.ledger import boundary_at_or_before, current_epoch, last_boundary
+from jobs.operations.plan import Plan, header
 from jobs.operations.restart import broker_marks
 from jobs.operations.targets import TargetSpec, resolve_targets
 from jobs.pipeline import Pipeline
 from jobs.settings import Settings
 from jobs.streaming.query import aggregate, classify, record_contributions
-from jobs.streaming.run import current_epoch
 from jobs.streaming.seed import seed_rows
 
 SAMPLES = 10
@@ -63,23 +63,18 @@ def plan_backfill(
     if start.kind != "earliest":
         wanted = resolve_targets(start, current, marks, config)
         boundary = boundary_at_or_before(layout, wanted)
-    if boundary is None:
-        first = read_cut(layout, 0)
-        origin = kafka_offsets.from_json_dict(first.starting_offsets) if first else {}
+    if boundary is None and source == "archive":
+        origin = origin_offsets(layout) or {}
         read_from = {tp: origin.get(tp, low) for tp, (low, _high) in marks.items()}
-        gone = {tp: (off, marks[tp][0]) for tp, off in read_from.items() if off < marks[tp][0]}
-        if gone and source == "kafka":
-            raise ConfigError(
-                f"records the application read are no longer on the broker {gone} "
-                "(retention): a backfill from Kafka would lose them; use --source archive"
-            )
+    elif boundary is None:
+        read_from = replay_from_origin(layout, marks, "a backfill from Kafka")
     else:
         read_from = dict(boundary.end_offsets)
     return Plan(
         **header("backfill", pipeline.application_id, reason, epoch, current),
         target_offsets=head,
         seed_state_version=None if boundary is None else boundary.state_version,
-        state_action="publish",
+        state_action=StateAction.PUBLISH,
         boundary=boundary,
         records_to_replay=sum(head[tp] - read_from.get(tp, head[tp]) for tp in head),
         source=source,
@@ -95,9 +90,8 @@ def recompute(spark: SparkSession, pipeline: Pipeline, settings: Settings, plan:
     layout = AppLayout(settings.warehouse, pipeline.application_id)
     start = plan.boundary.end_offsets if plan.boundary else None
     if start is None:
-        first = read_cut(layout, 0)
-        start = kafka_offsets.from_json_dict(first.starting_offsets) if first else {}
-        start = {tp: start.get(tp, 0) for tp in plan.target_offsets}
+        origin = origin_offsets(layout) or {}
+        start = {tp: origin.get(tp, 0) for tp in plan.target_offsets}
     if plan.source == "archive":
         raw = archived_records(spark, layout, start, plan.target_offsets)
     else:

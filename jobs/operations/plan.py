@@ -11,23 +11,11 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import pyarrow.compute as pc
-
-from jobs.delta.layout import AppLayout
+from jobs.cut import StateAction
 from jobs.kafka_source import offsets as kafka_offsets
-from jobs.status import read_ledger
+from jobs.ledger import Boundary
 
 Offsets = kafka_offsets.Offsets
-
-
-@dataclass
-class Boundary:
-    """A committed batch's end: offsets and the state version exact for them."""
-
-    epoch: int
-    batch_id: int
-    end_offsets: Offsets
-    state_version: int
 
 
 @dataclass
@@ -40,8 +28,9 @@ class Plan:
     current_offsets: Offsets
     target_offsets: Offsets
     seed_state_version: int | None  # None: Spark starts from empty state
-    state_action: str  # "keep", "restore:<version>", "empty", "publish"
+    state_action: StateAction
     boundary: Boundary | None = None
+    restore_version: int | None = None  # with StateAction.RESTORE
     records_to_replay: int = 0
     skipped: dict[str, list[int]] = field(default_factory=dict)  # "topic[p]" -> [from, to)
     source: str = "kafka"  # where a backfill reads: "kafka" or "archive" (the raw table)
@@ -58,6 +47,7 @@ class Plan:
         if self.boundary is not None:
             data["boundary"]["end_offsets"] = kafka_offsets.to_json_dict(self.boundary.end_offsets)
         data["records_skipped"] = self.records_skipped
+        data["state_action"] = self.state_action.value
         return data
 
     def describe(self) -> str:
@@ -82,7 +72,10 @@ class Plan:
             else f"Delta state version {self.seed_state_version}"
         )
         lines.append(f"  Spark state is seeded from: {seed}")
-        lines.append(f"  published state table: {self.state_action}")
+        action = self.state_action.value
+        if self.restore_version is not None:
+            action += f" to version {self.restore_version}"
+        lines.append(f"  published state table: {action}")
         lines.append(f"  records to replay: {self.records_to_replay}")
         if self.skipped:
             ranges = ", ".join(f"{k} {v[0]}..{v[1] - 1}" for k, v in sorted(self.skipped.items()))
@@ -110,41 +103,3 @@ def header(
         "epoch_after": epoch + 1,
         "current_offsets": current,
     }
-
-
-def batch_boundaries(layout: AppLayout) -> list[Boundary]:
-    """Every committed batch end in the ledger (all epochs), oldest first."""
-    ledger = read_ledger(layout)
-    if ledger is None:
-        return []
-    batches = ledger.filter(pc.equal(ledger["entry_type"], "batch"))
-    result = []
-    for row in batches.sort_by([("commit_time", "ascending")]).to_pylist():
-        versions = json.loads(row["delta_versions"] or "{}")
-        if versions.get("state_after") is None:
-            continue
-        result.append(
-            Boundary(
-                epoch=row["epoch"],
-                batch_id=row["batch_id"],
-                end_offsets=kafka_offsets.from_json_dict(json.loads(row["end_offsets"])),
-                state_version=int(versions["state_after"]),
-            )
-        )
-    return result
-
-
-def last_boundary(layout: AppLayout) -> Boundary | None:
-    boundaries = batch_boundaries(layout)
-    return boundaries[-1] if boundaries else None
-
-
-def boundary_at_or_before(layout: AppLayout, target: Offsets) -> Boundary | None:
-    """The latest batch end with every partition at or before ``target``."""
-    fits = [
-        (sum(b.end_offsets.values()), i, b)
-        for i, b in enumerate(batch_boundaries(layout))
-        if all(off <= target.get(tp, off) for tp, off in b.end_offsets.items())
-    ]
-    # Furthest along; for the same offsets, the newest ledger row (latest state).
-    return max(fits, key=lambda f: (f[0], f[1]))[2] if fits else None

@@ -1,12 +1,11 @@
 """Planning and applying the restarts: rebuild and rewind (backfill publishes first,
 then restarts the same way).
 
-Applying a plan, under the application lock:
-1. write the seed (the state snapshot) and the new epoch's cut (inert until 4.);
-2. bump the epoch on every table, the ledger first, its bump commit being the
-   audit row: from here on every writer of the old epoch is fenced;
-3. apply the plan's state action (time travel back, or empty) in one commit;
-the next ``run`` starts the new epoch from the cut.
+The planners are pure reads (ledger, broker watermarks) that return a ``Plan``: the
+cut's offsets, the snapshot version and the state action. ``apply_plan`` hands the
+cut to ``jobs.cut.apply_cut`` (seed, cut file, fence of every table, orphan
+removal), applies the state action in one commit, and records the result; the next
+``run`` starts the new epoch from the cut.
 """
 
 from __future__ import annotations
@@ -18,19 +17,19 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from jobs import kafka_admin
-from jobs.cut import Cut, seed_file, write_cut
+from jobs.cut import Cut, StateAction, apply_cut, orphan_state_version, replay_from_origin
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
-from jobs.delta.writer import bump_epoch, fenced_properties
+from jobs.delta.writer import fenced_properties
 from jobs.errors import ConfigError
 from jobs.kafka_source import offsets as kafka_offsets
+from jobs.ledger import boundary_at_or_before, current_epoch, last_boundary
 from jobs.operations.audit import append_audit, audit_row
-from jobs.operations.plan import Plan, boundary_at_or_before, header, last_boundary
+from jobs.operations.plan import Plan, header
 from jobs.operations.targets import TargetSpec, resolve_targets
 from jobs.pipeline import Pipeline
 from jobs.settings import Settings
-from jobs.streaming.run import current_epoch
-from jobs.streaming.seed import check_seedable, open_windows, seed_rows, write_seed
+from jobs.streaming.seed import check_seedable, open_windows, seed_rows
 
 Offsets = kafka_offsets.Offsets
 
@@ -57,15 +56,15 @@ def plan_rebuild(pipeline: Pipeline, settings: Settings, reason: str, from_sourc
     current = last.end_offsets if last else {}
     if from_source or last is None:
         _config, marks = broker_marks(pipeline, settings)
-        target = {tp: low for tp, (low, _high) in marks.items()}
+        target = replay_from_origin(layout, marks, "rebuild --from-source")
         return Plan(
             **header("rebuild", pipeline.application_id, reason, epoch, current),
             target_offsets=target,
             seed_state_version=None,
-            state_action="empty",
-            records_to_replay=sum(current.get(tp, low) - low for tp, (low, _h) in marks.items()),
+            state_action=StateAction.EMPTY,
+            records_to_replay=sum(current.get(tp, off) - off for tp, off in target.items()),
             notes=[
-                "recomputes from the earliest offsets on the broker; the published state is "
+                "recomputes from the application's first offsets; the published state is "
                 "empty until the replay has caught up"
             ],
         )
@@ -74,7 +73,7 @@ def plan_rebuild(pipeline: Pipeline, settings: Settings, reason: str, from_sourc
         **header("rebuild", pipeline.application_id, reason, epoch, current),
         target_offsets=dict(current),
         seed_state_version=last.state_version,
-        state_action="keep",
+        state_action=StateAction.KEEP,
         boundary=last,
         notes=["restores Spark's state from Delta; Kafka is not re-read"],
     )
@@ -117,27 +116,31 @@ def plan_rewind(
             **base,
             target_offsets=target,
             seed_state_version=last.state_version,
-            state_action="keep",
+            state_action=StateAction.KEEP,
             boundary=last,
             skipped=skipped,
         )
     boundary = boundary_at_or_before(layout, target)
     if boundary is None:
+        origin = replay_from_origin(layout, marks, "a rewind before the first batch")
         return Plan(
             **base,
-            target_offsets={tp: low for tp, (low, _h) in marks.items()}
-            | {tp: off for tp, off in current.items() if tp not in marks},
+            target_offsets=origin | {tp: off for tp, off in current.items() if tp not in marks},
             seed_state_version=None,
-            state_action="empty",
-            records_to_replay=sum(current.values()) - sum(low for low, _h in marks.values()),
-            notes=["no batch ended at or before the target: replays from the earliest offsets"],
+            state_action=StateAction.EMPTY,
+            records_to_replay=sum(current.get(tp, off) - off for tp, off in origin.items()),
+            notes=[
+                "no batch ended at or before the target: replays from the application's "
+                "first offsets"
+            ],
         )
     check_seedable(pipeline)
     return Plan(
         **base,
         target_offsets=dict(boundary.end_offsets),
         seed_state_version=boundary.state_version,
-        state_action=f"restore:{boundary.state_version}",
+        state_action=StateAction.RESTORE,
+        restore_version=boundary.state_version,
         boundary=boundary,
         records_to_replay=sum(current.values()) - sum(boundary.end_offsets.values()),
         notes=[
@@ -167,23 +170,25 @@ def apply_plan(
         raise ConfigError("the application moved to another epoch since the plan was made")
     new = plan.epoch_after
     state_path = layout.table("state")
-    seeded: int | None = None
     snapshot = seed_override
     if snapshot is None and plan.seed_state_version is not None:
         snapshot = DeltaTable(str(state_path), version=plan.seed_state_version).to_pyarrow_table()
     if snapshot is not None:
         snapshot = open_windows(pa.table(snapshot), pipeline)
-    if snapshot is not None and snapshot.num_rows:
-        write_seed(seed_rows(snapshot, pipeline), seed_file(layout, new))
-        seeded = snapshot.num_rows
-    write_cut(
-        layout,
-        Cut(
-            epoch=new,
-            starting_offsets=kafka_offsets.to_json_dict(plan.target_offsets),
-            origin=plan.operation,
-            seed_rows=seeded,
-        ),
+    seed = seed_rows(snapshot, pipeline) if snapshot is not None and snapshot.num_rows else None
+    # The state a KEEP plan keeps is the last boundary's: a batch that merged after
+    # it without its ledger row (fenced, or crashed) is undone.
+    action, restore_to = plan.state_action, plan.restore_version
+    if action is StateAction.KEEP and plan.boundary is not None:
+        behind = orphan_state_version(layout, plan.boundary.state_version)
+        if behind is not None:
+            action, restore_to = StateAction.RESTORE, behind
+    cut = Cut(
+        epoch=new,
+        starting_offsets=kafka_offsets.to_json_dict(plan.target_offsets),
+        origin=plan.operation,
+        seed_rows=None if seed is None else seed.num_rows,
+        watermark_ms=plan.boundary.watermark_ms if plan.boundary is not None else 0,
     )
     offsets = (
         kafka_offsets.to_json_dict(plan.current_offsets),
@@ -196,29 +201,27 @@ def apply_plan(
         "epoch_before": plan.epoch_before,
         "epoch_after": new,
     }
-    # The bump commit on the ledger is the audit row: fenced and recorded at once.
-    bump_epoch(
-        [layout.table(tables.LEDGER), *(layout.table(t) for t in reversed(tables.DATA_TABLES))],
-        pipeline.application_id,
-        new,
-        plan.reason,
-        first_rows=audit_row(
-            pipeline, plan.operation, new, {**details, "phase": "started"}, *offsets
-        ),
-    )
     props = fenced_properties(
         pipeline.application_id,
         new,
         plan.operation,
         {"reason": plan.reason, "pipeline_version": str(pipeline.version)},
     )
-    result: dict[str, Any] = {"seeded_rows": seeded or 0, "state_action": plan.state_action}
-    if plan.state_action.startswith("restore:"):
-        version = int(plan.state_action.split(":")[1])
-        DeltaTable(str(state_path)).restore(version, commit_properties=props)
-    elif plan.state_action == "empty":
+    # The bump commit on the ledger is the audit row: fenced and recorded at once.
+    audit = audit_row(pipeline, plan.operation, new, {**details, "phase": "started"}, *offsets)
+    orphans = apply_cut(layout, pipeline, cut, plan.reason, audit, props, seed)
+    result: dict[str, Any] = {
+        "seeded_rows": cut.seed_rows or 0,
+        "state_action": action.value,
+        "orphan_rows_removed": orphans,
+    }
+    if action is StateAction.RESTORE:
+        assert restore_to is not None
+        DeltaTable(str(state_path)).restore(restore_to, commit_properties=props)
+        result["restored_version"] = restore_to
+    elif action is StateAction.EMPTY:
         DeltaTable(str(state_path)).delete(commit_properties=props)
-    elif plan.state_action == "publish":
+    elif action is StateAction.PUBLISH:
         assert publish is not None
         result.update(publish())
     result["state_version"] = DeltaTable(str(state_path)).version()

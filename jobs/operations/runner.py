@@ -7,17 +7,18 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from jobs.cut import fenced_tables
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
 from jobs.delta.writer import bump_epoch
 from jobs.errors import ConfigError
+from jobs.ledger import current_epoch
 from jobs.lock import LockedError, application_lock, describe, holder
 from jobs.operations.audit import audit_row
 from jobs.operations.plan import Plan
 from jobs.operations.restart import apply_plan, audit_dry_run
 from jobs.pipeline import Pipeline
 from jobs.settings import Settings
-from jobs.streaming.run import current_epoch
 
 FENCE_WAIT_S = 120.0
 
@@ -79,8 +80,9 @@ def fence_running_stream(
     stream's last commit and starts the epoch after it."""
     epoch = current_epoch(layout)
     echo(f"fencing the running stream ({describe(busy)}) at epoch {epoch + 1}")
+    tables.ensure_tables(layout, pipeline)
     bump_epoch(
-        [layout.table(tables.LEDGER), *(layout.table(t) for t in reversed(tables.DATA_TABLES))],
+        fenced_tables(layout, pipeline),
         pipeline.application_id,
         epoch + 1,
         plan.reason,

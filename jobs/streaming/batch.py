@@ -18,8 +18,8 @@ batch skip it. Counts are checked before anything is written:
 
 from __future__ import annotations
 
-import base64
 import json
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,9 +40,15 @@ from jobs.faults import maybe_crash
 from jobs.kafka_source.datasource import staging_file
 from jobs.pipeline import Pipeline
 from jobs.streaming import offset_log
+from jobs.streaming.dead_letters import batch_reader
 from jobs.streaming.observed import observed_metrics
 from jobs.streaming.query import OBSERVATION
 from jobs.streaming.seed import verify_seeded_state
+
+log = logging.getLogger(__name__)
+# How far back in a table's history a replayed at-least-once batch looks for its
+# earlier commit (a replay is the batch right after the last committed one).
+REPLAY_HISTORY = 50
 
 
 @dataclass
@@ -64,6 +70,7 @@ class BatchCommitter:
         checkpoint: Path,
         initial_offsets: dict[str, Any],
         query_name: str,
+        consumer_config: dict[str, Any],
         seed_path: Path | None = None,
     ) -> None:
         self.spark = spark
@@ -74,6 +81,10 @@ class BatchCommitter:
         self.initial_offsets = initial_offsets
         self.query_name = query_name
         self.writer = BatchWriter(pipeline.application_id, epoch, pipeline.exactly_once)
+        # The ledger is the platform's record: one row per batch under either
+        # guarantee, so it always carries the batch marker.
+        self.ledger_writer = BatchWriter(pipeline.application_id, epoch, exactly_once=True)
+        self.consumer_config = consumer_config
         self.results: list[BatchResult] = []
         self.aggregate_schema = tables.aggregate_schema(pipeline)
         self.seed_path = seed_path
@@ -103,13 +114,13 @@ class BatchCommitter:
             extra["seed_rows"] = pq.read_metadata(self.seed_path).num_rows
         metrics = observed_metrics(self.spark, self.query_name, OBSERVATION)
         ledger_path = self.layout.table(tables.LEDGER)
-        if self.pipeline.exactly_once:
-            done = committed_batch(
-                DeltaTable(str(ledger_path)), self.pipeline.application_id, self.epoch
-            )
-            if done is not None and done >= batch_id:
-                self.results.append(BatchResult(batch_id, True, {}))
-                return
+        done = committed_batch(
+            DeltaTable(str(ledger_path)), self.pipeline.application_id, self.epoch
+        )
+        if done is not None and done >= batch_id:
+            log.info("batch %d of epoch %d is already committed: skipped", batch_id, self.epoch)
+            self.results.append(BatchResult(batch_id, True, {}))
+            return
         offsets = offset_log.read_offsets(self.checkpoint, batch_id)
         start = (
             self.initial_offsets
@@ -120,14 +131,18 @@ class BatchCommitter:
         self._changed_rows = rows.num_rows
         now = pa.scalar(int(time.time() * 1_000_000), tables.TIMESTAMP)
         counts = self._counts(rows, metrics, batch_id, start, offsets.end_offsets)
-        dead = self._dead_letters(metrics["dead_letters"], batch_id, now)
+        letters = metrics["dead_letters"]
+        stamp = {"epoch": self.epoch, "batch_id": batch_id, "commit_time": now.as_py()}
         meta = {"platform_operation": "batch", "pipeline_version": str(self.pipeline.version)}
 
         lap("prepare")
         versions: dict[str, int | None] = {}
-        if dead.num_rows:
+        if letters:
             versions["dead_letter"] = self.writer.append(
-                self.layout.table("dead_letter"), batch_id, dead, meta
+                self.layout.table("dead_letter"),
+                batch_id,
+                batch_reader(self.consumer_config, letters, stamp),
+                meta,
             )
         lap("dead_letter")
         maybe_crash("after_dead_letter", batch_id)
@@ -175,10 +190,22 @@ class BatchCommitter:
             ),
             "commit_time": now.as_py(),
         }
-        self.writer.append(
+        self.ledger_writer.append(
             ledger_path, batch_id, pa.Table.from_pylist([ledger], tables.LEDGER_SCHEMA), meta
         )
         maybe_crash("after_ledger", batch_id)
+        log.info(
+            "%s epoch %d batch %d committed: %d in, %d aggregated, %d dead-lettered, "
+            "%d state rows changed, %.2f s",
+            self.pipeline.application_id,
+            self.epoch,
+            batch_id,
+            counts["records_in"],
+            counts["aggregated"],
+            counts["dead_lettered"],
+            counts["state_rows_changed"],
+            time.monotonic() - started,
+        )
         self.results.append(BatchResult(batch_id, False, ledger))
 
     def _archive(
@@ -233,19 +260,25 @@ class BatchCommitter:
         )
 
     def _previous_state(self, batch_id: int) -> DeltaTable:
-        """The state table as it was before this batch (time travel on a replay)."""
+        """The state table as it was before this batch (time travel on a replay).
+
+        A replay finds the batch's earlier merge in the history: through the batch
+        marker (exactly-once), or by its commit tags (at-least-once, no marker).
+        """
         path = self.layout.table("state")
         table = DeltaTable(str(path))
         if self.pipeline.exactly_once:
             done = committed_batch(table, self.pipeline.application_id, self.epoch)
-            if done is not None and done >= batch_id:
-                version = find_commit_version(
-                    path, self.pipeline.application_id, self.epoch, batch_id
-                )
-                if version is None:
-                    raise ConsistencyError(f"state has batch {batch_id} but no commit for it")
-                table = DeltaTable(str(path), version=version - 1)
-        return table
+            if done is None or done < batch_id:
+                return table
+        version = find_commit_version(
+            path, self.pipeline.application_id, self.epoch, batch_id, limit=REPLAY_HISTORY
+        )
+        if version is None:
+            if self.pipeline.exactly_once:
+                raise ConsistencyError(f"state has batch {batch_id} but no commit for it")
+            return table
+        return DeltaTable(str(path), version=version - 1)
 
     def _counts(
         self,
@@ -277,8 +310,10 @@ class BatchCommitter:
             problems.append(f"{records_in} records read from an offset span of {offsets_span}")
         if late < 0:
             problems.append(f"state grew by {aggregated} rows from only {valid * per_record}")
-        if late and self.pipeline.window is None:
-            problems.append(f"{late} records missing from the state of an unwindowed pipeline")
+        if late:
+            # Records whose window is closed are dead letters (``late:``) before the
+            # aggregation sees them: Spark must not have dropped anything.
+            problems.append(f"{late} (record, window) pairs missing from the state")
         if problems:
             raise ConsistencyError(f"batch {batch_id} does not add up: " + "; ".join(problems))
         return {
@@ -315,27 +350,3 @@ class BatchCommitter:
         grown = pc.subtract(joined["_records"], pc.fill_null(joined["_records__before"], 0))
         aggregated = int(pc.sum(grown).as_py() or 0)
         return joined.filter(changed).select(rows.column_names), aggregated
-
-    def _dead_letters(
-        self, letters: list[dict[str, Any]], batch_id: int, now: pa.Scalar
-    ) -> pa.Table:
-        def decode(text: str | None) -> bytes | None:
-            return None if text is None else base64.b64decode(text)
-
-        rows = [
-            {
-                "topic": d["topic"],
-                "partition": d["partition"],
-                "offset": d["offset"],
-                "key": decode(d.get("key")),
-                "value": decode(d.get("value")),
-                "kafka_timestamp": d.get("kafka_timestamp"),
-                "reason": d["reason"],
-                "epoch": self.epoch,
-                "batch_id": batch_id,
-                "commit_time": now.as_py(),
-            }
-            for d in letters
-        ]
-        table = pa.Table.from_pylist(rows, schema=tables.DEAD_LETTER_SCHEMA)
-        return table

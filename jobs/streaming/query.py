@@ -9,10 +9,12 @@ branch with the aggregation would scan Kafka twice.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from jobs.kafka_source.datasource import FORMAT
+from jobs.kafka_source.datasource import FORMAT, WATERMARK_COLUMN
 from jobs.pipeline import Pipeline
 
 OBSERVATION = "batch_input"
@@ -29,6 +31,8 @@ def read_kafka(
     client_settings: dict[str, str],
     hold_until: str | None = None,
     archive_dir: str | None = None,
+    watermark_checkpoint: str | None = None,
+    min_watermark_ms: int = 0,
 ) -> DataFrame:
     reader = (
         spark.readStream.format(FORMAT)
@@ -42,6 +46,9 @@ def read_kafka(
         reader = reader.option("holdUntilFileExists", hold_until)
     if archive_dir is not None:
         reader = reader.option("archiveDir", archive_dir)
+    if watermark_checkpoint is not None and pipeline.window is not None:
+        reader = reader.option("watermarkCheckpoint", watermark_checkpoint)
+        reader = reader.option("minWatermarkMs", str(min_watermark_ms))
     if pipeline.max_offsets_per_trigger is not None:
         reader = reader.option("maxOffsetsPerTrigger", str(pipeline.max_offsets_per_trigger))
     return reader.load()
@@ -55,54 +62,204 @@ def _schema_ddl(pipeline: Pipeline, as_strings: bool) -> str:
     return ", ".join([*fields, f"`{CORRUPT}` string"])
 
 
-def classify(raw: DataFrame, pipeline: Pipeline) -> DataFrame:
-    """Raw Kafka rows -> typed fields plus ``_reason`` (null when the record is valid)."""
+# Oldest event time accepted whatever the pipeline says: windows near year 1 are
+# not representable by Python's datetime (readers of the tables would fail).
+MIN_EVENT_US = -30610224000 * 1_000_000  # 1000-01-01T00:00:00Z
+# Long values summed (sum, avg) are bounded so that one record cannot overflow a
+# 64-bit sum: it takes 1024 records at the bound on one key to reach 2**63.
+MAX_SUMMAND = 2**53
+UNIT_MICROS = {"seconds": 1_000_000, "milliseconds": 1_000, "microseconds": 1}
+
+
+def _event_micros(pipeline: Pipeline) -> Column:
+    """Event time in microseconds, or null when it does not fit in 64 bits (total:
+    never an ANSI overflow, whatever the record holds)."""
+    value = F.col(f"t.`{pipeline.event_time_field}`")
+    factor = UNIT_MICROS[pipeline.event_time_unit]
+    if pipeline.schema[pipeline.event_time_field] == "double":
+        scaled = value * float(factor)
+        return F.when(F.abs(scaled) < 9.2e18, scaled.cast("bigint"))
+    return F.try_multiply(value.cast("bigint"), F.lit(factor).cast("bigint"))
+
+
+def _signed(pipeline: Pipeline, name: str) -> Column:
+    """A derived field's value: the field times the sign of its category (total)."""
+    derived = next(d for d in pipeline.derived if d.name == name)
+    sign = F.lit(0)
+    for category, factor in derived.signs.items():
+        sign = F.when(F.col(f"t.`{derived.sign_by}`") == category, F.lit(factor)).otherwise(sign)
+    return F.try_multiply(F.col(f"t.`{derived.field}`"), sign.cast("bigint"))
+
+
+def _summed_fields(pipeline: Pipeline) -> list[str]:
+    """Long/int fields that feed a sum or an average (directly or through a sign)."""
+    sources = {d.name: d.field for d in pipeline.derived}
+    fields: list[str] = []
+    for agg in pipeline.aggregations:
+        if agg.function in ("sum", "avg") and agg.field is not None:
+            field = sources.get(agg.field, agg.field)
+            if pipeline.schema[field] in ("long", "int") and field not in fields:
+                fields.append(field)
+    return fields
+
+
+def _iso(micros: int) -> str:
+    moment = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=micros)
+    return moment.isoformat().replace("+00:00", "Z")
+
+
+def _structure_checks(pipeline: Pipeline, text: Column) -> list[tuple[Column, Column]]:
+    """Why a record does not parse into the schema (only such records pay for the
+    second, all-strings parse that explains it)."""
     options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}
-    text = F.col("value").cast("string")
-    typed = F.from_json(text, _schema_ddl(pipeline, False), options)
-    parsed = raw.select(
-        "topic", "partition", "offset", "key", "value", "timestamp", typed.alias("t")
-    )
-    checks: list[Column] = [F.col("t").isNotNull(), F.col(f"t.{CORRUPT}").isNull()]
-    checks += [F.col(f"t.`{name}`").isNotNull() for name in pipeline.schema]
-    for derived in pipeline.derived:
-        checks.append(F.col(f"t.`{derived.sign_by}`").isin(list(derived.signs)))
-    valid = checks[0]
-    for check in checks[1:]:
-        valid = valid & check
-    # Only invalid rows pay for the second, all-strings parse that explains why.
     loose = F.from_json(text, _schema_ddl(pipeline, True), options)
-    reason = F.when(F.col("value").isNull(), F.lit("value is null")).when(
-        F.col("t").isNull(), F.lit("value is empty")
-    )
-    reason = reason.when(loose.getField(CORRUPT).isNotNull(), F.lit("not a JSON object"))
-    for name in pipeline.schema:
-        reason = reason.when(
-            loose.getField(name).isNull(), F.lit(f"missing or null field {name!r}")
-        )
+    checks: list[tuple[Column, Column]] = [
+        (F.col("value").isNull(), F.lit("value is null")),
+        (~F.is_valid_utf8(text), F.lit("value is not valid UTF-8")),
+        (F.col("t").isNull(), F.lit("value is empty")),
+        (loose.getField(CORRUPT).isNotNull(), F.lit("not a JSON object")),
+    ]
+    checks += [
+        (loose.getField(name).isNull(), F.lit(f"missing or null field {name!r}"))
+        for name in pipeline.schema
+    ]
     for name, kind in pipeline.schema.items():
-        reason = reason.when(
-            F.col(f"t.`{name}`").isNull(),
-            F.concat(
-                F.lit(f"field {name!r} is not a {kind}: "),
-                F.substring(loose.getField(name), 1, 100),
-            ),
+        reason = F.concat(
+            F.lit(f"field {name!r} is not a {kind}: "), F.substring(loose.getField(name), 1, 100)
+        )
+        checks.append((F.col(f"t.`{name}`").isNull(), reason))
+    return checks
+
+
+def _value_checks(pipeline: Pipeline, text: Column) -> list[tuple[Column, Column]]:
+    """Problems of a record that parsed: its values, then its event time."""
+    checks: list[tuple[Column, Column]] = []
+    for name, kind in pipeline.schema.items():
+        if kind == "double":
+            value = F.col(f"t.`{name}`")
+            infinite = F.isnan(value) | (F.abs(value) == float("inf"))
+            checks.append((infinite, F.lit(f"field {name!r} is NaN or infinite")))
+    for name in _summed_fields(pipeline):
+        value = F.col(f"t.`{name}`")
+        checks.append(
+            (
+                F.abs(value.cast("decimal(20,0)")) > MAX_SUMMAND,
+                F.concat(
+                    F.lit(f"field {name!r} = "),
+                    value.cast("string"),
+                    F.lit(" is beyond +-2^53, where a sum of such values overflows 64 bits"),
+                ),
+            )
         )
     for derived in pipeline.derived:
         allowed = ", ".join(sorted(derived.signs))
-        reason = reason.when(
-            ~F.col(f"t.`{derived.sign_by}`").isin(list(derived.signs)),
-            F.concat(
-                F.lit(f"field {derived.sign_by!r} must be one of {allowed}, got "),
-                F.substring(F.col(f"t.`{derived.sign_by}`"), 1, 100),
-            ),
+        category = F.col(f"t.`{derived.sign_by}`")
+        checks.append(
+            (
+                ~category.isin(list(derived.signs)),
+                F.concat(
+                    F.lit(f"field {derived.sign_by!r} must be one of {allowed}, got "),
+                    F.substring(category, 1, 100),
+                ),
+            )
         )
-    reason = reason.otherwise(F.lit("invalid record"))
-    return parsed.withColumn("_reason", F.when(valid, F.lit(None).cast("string")).otherwise(reason))
+        checks.append(
+            (_signed(pipeline, derived.name).isNull(), F.lit(f"{derived.name!r} overflows"))
+        )
+    return checks
+
+
+def _first_reason(checks: list[tuple[Column, Column]], otherwise: Column) -> Column:
+    """The reason of the first check that holds; a null condition (a comparison with
+    a null field) means "not this problem"."""
+    reason = otherwise
+    for condition, text in reversed(checks):
+        reason = F.when(F.coalesce(condition, F.lit(False)), text).otherwise(reason)
+    return reason
+
+
+def _time_checks(pipeline: Pipeline, late_check: bool) -> list[tuple[Column, Column]]:
+    field, unit = pipeline.event_time_field, pipeline.event_time_unit
+    given = F.concat(
+        F.lit(f"event time {field!r} = "), F.col(f"t.`{field}`").cast("string"), F.lit(f" {unit}")
+    )
+    event_us = F.col("_event_us")
+    lower = max(MIN_EVENT_US, pipeline.not_before_us or MIN_EVENT_US)
+    # In a stream, current_timestamp() is the batch's time from Spark's offset log:
+    # the same on a replay.
+    now = F.current_timestamp()
+    upper = F.unix_micros(now) + F.lit(pipeline.max_ahead_seconds * 1_000_000)
+    checks = [
+        (event_us.isNull(), F.concat(given, F.lit(" is out of range"))),
+        (
+            event_us < F.lit(lower),
+            F.concat(given, F.lit(f" is before {_iso(lower)} (event_time.not_before)")),
+        ),
+        (
+            event_us > upper,
+            F.concat(
+                given,
+                F.lit(f" is more than {pipeline.max_ahead_seconds} s ahead of the batch time "),
+                now.cast("string"),
+                F.lit(" (event_time.max_ahead)"),
+            ),
+        ),
+    ]
+    if late_check:
+        assert pipeline.window is not None
+        slide = pipeline.window.slide_seconds * 1_000_000
+        # The earliest window a record falls in ends first: if it is open, all are.
+        first_end = event_us - F.pmod(event_us, F.lit(slide)) + F.lit(slide)
+        watermark_us = F.col(WATERMARK_COLUMN) * 1000
+        checks.append(
+            (
+                first_end <= watermark_us,
+                F.concat(
+                    F.lit("late: window ending "),
+                    F.timestamp_micros(first_end).cast("string"),
+                    F.lit(" closed at watermark "),
+                    F.timestamp_micros(watermark_us).cast("string"),
+                ),
+            )
+        )
+    return checks
+
+
+def classify(raw: DataFrame, pipeline: Pipeline) -> DataFrame:
+    """Raw Kafka rows -> typed fields, ``_event_us`` and ``_reason`` (null when valid).
+
+    Every check is total: a record's content can only make it a dead letter with a
+    reason, never fail the batch. With a ``_batch_watermark_ms`` column (the stream),
+    a record whose window the watermark has closed is a dead letter too (``late:``)
+    instead of a silent drop inside the aggregation.
+    """
+    options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}
+    text = F.col("value").cast("string")
+    typed = F.from_json(text, _schema_ddl(pipeline, False), options)
+    late_check = pipeline.window is not None and WATERMARK_COLUMN in raw.columns
+    extra = [WATERMARK_COLUMN] if late_check else []
+    parsed = raw.select(
+        "topic", "partition", "offset", "key", "value", "timestamp", *extra, typed.alias("t")
+    ).withColumn("_event_us", _event_micros(pipeline))
+    parses = F.is_valid_utf8(text) & F.col("t").isNotNull() & F.col(f"t.{CORRUPT}").isNull()
+    for name in pipeline.schema:
+        parses = parses & F.col(f"t.`{name}`").isNotNull()
+    unparsed = _first_reason(_structure_checks(pipeline, text), F.lit("invalid record"))
+    checks = _value_checks(pipeline, text) + _time_checks(pipeline, late_check)
+    reason = F.when(
+        F.col("value").isNotNull() & parses, _first_reason(checks, F.lit(None).cast("string"))
+    ).otherwise(unparsed)
+    return parsed.withColumn("_reason", reason)
 
 
 def observe_input(classified: DataFrame) -> DataFrame:
-    """Per-batch input accounting, collected alongside the batch's single scan."""
+    """Per-batch input accounting, collected alongside the batch's single scan.
+
+    Dead letters travel to the driver as positions and reasons only (a few hundred
+    bytes each); their keys and values are fetched from Kafka by position when they
+    are written (``dead_letters.py``), so large bad records never pass through
+    Spark's metrics or the driver's memory at once.
+    """
     dead = F.col("_reason").isNotNull()
     return classified.observe(
         OBSERVATION,
@@ -116,23 +273,12 @@ def observe_input(classified: DataFrame) -> DataFrame:
                     "topic",
                     "partition",
                     "offset",
-                    F.base64("key").alias("key"),
-                    F.base64("value").alias("value"),
                     F.unix_micros("timestamp").alias("kafka_timestamp"),
-                    F.col("_reason").alias("reason"),
+                    F.substring(F.col("_reason"), 1, 300).alias("reason"),
                 ),
             )
         ).alias("dead_letters"),
     )
-
-
-def event_time(pipeline: Pipeline) -> Column:
-    value = F.col(f"t.`{pipeline.event_time_field}`")
-    if pipeline.event_time_unit == "seconds":
-        return F.timestamp_micros((value * 1_000_000).cast("bigint"))
-    if pipeline.event_time_unit == "milliseconds":
-        return F.timestamp_micros((value * 1_000).cast("bigint"))
-    return F.timestamp_micros(value.cast("bigint"))
 
 
 def contribution_types(pipeline: Pipeline) -> dict[str, str]:
@@ -157,23 +303,17 @@ def contribution_types(pipeline: Pipeline) -> dict[str, str]:
 def record_contributions(classified: DataFrame, pipeline: Pipeline) -> DataFrame:
     """Valid Kafka records -> keys, event time and what each adds to each aggregate."""
     valid = classified.filter(F.col("_reason").isNull())
-    values: dict[str, Column] = {}
-    for derived in pipeline.derived:
-        sign = F.lit(0)
-        for category, factor in derived.signs.items():
-            sign = F.when(F.col(f"t.`{derived.sign_by}`") == category, F.lit(factor)).otherwise(
-                sign
-            )
-        values[derived.name] = F.col(f"t.`{derived.field}`") * sign
+    derived = {d.name for d in pipeline.derived}
     types = contribution_types(pipeline)
     columns = [F.col(f"t.`{k}`").alias(k) for k in pipeline.keys]
-    columns.append(event_time(pipeline).alias("_event_time"))
+    columns.append(F.timestamp_micros(F.col("_event_us")).alias("_event_time"))
     for agg in pipeline.aggregations:
         if agg.function == "count":
             value = F.lit(1)
         else:
             assert agg.field is not None  # validated: only count has no field
-            value = values.get(agg.field, F.col(f"t.`{agg.field}`"))
+            field = agg.field
+            value = _signed(pipeline, field) if field in derived else F.col(f"t.`{field}`")
         columns.append(value.cast(types[agg.name]).alias(f"_in_{agg.name}"))
     columns.append(F.lit(1).cast("bigint").alias("_in__records"))
     return valid.select(*columns)
@@ -223,8 +363,14 @@ def build(
     seed: DataFrame | None = None,
     hold_until: str | None = None,
     archive_dir: str | None = None,
+    checkpoint: str | None = None,
+    min_watermark_ms: int = 0,
 ) -> DataFrame:
-    """The stream's output; ``seed`` (a stream of state rows) joins it at a cut."""
+    """The stream's output; ``seed`` (a stream of state rows) joins it at a cut.
+
+    ``checkpoint`` lets windowed pipelines route late records to the dead letters
+    (the source tells each row its batch's watermark, at least ``min_watermark_ms``).
+    """
     raw = read_kafka(
         spark,
         pipeline,
@@ -233,6 +379,8 @@ def build(
         client_settings,
         hold_until,
         archive_dir,
+        checkpoint,
+        min_watermark_ms,
     )
     contributions = record_contributions(observe_input(classify(raw, pipeline)), pipeline)
     if seed is not None:

@@ -3,22 +3,23 @@
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import threading
 import time
 from dataclasses import dataclass, field
 from types import FrameType
 
-from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from jobs import kafka_admin
-from jobs.cut import Cut, read_cut, seed_file, write_cut
+from jobs.cut import Cut, Origin, read_cut, seed_file, write_cut
+from jobs.cut import starting_offsets as start_of
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
-from jobs.delta.writer import table_epoch
 from jobs.errors import ConsistencyError, FencedError
 from jobs.kafka_source import offsets as plan
+from jobs.ledger import current_epoch, unfinished_operation
 from jobs.lock import application_lock
 from jobs.pipeline import Pipeline
 from jobs.settings import Settings
@@ -39,15 +40,8 @@ class RunSummary:
         return sum(int(b.ledger.get("records_in", 0)) for b in self.batches if not b.skipped)
 
 
+log = logging.getLogger(__name__)
 FENCE_CHECK_S = 5.0
-
-
-def current_epoch(layout: AppLayout) -> int:
-    """The application's epoch: the fence on its ledger (0 before any bump)."""
-    ledger = layout.table(tables.LEDGER)
-    if not DeltaTable.is_deltatable(str(ledger)):
-        return 0
-    return max(0, table_epoch(DeltaTable(str(ledger)), layout.application_id))
 
 
 def epoch_cut(layout: AppLayout, pipeline: Pipeline, settings: Settings) -> Cut:
@@ -73,9 +67,17 @@ def epoch_cut(layout: AppLayout, pipeline: Pipeline, settings: Settings) -> Cut:
         config, [(t, p) for t, parts in partitions.items() for p in parts]
     )
     start = plan.resolve_starting_offsets(pipeline.starting_offsets, partitions, marks)
-    cut = Cut(epoch=epoch, starting_offsets=plan.to_json_dict(start), origin="pipeline")
+    cut = Cut(epoch=epoch, starting_offsets=plan.to_json_dict(start), origin=Origin.PIPELINE.value)
     write_cut(layout, cut)
     return cut
+
+
+def broker_watermarks(pipeline: Pipeline, settings: Settings) -> plan.Watermarks:
+    config = kafka_admin.client_config(settings.bootstrap_servers, settings.kafka_client)
+    partitions = kafka_admin.topic_partitions(
+        kafka_admin.admin(config), pipeline.topics, settings.bootstrap_servers
+    )
+    return kafka_admin.watermarks(config, [(t, p) for t, ps in partitions.items() for p in ps])
 
 
 def run_pipeline(
@@ -100,9 +102,17 @@ def _run_locked(
 ) -> RunSummary:
     started = time.monotonic()
     tables.ensure_tables(layout, pipeline)
+    unfinished = unfinished_operation(layout)
+    if unfinished is not None:
+        raise ConsistencyError(
+            f"{pipeline.application_id}: {unfinished.describe()}; run the same "
+            f"{unfinished.operation} again to complete it (python -m jobs {unfinished.operation} "
+            f"--pipeline {pipeline.application_id} ...), then run"
+        )
     epoch = current_epoch(layout)
     cut = epoch_cut(layout, pipeline, settings)
-    starting = cut.starting_offsets
+    # Only used while the epoch's checkpoint has no batch yet (Spark ignores it after).
+    starting = plan.to_json_dict(start_of(cut, broker_watermarks(pipeline, settings)))
     checkpoint = layout.checkpoint(epoch)
     seed_path = seed_file(layout, epoch) if cut.seed_rows is not None else None
     seed = None
@@ -123,9 +133,20 @@ def _run_locked(
         seed=seed,
         hold_until=str(checkpoint / "commits" / str(seed_batches - 1)) if seed else None,
         archive_dir=str(layout.raw_staging(epoch)) if pipeline.archive else None,
+        checkpoint=str(checkpoint),
+        min_watermark_ms=cut.watermark_ms,
     )
+    consumer_config = kafka_admin.client_config(settings.bootstrap_servers, settings.kafka_client)
     committer = BatchCommitter(
-        spark, pipeline, layout, epoch, checkpoint, starting, name, seed_path
+        spark, pipeline, layout, epoch, checkpoint, starting, name, consumer_config, seed_path
+    )
+    log.info(
+        "%s: epoch %d starts from the %s cut (seeded rows: %s, watermark floor %d ms)",
+        pipeline.application_id,
+        epoch,
+        cut.origin,
+        cut.seed_rows,
+        cut.watermark_ms,
     )
     writer = (
         stream.writeStream.queryName(name)

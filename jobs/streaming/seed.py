@@ -97,13 +97,6 @@ def open_windows(state: pa.Table, pipeline: Pipeline) -> pa.Table:
     return state.filter(pc.greater(ends, watermark))
 
 
-def write_seed(rows: pa.Table, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    pq.write_table(rows, tmp)
-    tmp.rename(path)  # a crash leaves no half-written seed
-
-
 def seed_stream(spark: SparkSession, pipeline: Pipeline, path: Path) -> DataFrame:
     return (
         spark.readStream.format(FORMAT)

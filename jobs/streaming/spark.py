@@ -8,7 +8,7 @@ import sys
 
 from pyspark.sql import SparkSession
 
-from jobs.kafka_source import KafkaDataSource
+from jobs.kafka_source.datasource import KafkaDataSource
 from jobs.settings import REPO_ROOT
 from jobs.streaming.seed import SeedDataSource
 

@@ -75,9 +75,14 @@ def test_user_clicks_bad_and_late_records(spark, settings, kafka_config, new_top
     keys = [(r["user_id"], r["window_start"], r["epoch"], r["batch_id"]) for r in changelog]
     assert len(keys) == len(set(keys))
 
+    # Late records are dead letters too (never a silent drop), with their window.
     dead_letters = table_rows(layout, "dead_letter")
-    assert len(dead_letters) == dead
+    assert len(dead_letters) == dead + late_count
     reasons = Counter(r["reason"] for r in dead_letters)
+    late_letters = [r for r in dead_letters if r["reason"].startswith("late: window ending ")]
+    assert len(late_letters) == late_count
+    assert {r["value"] for r in late_letters} == set(late)
+    assert all(" closed at watermark " in r["reason"] for r in late_letters)
     assert reasons["not a JSON object"] == 2 + 1  # "not json" twice, "[1, 2]" once
     assert reasons["missing or null field 'timestamp'"] == 2
     assert reasons["field 'timestamp' is not a long: noon"] == 1
@@ -93,10 +98,11 @@ def test_user_clicks_bad_and_late_records(spark, settings, kafka_config, new_top
     assert [r["records_in"] > 0 for r in ledger] == [True, False, True, False]
     assert ledger[2]["watermark_ms"] > 0
     assert sum(r["records_in"] for r in ledger) == len(first) + len(second)
-    assert sum(r["dead_lettered"] for r in ledger) == dead
-    assert sum(r["late_dropped"] for r in ledger) == late_count
+    assert sum(r["dead_lettered"] for r in ledger) == dead + late_count
+    # Every record ends in exactly one place: aggregated or dead-lettered.
     for r in ledger:
-        assert r["records_in"] == r["aggregated"] + r["dead_lettered"] + r["late_dropped"]
+        assert r["late_dropped"] == 0
+        assert r["records_in"] == r["aggregated"] + r["dead_lettered"]
     for before, after in itertools.pairwise(ledger):
         assert after["start_offsets"] == before["end_offsets"]
 

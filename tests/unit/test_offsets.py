@@ -97,3 +97,16 @@ def test_json_round_trip() -> None:
     data = plan.to_json_dict(offsets)
     assert data == {"a": {"10": 2, "2": 3}, "b": {"0": 1}}
     assert plan.from_json_dict(data) == offsets
+
+
+def test_log_end_below_the_committed_offset_is_an_error_not_zero_lag() -> None:
+    # The topic was deleted and recreated: its end (3) is below what was processed (10).
+    with pytest.raises(
+        SourceError, match=r"a\[0\] ends at offset 3, below the committed offset 10"
+    ):
+        plan.plan_end({("a", 0): 10}, {("a", 0): (0, 3)}, None)
+
+
+def test_a_vanished_partition_is_an_error_not_dropped() -> None:
+    with pytest.raises(SourceError, match=r"partition a\[1\] was processed up to offset 7"):
+        plan.plan_end({("a", 0): 1, ("a", 1): 7}, {("a", 0): (0, 5)}, None)

@@ -68,6 +68,31 @@ def test_load_by_path(tmp_path: Path) -> None:
         ({"trigger": {"mode": "sometimes"}}, "trigger.mode"),
         ({"event_time": {"field": "user_id", "unit": "seconds"}}, "must be numeric"),
         ({"event_time": {"field": "timestamp", "unit": "fortnights"}}, "event_time.unit"),
+        ({"event_time": {"field": "timestamp", "max_ahead": "soon"}}, "event_time.max_ahead"),
+        ({"event_time": {"field": "timestamp", "not_before": "last year"}}, "not_before"),
+        ({"keys": [["user_id"]]}, "keys: each key must be a field name"),
+        ({"aggregations": [{"name": "updated_at", "function": "count"}]}, "reserved"),
+        ({"aggregations": [{"name": "Epoch", "function": "count"}]}, "reserved"),
+        ({"aggregations": [{"name": "Window_Start", "function": "count"}]}, "reserved"),
+        ({"schema": {"user_id": "string", "timestamp": "long", "epoch": "long"}}, "reserved"),
+        (
+            {
+                "aggregations": [
+                    {"name": "clicks", "function": "count"},
+                    {"name": "Clicks", "function": "count"},
+                ]
+            },
+            "differ only in case",
+        ),
+        (
+            {
+                "aggregations": [
+                    {"name": "m", "function": "avg", "field": "timestamp"},
+                    {"name": "_sum_m", "function": "count"},
+                ]
+            },
+            "hidden sum column",
+        ),
     ],
 )
 def test_bad_definitions_name_the_field(changes: dict[str, Any], message: str) -> None:
@@ -96,3 +121,14 @@ def test_not_yaml(tmp_path: Path) -> None:
     path.write_text("a: [")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_pipeline(str(path), PIPELINES)
+
+
+def test_event_time_bounds_default_to_one_day_ahead_and_parse_dates() -> None:
+    assert parse_pipeline(variant(), "p.yaml").max_ahead_seconds == 86400
+    assert parse_pipeline(variant(), "p.yaml").not_before_us is None
+    bounded = variant(
+        event_time={"field": "timestamp", "max_ahead": "5 minutes", "not_before": "2020-01-01"}
+    )
+    pipeline = parse_pipeline(bounded, "p.yaml")
+    assert pipeline.max_ahead_seconds == 300
+    assert pipeline.not_before_us == 1577836800 * 1_000_000

@@ -1,0 +1,155 @@
+"""The batch ledger (``<app>/_ledger``): where an application stands, without Spark.
+
+One row per committed batch (offsets, counts, the Delta versions it produced) and
+per operation (who, why, the plan, its phase). The epoch is the fence transaction
+on the ledger table. Everything here reads Delta only: ``status``, the Airflow hook
+and the planners use it without starting Spark.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+
+from jobs.delta import layout as tables
+from jobs.delta.layout import AppLayout
+from jobs.delta.writer import table_epoch
+from jobs.kafka_source import offsets as kafka_offsets
+
+Offsets = kafka_offsets.Offsets
+BATCH = "batch"
+# Audit rows of operations that change the epoch, and their two phases.
+STARTED, DONE = "started", "done"
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """A committed batch's end: offsets, and the state version exact for them."""
+
+    epoch: int
+    batch_id: int
+    end_offsets: Offsets
+    state_version: int
+    watermark_ms: int = 0
+
+
+@dataclass(frozen=True)
+class UnfinishedOperation:
+    """An operation that fenced the application (bumped the epoch) and did not finish."""
+
+    operation: str
+    epoch: int
+    who: str
+    when: str
+    reason: str
+
+    def describe(self) -> str:
+        return (
+            f"{self.operation} by {self.who} at {self.when} (reason: {self.reason!r}) moved "
+            f"the application to epoch {self.epoch} and did not finish"
+        )
+
+
+def read_ledger(layout: AppLayout) -> pa.Table | None:
+    path = layout.table(tables.LEDGER)
+    if not DeltaTable.is_deltatable(str(path)):
+        return None
+    return pa.table(DeltaTable(str(path)).to_pyarrow_table())
+
+
+def current_epoch(layout: AppLayout) -> int:
+    """The application's epoch: the fence on its ledger (0 before any bump)."""
+    ledger = layout.table(tables.LEDGER)
+    if not DeltaTable.is_deltatable(str(ledger)):
+        return 0
+    return max(0, table_epoch(DeltaTable(str(ledger)), layout.application_id))
+
+
+def batch_rows(ledger: pa.Table | None) -> list[dict[str, Any]]:
+    """The ledger's batch rows in commit order: (epoch, batch_id), not wall-clock time."""
+    if ledger is None:
+        return []
+    batches = ledger.filter(pc.equal(ledger["entry_type"], BATCH))
+    rows = batches.to_pylist()
+    return sorted(rows, key=lambda r: (int(r["epoch"]), int(r["batch_id"])))
+
+
+def last_batches(ledger: pa.Table | None) -> dict[int, int]:
+    """The last committed batch id of every epoch that committed one."""
+    last: dict[int, int] = {}
+    for row in batch_rows(ledger):
+        last[int(row["epoch"])] = max(last.get(int(row["epoch"]), -1), int(row["batch_id"]))
+    return last
+
+
+def batch_boundaries(layout: AppLayout) -> list[Boundary]:
+    """Every committed batch end (all epochs), oldest first."""
+    result = []
+    for row in batch_rows(read_ledger(layout)):
+        versions = json.loads(row["delta_versions"] or "{}")
+        if versions.get("state_after") is None:
+            continue
+        result.append(
+            Boundary(
+                epoch=int(row["epoch"]),
+                batch_id=int(row["batch_id"]),
+                end_offsets=kafka_offsets.from_json_dict(json.loads(row["end_offsets"])),
+                state_version=int(versions["state_after"]),
+                watermark_ms=int(row["watermark_ms"] or 0),
+            )
+        )
+    return result
+
+
+def last_boundary(layout: AppLayout) -> Boundary | None:
+    boundaries = batch_boundaries(layout)
+    return boundaries[-1] if boundaries else None
+
+
+def boundary_at_or_before(layout: AppLayout, target: Offsets) -> Boundary | None:
+    """The latest batch end with every partition at or before ``target``."""
+    fits = [
+        (sum(b.end_offsets.values()), i, b)
+        for i, b in enumerate(batch_boundaries(layout))
+        if all(off <= target.get(tp, off) for tp, off in b.end_offsets.items())
+    ]
+    # Furthest along; for the same offsets, the later batch (latest state).
+    return max(fits, key=lambda f: (f[0], f[1]))[2] if fits else None
+
+
+def unfinished_operation(layout: AppLayout) -> UnfinishedOperation | None:
+    """The operation that moved the application to its current epoch, if it has not
+    recorded that it finished (it died after the fence: its cut may be incomplete)."""
+    ledger = read_ledger(layout)
+    if ledger is None:
+        return None
+    epoch = current_epoch(layout)
+    if epoch == 0:
+        return None
+    rows = ledger.filter(
+        pc.and_(pc.equal(ledger["epoch"], epoch), pc.not_equal(ledger["entry_type"], BATCH))
+    ).to_pylist()
+    applied = [
+        {**row, "details": json.loads(row["details"] or "{}")}
+        for row in sorted(rows, key=lambda r: r["commit_time"])
+    ]
+    applied = [r for r in applied if not r["details"].get("dry_run")]
+    if not applied or any(r["details"].get("phase") == DONE for r in applied):
+        return None
+    # The epoch's first row: the operation's bump ("started"), or the fence it put
+    # on a running stream before it died.
+    first = applied[0]
+    details = first["details"]
+    operation = str(details.get("for") or first["entry_type"])
+    return UnfinishedOperation(
+        operation=operation,
+        epoch=epoch,
+        who=str(details.get("who", "unknown")),
+        when=str(first["commit_time"]),
+        reason=str(details.get("reason", "")),
+    )

@@ -1,0 +1,236 @@
+"""Operations are atomic from the user's side, and no table runs ahead of the ledger:
+an operation that died after its fence, batches fenced or crashed between two
+commits, at-least-once replays, partitions added while the application is down."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient, NewPartitions
+from deltalake import DeltaTable
+
+from jobs.delta.layout import AppLayout
+from jobs.delta.writer import table_epoch
+from jobs.errors import ConsistencyError, SourceError
+from jobs.ledger import current_epoch
+from jobs.operations.restart import plan_rebuild, plan_rewind
+from jobs.operations.runner import run_operation
+from jobs.operations.targets import TargetSpec
+from jobs.pipeline import Pipeline, load_pipeline
+from jobs.settings import REPO_ROOT, Settings
+from jobs.status import application_status
+from jobs.streaming.run import run_pipeline
+from tests.conftest import pipeline_file, produce
+from tests.expected import clicks_per_window, state_as_counter
+
+pytestmark = pytest.mark.integration
+
+
+def rows(settings: Settings, app: str, name: str) -> list[dict[str, Any]]:
+    return DeltaTable(str(settings.warehouse / app / name)).to_pyarrow_table().to_pylist()
+
+
+def clicks(n: int, salt: int) -> list[bytes]:
+    now = int(time.time())
+    return [
+        json.dumps({"user_id": f"u{(i + salt) % 11}", "timestamp": now - 200 + i % 150}).encode()
+        for i in range(n)
+    ]
+
+
+def setup(tmp_path: Path, topic: str, **source: Any) -> tuple[Pipeline, Path]:
+    path = pipeline_file(tmp_path, "user_clicks", topic, **source)
+    return load_pipeline(str(path), tmp_path), path
+
+
+def run_job(path: Path, settings: Settings, fault: str | None, *extra: str) -> int:
+    env = {k: v for k, v in os.environ.items() if k != "PLATFORM_FAULT"}
+    if fault:
+        env["PLATFORM_FAULT"] = fault
+    proc = subprocess.run(
+        [sys.executable, "-m", "jobs", "run", "--pipeline", str(path), "--quiet", *extra]
+        + ["--bootstrap-servers", settings.bootstrap_servers]
+        + ["--warehouse", str(settings.warehouse)],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        start_new_session=True,
+    )
+    if proc.returncode not in (0, -9):
+        raise AssertionError(proc.stderr[-3000:])
+    return proc.returncode
+
+
+def test_an_operation_that_died_after_its_fence_is_refused_then_completed(
+    spark, settings, kafka_config, new_topic, tmp_path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    topic = new_topic(2)
+    pipeline, _path = setup(tmp_path, topic, max_offsets_per_trigger=300)
+    first = clicks(900, 1)
+    produce(kafka_config, topic, first)
+    run_pipeline(spark, pipeline, settings)
+
+    # The rewind dies after it fenced the application, before its state action.
+    def broken_restore(*_args: Any, **_kwargs: Any) -> None:
+        raise OSError("disk went away")
+
+    spec = TargetSpec("shift", "-100")
+    monkeypatch.setattr(DeltaTable, "restore", broken_restore)
+    with pytest.raises(OSError):
+        run_operation(
+            pipeline,
+            settings,
+            lambda: plan_rewind(pipeline, settings, "fix", spec, "reprocess", None),
+            dry_run=False,
+            echo=lambda _line: None,
+        )
+    monkeypatch.undo()
+
+    with pytest.raises(ConsistencyError, match=r"rewind by .* did not finish; run the same rewind"):
+        run_pipeline(spark, pipeline, settings)
+    assert any("unfinished operation" in p for p in application_status(pipeline, settings).problems)
+
+    run_operation(
+        pipeline,
+        settings,
+        lambda: plan_rewind(pipeline, settings, "fix again", spec, "reprocess", None),
+        dry_run=False,
+        echo=lambda _line: None,
+    )
+    second = clicks(100, 2)
+    produce(kafka_config, topic, second)
+    run_pipeline(spark, pipeline, settings)
+    expected, _dead, _late = clicks_per_window([first + second])
+    assert state_as_counter(rows(settings, "user_clicks", "state"), "clicks") == expected
+    assert application_status(pipeline, settings).problems == []
+
+
+@pytest.mark.parametrize("guarantee", ["exactly_once", "at_least_once"])
+def test_a_batch_cut_off_after_its_state_commit_leaves_nothing_ahead_of_the_ledger(
+    spark, settings, kafka_config, new_topic, tmp_path, guarantee
+) -> None:  # type: ignore[no-untyped-def]
+    """A crash between the state merge and the ledger row, then a rebuild (instead of
+    a replay): the rebuild takes the state back to the ledger's last batch."""
+    topic = new_topic(2)
+    pipeline, path = setup(tmp_path, topic, max_offsets_per_trigger=300, archive=True)
+    data = yaml_with(path, processing_guarantee=guarantee)
+    pipeline = load_pipeline(str(data), tmp_path)
+    values = clicks(900, 3)
+    produce(kafka_config, topic, values)
+    assert run_job(data, settings, "after_state@1") == -9
+    state_batches = {r["batch_id"] for r in rows(settings, "user_clicks", "state")}
+    assert 1 in state_batches  # the orphan merge is there
+
+    run_operation(
+        pipeline,
+        settings,
+        lambda: plan_rebuild(pipeline, settings, "lost checkpoint", False),
+        dry_run=False,
+        echo=lambda _line: None,
+    )
+    layout = AppLayout(settings.warehouse, "user_clicks")
+    epoch = current_epoch(layout)
+    for name in ("state", "changelog", "dead_letter", "raw", "_ledger"):
+        table = DeltaTable(str(layout.table(name)))
+        assert table_epoch(table, "user_clicks") == epoch, name  # raw is fenced too
+    ledger_batches = {
+        (r["epoch"], r["batch_id"])
+        for r in rows(settings, "user_clicks", "_ledger")
+        if r["entry_type"] == "batch"
+    }
+    for name in ("changelog", "raw", "state"):
+        left = {(r["epoch"], r["batch_id"]) for r in rows(settings, "user_clicks", name)}
+        assert left - ledger_batches - {(epoch, -1)} == set(), name
+
+    assert run_job(data, settings, None) == 0
+    expected, _dead, _late = clicks_per_window([values])
+    assert state_as_counter(rows(settings, "user_clicks", "state"), "clicks") == expected
+    ledger = [r for r in rows(settings, "user_clicks", "_ledger") if r["entry_type"] == "batch"]
+    assert sum(r["records_in"] for r in ledger) == len(values)
+    raw = rows(settings, "user_clicks", "raw")
+    assert len({(r["partition"], r["offset"]) for r in raw}) == len(values) == len(raw)
+
+
+@pytest.mark.parametrize("fault", ["after_state@1", "after_ledger@1"])
+def test_at_least_once_replays_after_a_crash(
+    settings, kafka_config, new_topic, tmp_path, fault
+) -> None:  # type: ignore[no-untyped-def]
+    topic = new_topic(2)
+    _pipeline, path = setup(tmp_path, topic, max_offsets_per_trigger=300)
+    data = yaml_with(path, processing_guarantee="at_least_once")
+    values = clicks(900, 4)
+    produce(kafka_config, topic, values)
+    assert run_job(data, settings, fault) == -9
+    assert run_job(data, settings, None) == 0
+    expected, _dead, _late = clicks_per_window([values])
+    assert state_as_counter(rows(settings, "user_clicks", "state"), "clicks") == expected
+    ledger = [r for r in rows(settings, "user_clicks", "_ledger") if r["entry_type"] == "batch"]
+    batches = [(r["epoch"], r["batch_id"]) for r in ledger]
+    assert len(batches) == len(set(batches)), "a batch is in the ledger twice"
+    assert sum(r["records_in"] for r in ledger) == len(values)
+
+
+def test_partitions_added_while_down_start_at_their_earliest_offset(
+    spark, settings, kafka_config, new_topic, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    topic = new_topic(2)
+    pipeline, _path = setup(tmp_path, topic)
+    first = clicks(200, 5)
+    produce(kafka_config, topic, first)
+    run_pipeline(spark, pipeline, settings)
+    # A rebuild writes a cut naming the two partitions; then the topic grows.
+    run_operation(
+        pipeline,
+        settings,
+        lambda: plan_rebuild(pipeline, settings, "move host", False),
+        dry_run=False,
+        echo=lambda _line: None,
+    )
+    admin = AdminClient(kafka_config)
+    for future in admin.create_partitions([NewPartitions(topic, 4)]).values():
+        future.result()
+    time.sleep(1)
+    second = clicks(200, 6)
+    produce(kafka_config, topic, second)
+    run_pipeline(spark, pipeline, settings)
+    expected, _dead, _late = clicks_per_window([first + second])
+    assert state_as_counter(rows(settings, "user_clicks", "state"), "clicks") == expected
+
+
+def test_rebuild_from_source_refuses_when_retention_deleted_what_was_read(
+    spark, settings, kafka_config, new_topic, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    topic = new_topic(1)
+    pipeline, _path = setup(tmp_path, topic)
+    produce(kafka_config, topic, clicks(100, 7))
+    run_pipeline(spark, pipeline, settings)
+    admin = AdminClient(kafka_config)
+    for future in admin.delete_records([TopicPartition(topic, 0, 40)]).values():
+        future.result()
+    with pytest.raises(SourceError, match=r"no longer on the broker"):
+        run_operation(
+            pipeline,
+            settings,
+            lambda: plan_rebuild(pipeline, settings, "recompute", True),
+            dry_run=True,
+            echo=lambda _line: None,
+        )
+
+
+def yaml_with(path: Path, **changes: Any) -> Path:
+    import yaml
+
+    data = yaml.safe_load(path.read_text())
+    data.update(changes)
+    path.write_text(yaml.safe_dump(data))
+    return path

@@ -1,0 +1,120 @@
+"""The cut module and the ledger, without Spark or a broker (Delta tables only)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from jobs.cut import Cut, StateAction, read_cut, replay_from_origin, starting_offsets, write_cut
+from jobs.delta import layout as tables
+from jobs.delta.layout import AppLayout
+from jobs.delta.writer import bump_epoch
+from jobs.errors import ConsistencyError, SourceError
+from jobs.ledger import batch_boundaries, unfinished_operation
+from jobs.settings import REPO_ROOT
+
+APP = "app"
+
+
+def layout(tmp_path: Path) -> AppLayout:
+    return AppLayout(tmp_path, APP)
+
+
+def ledger_row(epoch: int, batch_id: int | None, entry: str = "batch", **kw: object) -> dict:  # type: ignore[type-arg]
+    return {
+        "application_id": APP,
+        "entry_type": entry,
+        "epoch": epoch,
+        "batch_id": batch_id,
+        "end_offsets": json.dumps({"t": {"0": 10 * (batch_id or 0)}}),
+        "pipeline_version": 1,
+        "processing_guarantee": "exactly_once",
+        "delta_versions": json.dumps({"state_after": batch_id}),
+        "commit_time": int(kw.pop("at", time.time()) * 1_000_000),  # type: ignore[call-overload]
+        **kw,
+    }
+
+
+def write_ledger(where: AppLayout, rows: list[dict]) -> None:  # type: ignore[type-arg]
+    path = where.table(tables.LEDGER)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not DeltaTable.is_deltatable(str(path)):
+        DeltaTable.create(str(path), tables.LEDGER_SCHEMA)
+    write_deltalake(str(path), pa.Table.from_pylist(rows, tables.LEDGER_SCHEMA), mode="append")
+
+
+def test_a_malformed_cut_file_is_one_error_naming_the_repair(tmp_path: Path) -> None:
+    where = layout(tmp_path)
+    write_cut(where, Cut(epoch=3, starting_offsets={"t": {"0": 5}}, origin="rebuild"))
+    assert read_cut(where, 3) == Cut(3, {"t": {"0": 5}}, "rebuild")
+    for text in ["{", "[]", '{"epoch": 3}', '{"epoch": 3, "starting_offsets": {"t": 5}}']:
+        (where.checkpoints / "epoch=3.json").write_text(text)
+        with pytest.raises(ConsistencyError, match=r"unreadable.*repair: python -m jobs rebuild"):
+            read_cut(where, 3)
+
+
+def test_new_partitions_join_a_cut_at_their_log_start_and_vanished_ones_stop_it() -> None:
+    cut = Cut(1, {"t": {"0": 5, "1": 7}}, "rebuild")
+    marks = {("t", 0): (0, 9), ("t", 1): (2, 7), ("t", 2): (4, 6)}
+    assert starting_offsets(cut, marks) == {("t", 0): 5, ("t", 1): 7, ("t", 2): 4}
+    with pytest.raises(SourceError, match=r"t\[1\] was processed up to offset 7"):
+        starting_offsets(cut, {("t", 0): (0, 9)})
+    with pytest.raises(SourceError, match=r"no longer on the broker"):
+        starting_offsets(cut, {("t", 0): (6, 9), ("t", 1): (0, 7)})
+
+
+def test_a_replay_from_the_start_reads_from_the_origin_or_refuses(tmp_path: Path) -> None:
+    where = layout(tmp_path)
+    write_cut(where, Cut(0, {"t": {"0": 3}}, "pipeline"))
+    assert replay_from_origin(where, {("t", 0): (0, 50), ("t", 1): (2, 9)}, "x") == {
+        ("t", 0): 3,
+        ("t", 1): 2,
+    }
+    with pytest.raises(SourceError, match=r"t\[0\].*3\.\.9.*no longer on the broker"):
+        replay_from_origin(where, {("t", 0): (10, 50)}, "rebuild --from-source")
+
+
+def test_batch_boundaries_follow_epoch_and_batch_not_the_wall_clock(tmp_path: Path) -> None:
+    where = layout(tmp_path)
+    now = time.time()
+    # A clock that went backwards between two batches must not reorder them.
+    write_ledger(where, [ledger_row(0, 0, at=now), ledger_row(0, 1, at=now - 3600)])
+    write_ledger(where, [ledger_row(1, 0, at=now - 7200)])
+    assert [(b.epoch, b.batch_id) for b in batch_boundaries(where)] == [(0, 0), (0, 1), (1, 0)]
+
+
+def test_an_operation_without_its_done_row_is_unfinished(tmp_path: Path) -> None:
+    where = layout(tmp_path)
+    write_ledger(where, [ledger_row(0, 0)])
+    started = ledger_row(1, None, "rewind", details=json.dumps({"phase": "started", "who": "ann"}))
+    bump_epoch(
+        [where.table(tables.LEDGER)],
+        APP,
+        1,
+        "why",
+        pa.Table.from_pylist([started], tables.LEDGER_SCHEMA),
+    )
+    found = unfinished_operation(where)
+    assert found is not None and found.operation == "rewind" and found.who == "ann"
+    done = ledger_row(1, None, "rewind", details=json.dumps({"phase": "done"}))
+    write_ledger(where, [done])
+    assert unfinished_operation(where) is None
+    assert StateAction("restore") is StateAction.RESTORE
+
+
+def test_status_and_the_planners_do_not_import_spark() -> None:
+    code = (
+        "import sys, jobs.status, jobs.ledger, jobs.cut, jobs.operations.plan; "
+        "print('pyspark' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "False"
