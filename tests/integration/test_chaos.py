@@ -1,0 +1,231 @@
+"""Chaos: a continuous run under a live producer, SIGKILLed at random moments, a
+broker restart under it, and a deleted Spark checkpoint repaired with ``rebuild``.
+The result must be exact against plain Python over what was produced, and the
+ledger's offset ranges must tile every partition with no gap and no overlap.
+
+The test runs its own broker (it restarts it) on its own data directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from deltalake import DeltaTable
+
+from jobs import broker as embedded
+from jobs import kafka_admin
+from jobs.settings import REPO_ROOT
+from tests.expected import clicks_per_window, state_as_counter
+
+pytestmark = pytest.mark.integration
+PARTITIONS = 3
+
+
+class LiveProducer(threading.Thread):
+    """Produces small chunks of clicks (event time = now, so nothing is late) and
+    keeps every acknowledged value; ``paused`` holds it while the broker restarts."""
+
+    def __init__(self, config: dict[str, str], topic: str) -> None:
+        super().__init__(daemon=True)
+        self.config, self.topic = config, topic
+        self.values: list[bytes] = []
+        self.running = threading.Event()
+        self.running.set()
+        self.idle = threading.Event()
+        self.stopped = threading.Event()
+        self.error: BaseException | None = None
+        self.rng = random.Random(7)
+
+    def run(self) -> None:
+        try:
+            while not self.stopped.is_set():
+                if not self.running.is_set():
+                    self.idle.set()
+                    time.sleep(0.05)
+                    continue
+                self.idle.clear()
+                now = int(time.time())
+                chunk = [
+                    json.dumps(
+                        {"user_id": f"u{self.rng.randrange(40)}", "timestamp": now - i % 30}
+                    ).encode()
+                    if self.rng.random() > 0.01
+                    else b"not json"
+                    for i in range(self.rng.randrange(50, 300))
+                ]
+                stamp = int(time.time() * 1000)
+                kafka_admin.produce_all(
+                    self.config, self.topic, ((None, v, stamp) for v in chunk)
+                )
+                self.values.extend(chunk)
+                time.sleep(0.2)
+        except BaseException as exc:  # reported by the test
+            self.error = exc
+        finally:
+            self.idle.set()
+
+    def pause(self) -> None:
+        self.running.clear()
+        self.idle.clear()
+        assert self.idle.wait(60), "the producer did not pause"
+
+    def resume(self) -> None:
+        self.running.set()
+
+
+def jobs_cmd(path: Path, servers: str, warehouse: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "jobs", *args, "--pipeline", str(path)] + [
+        "--bootstrap-servers",
+        servers,
+        "--warehouse",
+        str(warehouse),
+    ]
+
+
+def start_stream(path: Path, servers: str, warehouse: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        jobs_cmd(path, servers, warehouse, "run", "--trigger", "continuous", "--quiet"),
+        cwd=REPO_ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def kill(stream: subprocess.Popen[str]) -> None:
+    if stream.poll() is None:
+        os.killpg(stream.pid, signal.SIGKILL)
+    stream.communicate(timeout=60)
+
+
+def ledger_batches(warehouse: Path) -> list[dict[str, Any]]:
+    path = warehouse / "user_clicks" / "_ledger"
+    if not DeltaTable.is_deltatable(str(path)):
+        return []
+    rows = DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+    return sorted(
+        (r for r in rows if r["entry_type"] == "batch"), key=lambda r: (r["epoch"], r["batch_id"])
+    )
+
+
+def wait_for_batches(warehouse: Path, more_than: int, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if len(ledger_batches(warehouse)) > more_than:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"no batch committed within {timeout} s")
+
+
+def test_chaos_live_producer_kills_broker_restart_and_lost_checkpoint(tmp_path: Path) -> None:
+    data_dir = tmp_path / "broker"
+    port = embedded.find_free_port(41000, 42000)
+    info = embedded.start(data_dir, port)
+    servers = info.bootstrap_servers
+    config = kafka_admin.client_config(servers)
+    topic = f"chaos_{os.getpid()}"
+    kafka_admin.create_topic(kafka_admin.admin(config), topic, PARTITIONS, {"retention.ms": "-1"})
+    data = yaml.safe_load((REPO_ROOT / "include" / "pipelines" / "user_clicks.yaml").read_text())
+    data["source"].update({"topics": [topic], "max_offsets_per_trigger": 700})
+    data["trigger"] = {"mode": "continuous", "interval": "1 second"}
+    path = tmp_path / "user_clicks.yaml"
+    path.write_text(yaml.safe_dump(data))
+    warehouse = tmp_path / "warehouse"
+    rng = random.Random(20261122)
+    producer = LiveProducer(config, topic)
+    producer.start()
+    stream = start_stream(path, servers, warehouse)
+    try:
+        # Several SIGKILLs at random moments of a running stream.
+        for _ in range(4):
+            wait_for_batches(warehouse, len(ledger_batches(warehouse)))
+            time.sleep(rng.uniform(0.5, 4.0))
+            kill(stream)
+            stream = start_stream(path, servers, warehouse)
+
+        # The broker restarts under the running stream (SIGTERM: it keeps its data).
+        wait_for_batches(warehouse, len(ledger_batches(warehouse)))
+        producer.pause()
+        embedded.stop(data_dir)
+        time.sleep(2)
+        embedded.start(data_dir, port)
+        producer.resume()
+        kill(stream)  # it may have died on the broker's absence; either way restart it
+        stream = start_stream(path, servers, warehouse)
+        wait_for_batches(warehouse, len(ledger_batches(warehouse)))
+
+        # The Spark checkpoint is lost while the stream is down: rebuild from Delta.
+        kill(stream)
+        shutil.rmtree(warehouse / "user_clicks" / "_checkpoints")
+        rebuilt = subprocess.run(
+            jobs_cmd(path, servers, warehouse, "rebuild", "--reason", "checkpoint lost"),
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert rebuilt.returncode == 0, rebuilt.stderr[-3000:]
+        stream = start_stream(path, servers, warehouse)
+        wait_for_batches(warehouse, len(ledger_batches(warehouse)))
+        time.sleep(rng.uniform(0.5, 3.0))
+        kill(stream)
+    finally:
+        producer.stopped.set()
+        producer.join(60)
+        if stream.poll() is None:
+            os.killpg(stream.pid, signal.SIGKILL)
+    assert producer.error is None, producer.error
+
+    try:
+        caught_up = subprocess.run(
+            jobs_cmd(path, servers, warehouse, "run", "--trigger", "available-now", "--quiet"),
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert caught_up.returncode == 0, caught_up.stderr[-3000:]
+        marks = kafka_admin.watermarks(config, [(topic, p) for p in range(PARTITIONS)])
+    finally:
+        embedded.stop(data_dir)
+
+    values = producer.values
+    assert sum(high for _low, high in marks.values()) == len(values)
+    expected, dead, late = clicks_per_window([list(values)])
+    assert late == 0
+    root = warehouse / "user_clicks"
+    state = DeltaTable(str(root / "state")).to_pyarrow_table().to_pylist()
+    assert state_as_counter(state, "clicks") == expected
+    letters = DeltaTable(str(root / "dead_letter")).to_pyarrow_table().to_pylist()
+    assert len(letters) == dead
+    assert len({(r["partition"], r["offset"]) for r in letters}) == dead
+
+    # The ledger's ranges tile each partition: 0 .. high, no gap, no overlap.
+    batches = ledger_batches(warehouse)
+    assert len({(b["epoch"], b["batch_id"]) for b in batches}) == len(batches)
+    assert len({b["epoch"] for b in batches}) >= 2  # the rebuild started a new epoch
+    position = {p: 0 for p in range(PARTITIONS)}
+    for batch in batches:
+        start = json.loads(batch["start_offsets"]).get(topic, {})
+        end = json.loads(batch["end_offsets"])[topic]
+        for part in range(PARTITIONS):
+            begin = int(start.get(str(part), position[part]))
+            assert begin == position[part], (batch["epoch"], batch["batch_id"], part)
+            assert int(end[str(part)]) >= begin
+            position[part] = int(end[str(part)])
+        assert batch["records_in"] == batch["aggregated"] + batch["dead_lettered"]
+    assert position == {p: marks[(topic, p)][1] for p in range(PARTITIONS)}
+    assert sum(b["records_in"] for b in batches) == len(values)
