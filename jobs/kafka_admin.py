@@ -7,7 +7,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from jobs.errors import SourceError
@@ -65,7 +65,8 @@ def create_topic(
         try:
             future.result()
         except KafkaException as exc:
-            if "TOPIC_ALREADY_EXISTS" not in str(exc) and "already exists" not in str(exc):
+            error = exc.args[0] if exc.args else None
+            if not isinstance(error, KafkaError) or error.code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise SourceError(f"cannot create topic {topic!r}: {exc}") from exc
 
 

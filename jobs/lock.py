@@ -31,6 +31,23 @@ def lock_path(layout: AppLayout) -> Path:
     return layout.root / "_lock"
 
 
+# ``holder`` probes by taking the lock for an instant: a taker that meets a probe
+# tries again for this long before it calls the application busy.
+PROBE_GRACE_S = 2.0
+
+
+def _read_info(handle: Any) -> dict[str, Any]:
+    """The holder's description; a file being rewritten at this instant reads as
+    unknown instead of failing."""
+    handle.seek(0)
+    text = handle.read()
+    try:
+        info = json.loads(text) if text.strip() else {}
+    except ValueError:
+        info = {}
+    return info if isinstance(info, dict) and info else {"purpose": "unknown"}
+
+
 def holder(layout: AppLayout) -> dict[str, Any] | None:
     """Who holds the application now, or None."""
     path = lock_path(layout)
@@ -40,9 +57,7 @@ def holder(layout: AppLayout) -> dict[str, Any] | None:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            handle.seek(0)
-            text = handle.read()
-            return json.loads(text) if text.strip() else {"purpose": "unknown"}
+            return _read_info(handle)
         fcntl.flock(handle, fcntl.LOCK_UN)
     return None
 
@@ -61,16 +76,18 @@ def application_lock(layout: AppLayout, purpose: str) -> Iterator[None]:
     layout.root.mkdir(parents=True, exist_ok=True)
     handle = open(lock_path(layout), "a+")  # noqa: SIM115 - held for the whole block
     try:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            text = handle.read()
-            info = json.loads(text) if text.strip() else {}
-            raise LockedError(
-                f"application {layout.application_id} is busy: held by {describe(info)}; "
-                "try again when it has finished"
-            ) from None
+        deadline = time.monotonic() + PROBE_GRACE_S
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise LockedError(
+                        f"application {layout.application_id} is busy: held by "
+                        f"{describe(_read_info(handle))}; try again when it has finished"
+                    ) from None
+                time.sleep(0.02)
         info = {
             "purpose": purpose,
             "pid": os.getpid(),

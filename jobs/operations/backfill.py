@@ -37,8 +37,8 @@ from jobs.operations.restart import broker_marks
 from jobs.operations.targets import TargetSpec, resolve_targets
 from jobs.pipeline import Pipeline
 from jobs.settings import Settings
+from jobs.snapshot import seed_rows
 from jobs.streaming.query import aggregate, classify, record_contributions
-from jobs.streaming.seed import seed_rows
 
 SAMPLES = 10
 

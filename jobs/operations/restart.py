@@ -29,7 +29,7 @@ from jobs.operations.plan import Plan, header
 from jobs.operations.targets import TargetSpec, resolve_targets
 from jobs.pipeline import Pipeline
 from jobs.settings import Settings
-from jobs.streaming.seed import check_seedable, open_windows, seed_rows
+from jobs.snapshot import check_seedable, open_windows, seed_rows
 
 Offsets = kafka_offsets.Offsets
 

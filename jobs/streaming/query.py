@@ -16,11 +16,10 @@ from pyspark.sql import functions as F
 
 from jobs.kafka_source.datasource import FORMAT, WATERMARK_COLUMN
 from jobs.pipeline import Pipeline
+from jobs.snapshot import SPARK_TYPES, contribution_types
 
 OBSERVATION = "batch_input"
 CORRUPT = "_corrupt_record"
-SPARK_TYPES = {"string": "string", "long": "bigint", "int": "int", "double": "double"}
-SPARK_TYPES["boolean"] = "boolean"
 
 
 def read_kafka(
@@ -279,25 +278,6 @@ def observe_input(classified: DataFrame) -> DataFrame:
             )
         ).alias("dead_letters"),
     )
-
-
-def contribution_types(pipeline: Pipeline) -> dict[str, str]:
-    """Spark type of each aggregate's per-row contribution column ``_in_<name>``.
-
-    Aggregations are kept algebraic (count and avg become sums of contributions),
-    so a state snapshot can be fed back in as rows: a seed row contributes its
-    stored count, sum, min or max exactly as records would (see ``seed.py``).
-    """
-    from jobs.delta.layout import value_type
-
-    spark_type = {"int64": "bigint", "double": "double", "int32": "int"}
-    spark_type.update({"string": "string", "bool": "boolean"})
-    types = {}
-    for agg in pipeline.aggregations:
-        column = f"_sum_{agg.name}" if agg.function == "avg" else agg.name
-        types[agg.name] = spark_type[str(value_type(pipeline, column))]
-    types["_records"] = "bigint"
-    return types
 
 
 def record_contributions(classified: DataFrame, pipeline: Pipeline) -> DataFrame:

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -27,74 +26,11 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
-from jobs.delta.layout import FIELD_ARROW, TIMESTAMP
-from jobs.errors import ConfigError, ConsistencyError
+from jobs.errors import ConsistencyError
 from jobs.pipeline import Pipeline
-from jobs.streaming.query import SPARK_TYPES, contribution_types
+from jobs.snapshot import seed_ddl
 
 FORMAT = "platform_seed"
-ARROW_OF_SPARK = {
-    "bigint": pa.int64(),
-    "double": pa.float64(),
-    "int": pa.int32(),
-    "string": pa.string(),
-    "boolean": pa.bool_(),
-}
-
-
-def check_seedable(pipeline: Pipeline) -> None:
-    if pipeline.window is not None and pipeline.window.windows_per_record != 1:
-        raise ConfigError(
-            f"{pipeline.application_id}: a hopping window cannot be seeded from its state "
-            "(a seed row would land in several windows); recompute from the source instead"
-        )
-
-
-def seed_schema(pipeline: Pipeline) -> pa.Schema:
-    fields = [pa.field(k, FIELD_ARROW[pipeline.schema[k]]) for k in pipeline.keys]
-    fields.append(pa.field("_event_time", TIMESTAMP))
-    for name, kind in contribution_types(pipeline).items():
-        fields.append(pa.field(f"_in_{name}", ARROW_OF_SPARK[kind]))
-    return pa.schema(fields)
-
-
-def seed_ddl(pipeline: Pipeline) -> str:
-    columns = [f"`{k}` {SPARK_TYPES[pipeline.schema[k]]}" for k in pipeline.keys]
-    columns.append("`_event_time` timestamp")
-    columns += [f"`_in_{n}` {kind}" for n, kind in contribution_types(pipeline).items()]
-    return ", ".join(columns)
-
-
-def seed_rows(state: pa.Table, pipeline: Pipeline) -> pa.Table:
-    """State rows -> contributions: what each row adds to a fresh aggregation."""
-    check_seedable(pipeline)
-    n = state.num_rows
-    columns: dict[str, Any] = {k: state[k] for k in pipeline.keys}
-    if pipeline.window is not None:
-        columns["_event_time"] = state["window_start"]
-    else:
-        columns["_event_time"] = pa.array([0] * n, TIMESTAMP)
-    for agg in pipeline.aggregations:
-        source = f"_sum_{agg.name}" if agg.function == "avg" else agg.name
-        columns[f"_in_{agg.name}"] = state[source]
-    columns["_in__records"] = state["_records"]
-    return pa.table(columns).cast(seed_schema(pipeline))
-
-
-def open_windows(state: pa.Table, pipeline: Pipeline) -> pa.Table:
-    """The state rows Spark still needs: windows the seeded watermark keeps open.
-
-    Spark's watermark after the seed batch is the newest seeded window start minus
-    the delay, and it drops windows that end at or before it (they stay in the Delta
-    ``state`` table, closed, as they were). Unwindowed state is needed whole.
-    """
-    if pipeline.window is None or state.num_rows == 0:
-        return state
-    assert pipeline.watermark_seconds is not None
-    newest = pc.max(state["window_start"]).value  # microseconds
-    watermark = newest - pipeline.watermark_seconds * 1_000_000
-    ends = pc.cast(state["window_end"], pa.int64())
-    return state.filter(pc.greater(ends, watermark))
 
 
 def seed_stream(spark: SparkSession, pipeline: Pipeline, path: Path) -> DataFrame:

@@ -66,9 +66,7 @@ class LiveProducer(threading.Thread):
                     for i in range(self.rng.randrange(50, 300))
                 ]
                 stamp = int(time.time() * 1000)
-                kafka_admin.produce_all(
-                    self.config, self.topic, ((None, v, stamp) for v in chunk)
-                )
+                kafka_admin.produce_all(self.config, self.topic, ((None, v, stamp) for v in chunk))
                 self.values.extend(chunk)
                 time.sleep(0.2)
         except BaseException as exc:  # reported by the test

@@ -78,3 +78,28 @@ def test_cli_run_is_refused_while_held(tmp_path: Path) -> None:
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def test_probing_the_lock_never_makes_a_real_taker_fail(tmp_path: Path) -> None:
+    import threading
+
+    layout = AppLayout(tmp_path, "app")
+    with application_lock(layout, "first"):
+        pass  # the lock file exists from here on
+    stop = threading.Event()
+
+    def probe() -> None:
+        while not stop.is_set():
+            holder(layout)
+
+    probers = [threading.Thread(target=probe) for _ in range(2)]
+    for thread in probers:
+        thread.start()
+    try:
+        for i in range(200):
+            with application_lock(layout, f"taker {i}"):
+                pass
+    finally:
+        stop.set()
+        for thread in probers:
+            thread.join()

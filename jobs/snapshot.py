@@ -1,0 +1,105 @@
+"""A cut's state snapshot as rows Spark can absorb, with pyarrow only (planners,
+``status`` and the Airflow hook import this without starting Spark).
+
+Aggregations are kept algebraic, so a snapshot of the ``state`` table becomes
+"contributions": per key (and window) what the row adds to a fresh aggregation.
+``jobs/streaming/seed.py`` feeds them to Spark in a new epoch's first batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from jobs.delta.layout import FIELD_ARROW, TIMESTAMP, value_type
+from jobs.errors import ConfigError
+from jobs.pipeline import Pipeline
+
+SPARK_TYPES = {
+    "string": "string",
+    "long": "bigint",
+    "int": "int",
+    "double": "double",
+    "boolean": "boolean",
+}
+ARROW_OF_SPARK = {
+    "bigint": pa.int64(),
+    "double": pa.float64(),
+    "int": pa.int32(),
+    "string": pa.string(),
+    "boolean": pa.bool_(),
+}
+
+
+def check_seedable(pipeline: Pipeline) -> None:
+    if pipeline.window is not None and pipeline.window.windows_per_record != 1:
+        raise ConfigError(
+            f"{pipeline.application_id}: a hopping window cannot be seeded from its state "
+            "(a seed row would land in several windows); recompute from the source instead"
+        )
+
+
+def seed_schema(pipeline: Pipeline) -> pa.Schema:
+    fields = [pa.field(k, FIELD_ARROW[pipeline.schema[k]]) for k in pipeline.keys]
+    fields.append(pa.field("_event_time", TIMESTAMP))
+    for name, kind in contribution_types(pipeline).items():
+        fields.append(pa.field(f"_in_{name}", ARROW_OF_SPARK[kind]))
+    return pa.schema(fields)
+
+
+def seed_ddl(pipeline: Pipeline) -> str:
+    columns = [f"`{k}` {SPARK_TYPES[pipeline.schema[k]]}" for k in pipeline.keys]
+    columns.append("`_event_time` timestamp")
+    columns += [f"`_in_{n}` {kind}" for n, kind in contribution_types(pipeline).items()]
+    return ", ".join(columns)
+
+
+def seed_rows(state: pa.Table, pipeline: Pipeline) -> pa.Table:
+    """State rows -> contributions: what each row adds to a fresh aggregation."""
+    check_seedable(pipeline)
+    n = state.num_rows
+    columns: dict[str, Any] = {k: state[k] for k in pipeline.keys}
+    if pipeline.window is not None:
+        columns["_event_time"] = state["window_start"]
+    else:
+        columns["_event_time"] = pa.array([0] * n, TIMESTAMP)
+    for agg in pipeline.aggregations:
+        source = f"_sum_{agg.name}" if agg.function == "avg" else agg.name
+        columns[f"_in_{agg.name}"] = state[source]
+    columns["_in__records"] = state["_records"]
+    return pa.table(columns).cast(seed_schema(pipeline))
+
+
+def open_windows(state: pa.Table, pipeline: Pipeline) -> pa.Table:
+    """The state rows Spark still needs: windows the seeded watermark keeps open.
+
+    Spark's watermark after the seed batch is the newest seeded window start minus
+    the delay, and it drops windows that end at or before it (they stay in the Delta
+    ``state`` table, closed, as they were). Unwindowed state is needed whole.
+    """
+    if pipeline.window is None or state.num_rows == 0:
+        return state
+    assert pipeline.watermark_seconds is not None
+    newest = pc.max(state["window_start"]).value  # microseconds
+    watermark = newest - pipeline.watermark_seconds * 1_000_000
+    ends = pc.cast(state["window_end"], pa.int64())
+    return state.filter(pc.greater(ends, watermark))
+
+
+def contribution_types(pipeline: Pipeline) -> dict[str, str]:
+    """Spark type of each aggregate's per-row contribution column ``_in_<name>``.
+
+    Aggregations are kept algebraic (count and avg become sums of contributions),
+    so a state snapshot can be fed back in as rows: a seed row contributes its
+    stored count, sum, min or max exactly as records would (see ``seed.py``).
+    """
+    spark_type = {"int64": "bigint", "double": "double", "int32": "int"}
+    spark_type.update({"string": "string", "bool": "boolean"})
+    types = {}
+    for agg in pipeline.aggregations:
+        column = f"_sum_{agg.name}" if agg.function == "avg" else agg.name
+        types[agg.name] = spark_type[str(value_type(pipeline, column))]
+    types["_records"] = "bigint"
+    return types
