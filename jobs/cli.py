@@ -220,7 +220,7 @@ def _run(args: argparse.Namespace, settings: Settings, pipeline: object) -> int:
 def _operation(args: argparse.Namespace, settings: Settings, pipeline: object) -> int:
     from jobs.operations.restart import plan_rebuild, plan_rewind
     from jobs.operations.runner import check_reason, run_operation
-    from jobs.operations.targets import TargetSpec
+    from jobs.operations.targets import TargetKind, TargetSpec
     from jobs.pipeline import Pipeline
 
     assert isinstance(pipeline, Pipeline)
@@ -233,7 +233,7 @@ def _operation(args: argparse.Namespace, settings: Settings, pipeline: object) -
             args.dry_run,
         )
         return 0
-    kinds = {
+    kinds: dict[str, TargetKind] = {
         "to_earliest": "earliest",
         "to_latest": "latest",
         "to_offset": "offset",

@@ -102,3 +102,26 @@ def run_jobs(pipeline: Path, settings: Settings, *args: str) -> subprocess.Compl
         text=True,
         timeout=300,
     )
+
+
+def run_with_fault(
+    pipeline: Path, servers: str, warehouse: Path, fault: str | None, *extra: str
+) -> int:
+    """``python -m jobs run`` in its own process group, killed at ``fault``
+    (``PLATFORM_FAULT``, see ``jobs/faults.py``) if one is given: returns 0 or -9."""
+    env = {k: v for k, v in os.environ.items() if k != "PLATFORM_FAULT"}
+    if fault:
+        env["PLATFORM_FAULT"] = fault
+    proc = subprocess.run(
+        [sys.executable, "-m", "jobs", "run", "--pipeline", str(pipeline), "--quiet", *extra]
+        + ["--bootstrap-servers", servers, "--warehouse", str(warehouse)],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        start_new_session=True,  # its own process group: the fault kills only the job
+    )
+    if proc.returncode not in (0, -9):
+        raise AssertionError(proc.stderr[-3000:])
+    return proc.returncode

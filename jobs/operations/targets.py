@@ -8,6 +8,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Literal
 
 from confluent_kafka import Consumer, TopicPartition
 
@@ -19,9 +20,12 @@ Offsets = kafka_offsets.Offsets
 DURATION = re.compile(r"^P(?:(?P<d>\d+)D)?(?:T(?:(?P<h>\d+)H)?(?:(?P<m>\d+)M)?(?:(?P<s>\d+)S)?)?$")
 
 
+TargetKind = Literal["earliest", "latest", "offset", "datetime", "duration", "shift"]
+
+
 @dataclass(frozen=True)
 class TargetSpec:
-    kind: str  # earliest | latest | offset | datetime | duration | shift
+    kind: TargetKind
     value: str | None = None
 
 

@@ -4,40 +4,19 @@ points where a crash is most dangerous, rerun, and demand exact results."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
 
 from jobs.settings import REPO_ROOT
-from tests.conftest import pipeline_file, produce
+from tests.conftest import pipeline_file, produce, run_with_fault
 from tests.expected import clicks_per_window, state_as_counter
 
 pytestmark = pytest.mark.integration
 BAD = [b"broken", b'{"user_id": "z"}']
-
-
-def run_job(pipeline: Path, servers: str, warehouse: Path, fault: str | None) -> int:
-    env = {k: v for k, v in os.environ.items() if k != "PLATFORM_FAULT"}
-    if fault:
-        env["PLATFORM_FAULT"] = fault
-    proc = subprocess.run(
-        [sys.executable, "-m", "jobs", "run", "--pipeline", str(pipeline), "--quiet"]
-        + ["--bootstrap-servers", servers, "--warehouse", str(warehouse)],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        start_new_session=True,  # its own process group: the fault kills only the job
-    )
-    if proc.returncode not in (0, -9):
-        raise AssertionError(proc.stderr[-3000:])
-    return proc.returncode
 
 
 @pytest.mark.parametrize(
@@ -61,8 +40,8 @@ def test_crash_and_restart_is_exact(broker, kafka_config, new_topic, tmp_path, f
     pipeline = pipeline_file(tmp_path, "user_clicks", topic, max_offsets_per_trigger=700)
     warehouse = tmp_path / "warehouse"
 
-    assert run_job(pipeline, broker.bootstrap_servers, warehouse, fault) == -9
-    assert run_job(pipeline, broker.bootstrap_servers, warehouse, None) == 0
+    assert run_with_fault(pipeline, broker.bootstrap_servers, warehouse, fault) == -9
+    assert run_with_fault(pipeline, broker.bootstrap_servers, warehouse, None) == 0
 
     root = warehouse / "user_clicks"
     expected, dead, late = clicks_per_window([values])

@@ -5,9 +5,6 @@ commits, at-least-once replays, partitions added while the application is down."
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -25,10 +22,10 @@ from jobs.operations.restart import plan_rebuild, plan_rewind
 from jobs.operations.runner import run_operation
 from jobs.operations.targets import TargetSpec
 from jobs.pipeline import Pipeline, load_pipeline
-from jobs.settings import REPO_ROOT, Settings
+from jobs.settings import Settings
 from jobs.status import application_status
 from jobs.streaming.run import run_pipeline
-from tests.conftest import pipeline_file, produce
+from tests.conftest import pipeline_file, produce, run_with_fault
 from tests.expected import clicks_per_window, state_as_counter
 
 pytestmark = pytest.mark.integration
@@ -51,24 +48,8 @@ def setup(tmp_path: Path, topic: str, **source: Any) -> tuple[Pipeline, Path]:
     return load_pipeline(str(path), tmp_path), path
 
 
-def run_job(path: Path, settings: Settings, fault: str | None, *extra: str) -> int:
-    env = {k: v for k, v in os.environ.items() if k != "PLATFORM_FAULT"}
-    if fault:
-        env["PLATFORM_FAULT"] = fault
-    proc = subprocess.run(
-        [sys.executable, "-m", "jobs", "run", "--pipeline", str(path), "--quiet", *extra]
-        + ["--bootstrap-servers", settings.bootstrap_servers]
-        + ["--warehouse", str(settings.warehouse)],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        start_new_session=True,
-    )
-    if proc.returncode not in (0, -9):
-        raise AssertionError(proc.stderr[-3000:])
-    return proc.returncode
+def run_job(path: Path, settings: Settings, fault: str | None) -> int:
+    return run_with_fault(path, settings.bootstrap_servers, settings.warehouse, fault)
 
 
 def test_an_operation_that_died_after_its_fence_is_refused_then_completed(

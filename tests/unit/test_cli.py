@@ -48,3 +48,31 @@ def test_bad_environment_value() -> None:
     result = run_cli("status", "--pipeline", "user_clicks", env=env)
     assert result.returncode == 2
     assert "PLATFORM_BROKER_PORT must be a port number" in result.stderr
+
+
+def test_an_unexpected_failure_ends_with_one_error_line() -> None:
+    from jobs.cli import crash_summary
+
+    spark = RuntimeError(
+        "An error occurred while calling o52.awaitTermination.\n"
+        "[ARITHMETIC_OVERFLOW] long overflow. Use 'try_multiply' to tolerate overflow. "
+        "SQLSTATE: 22003\n== SQL (line 1, position 1) ==\n at org.apache.spark..."
+    )
+    line = crash_summary(spark)
+    assert line.startswith("Spark failed with [ARITHMETIC_OVERFLOW] long overflow.")
+    assert "\n" not in line and "nothing of the unfinished batch" in line
+    plain = crash_summary(KeyError("window_start"))
+    assert plain.startswith("KeyError: 'window_start';") and "\n" not in plain
+
+
+def test_a_crash_prints_the_traceback_then_one_error_line(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    from jobs import cli, status
+
+    def broken(*_args: object, **_kwargs: object) -> None:
+        raise ZeroDivisionError("division by zero")
+
+    monkeypatch.setattr(status, "application_status", broken)
+    assert cli.main(["status", "--pipeline", "user_clicks"]) == cli.EXIT_CRASH
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "Traceback (most recent call last):" in err
+    assert err[-1].startswith("error: ZeroDivisionError: division by zero;")
