@@ -106,6 +106,31 @@ def batch_boundaries(layout: AppLayout) -> list[Boundary]:
     return result
 
 
+def watermark_ranges(ledger: pa.Table | None) -> list[tuple[str, int, int, int, int]]:
+    """(topic, partition, begin, end, watermark_ms): the watermark each committed
+    offset range was processed with, without overlaps. A range read again in a later
+    epoch (after a rewind) takes the later decision, the one the state reflects."""
+    spans: dict[tuple[str, int], list[tuple[int, int, int]]] = {}
+    for row in batch_rows(ledger):
+        begin_of = kafka_offsets.from_json_dict(json.loads(row["start_offsets"] or "{}"))
+        end_of = kafka_offsets.from_json_dict(json.loads(row["end_offsets"] or "{}"))
+        for tp, end in end_of.items():
+            begin = begin_of.get(tp, end)
+            if end <= begin:
+                continue
+            kept = []
+            for b, e, w in spans.get(tp, []):  # cut what the newer range covers
+                if b < begin:
+                    kept.append((b, min(e, begin), w))
+                if e > end:
+                    kept.append((max(b, end), e, w))
+            kept.append((begin, end, int(row["watermark_ms"] or 0)))
+            spans[tp] = kept
+    return sorted(
+        (tp[0], tp[1], b, e, w) for tp, ranges in spans.items() for b, e, w in ranges if e > b
+    )
+
+
 def last_boundary(layout: AppLayout) -> Boundary | None:
     boundaries = batch_boundaries(layout)
     return boundaries[-1] if boundaries else None

@@ -120,15 +120,16 @@ def check_continuity(current: Offsets, marks: Watermarks) -> None:
             raise SourceError(
                 f"partition {tp[0]}[{tp[1]}] was processed up to offset {offset} but no longer "
                 "exists on the broker (topic deleted or recreated with fewer partitions); "
-                "repair: python -m jobs rewind --to-earliest --topics "
-                f"{tp[0]} (or rebuild --from-source) after checking the topic"
+                f"repair: python -m jobs rewind --to-earliest --topics {tp[0]} --mode skip "
+                "--reason ... (keeps the state, reads the topic from its start)"
             )
         high = marks[tp][1]
         if high < offset:
             raise SourceError(
                 f"{tp[0]}[{tp[1]}] ends at offset {high}, below the committed offset {offset}: "
                 "the topic was deleted and recreated (or truncated) under the application; "
-                f"repair: python -m jobs rewind --to-earliest --topics {tp[0]} --reason ..."
+                f"repair: python -m jobs rewind --to-earliest --topics {tp[0]} --mode skip "
+                "--reason ... (keeps the state, reads the topic from its start)"
             )
 
 

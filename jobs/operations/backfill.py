@@ -8,7 +8,8 @@ the head offsets at the time of the backfill. Publishing is one MERGE commit on
 ``state`` (the change data feed shows every correction as an update pre/post image;
 a reader sees the state before or after, never half) and one append of the
 corrections to ``changelog``, both in the new epoch after the stream was fenced.
-Unlike the stream, the batch recomputation drops no record as late.
+Records the stream dead-lettered as late stay out of the recomputation too: each
+record is checked against the watermark the ledger says it was processed with.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from jobs.cut import StateAction, origin_offsets, replay_from_origin
 from jobs.delta import layout as tables
@@ -30,8 +32,15 @@ from jobs.delta.layout import AppLayout
 from jobs.delta.writer import fenced_properties
 from jobs.errors import ConfigError
 from jobs.kafka_source import offsets as kafka_offsets
-from jobs.kafka_source.datasource import FORMAT
-from jobs.ledger import boundary_at_or_before, current_epoch, last_boundary
+from jobs.kafka_source.datasource import FORMAT, WATERMARK_COLUMN
+from jobs.ledger import (
+    batch_rows,
+    boundary_at_or_before,
+    current_epoch,
+    last_boundary,
+    read_ledger,
+    watermark_ranges,
+)
 from jobs.operations.plan import Plan, header
 from jobs.operations.restart import broker_marks
 from jobs.operations.targets import TargetSpec, resolve_targets
@@ -105,6 +114,8 @@ def recompute(spark: SparkSession, pipeline: Pipeline, settings: Settings, plan:
         for key, value in settings.kafka_client.items():
             reader = reader.option(f"kafka.{key}", value)
         raw = reader.load()
+    if pipeline.window is not None:
+        raw = with_stream_watermarks(spark, raw, read_ledger(layout))
     contributions = record_contributions(classify(raw, pipeline), pipeline)
     if plan.seed_state_version is not None:
         base = DeltaTable(str(layout.table("state")), version=plan.seed_state_version)
@@ -113,6 +124,27 @@ def recompute(spark: SparkSession, pipeline: Pipeline, settings: Settings, plan:
             contributions = contributions.unionByName(spark.createDataFrame(seed))
     corrected = aggregate(contributions, pipeline).toArrow()
     return corrected.cast(tables.aggregate_schema(pipeline))
+
+
+def with_stream_watermarks(
+    spark: SparkSession, raw: DataFrame, ledger: pa.Table | None
+) -> DataFrame:
+    """Each record with the watermark the stream processed it with (from the ledger),
+    so that ``classify`` leaves out exactly the records the stream dead-lettered as
+    late; records the stream has not read yet get its last watermark."""
+    ranges = watermark_ranges(ledger)
+    last = max((int(r["watermark_ms"] or 0) for r in batch_rows(ledger)), default=0)
+    schema = "r_topic string, r_partition int, r_begin long, r_end long, r_watermark long"
+    known = spark.createDataFrame(ranges, schema)
+    matches = (
+        (F.col("topic") == F.col("r_topic"))
+        & (F.col("partition") == F.col("r_partition"))
+        & (F.col("offset") >= F.col("r_begin"))
+        & (F.col("offset") < F.col("r_end"))
+    )
+    joined = raw.join(F.broadcast(known), matches, "left")
+    watermark = F.coalesce(F.col("r_watermark"), F.lit(last).cast("long"))
+    return joined.select(*raw.columns, watermark.alias(WATERMARK_COLUMN))
 
 
 def archived_records(

@@ -95,11 +95,21 @@ def plan_rewind(
     current = last.end_offsets
     config, marks = broker_marks(pipeline, settings, topics)
     chosen = resolve_targets(spec, current, marks, config)
-    target = {**current, **chosen}  # partitions of other topics stay where they are
+    selected = set(topics or pipeline.topics)
+    # Partitions of other topics stay where they are; partitions of the selected
+    # topics that no longer exist (a topic recreated with fewer) are dropped.
+    target = {
+        tp: off for tp, off in current.items() if tp[0] not in selected or tp in marks
+    } | chosen
     base = header("rewind", pipeline.application_id, reason, epoch, current)
     if mode == "skip":
+        # Going back is refused (it would count records twice), except where the
+        # log now ends below the committed offset: those offsets hold new records of
+        # a recreated topic, never counted.
         backwards = {
-            tp: (current.get(tp), off) for tp, off in chosen.items() if off < current.get(tp, off)
+            tp: (current.get(tp), off)
+            for tp, off in chosen.items()
+            if off < current.get(tp, off) and current[tp] <= marks[tp][1]
         }
         if backwards:
             raise ConfigError(
@@ -112,6 +122,12 @@ def plan_rewind(
             for tp, off in chosen.items()
             if off > current.get(tp, off)
         }
+        restarted = {tp: off for tp, off in chosen.items() if off < current.get(tp, off)}
+        if restarted:
+            base["notes"] = [
+                f"the log of {_names({tp: (None, off) for tp, off in restarted.items()})} ends "
+                "below the committed offset (topic recreated): read from the target, state kept"
+            ]
         return Plan(
             **base,
             target_offsets=target,

@@ -85,7 +85,8 @@ def test_a_topic_recreated_under_the_application_stops_it_with_the_repair(
     topic = new_topic(2)
     pipeline = clicks_pipeline(topic)
     now = int(time.time())
-    produce(kafka_config, topic, [click(f"u{i}", now - i) for i in range(200)])
+    before = [click(f"u{i}", now - i) for i in range(200)]
+    produce(kafka_config, topic, before)
     run_pipeline(spark, pipeline, settings)
 
     admin = AdminClient(kafka_config)
@@ -94,12 +95,34 @@ def test_a_topic_recreated_under_the_application_stops_it_with_the_repair(
     while topic in admin.list_topics(timeout=5).topics and time.time() < deadline:
         time.sleep(0.2)
     kafka_admin.create_topic(admin, topic, 1)  # fewer partitions, fewer records
-    produce(kafka_config, topic, [click("v", now) for _ in range(10)])
+    recreated = [click("v", now) for _ in range(10)]
+    produce(kafka_config, topic, recreated)
 
     with pytest.raises(Exception, match=r"below the committed offset|no longer exists"):
         run_pipeline(spark, pipeline, settings)
     problems = " ".join(application_status(pipeline, settings).problems)
-    assert "rewind" in problems and topic in problems
+    assert "rewind --to-earliest" in problems and "--mode skip" in problems and topic in problems
+
+    # The repair it names: keep the state, read the new topic from its start.
+    from jobs.operations.restart import plan_rewind
+    from jobs.operations.runner import run_operation
+    from jobs.operations.targets import TargetSpec
+
+    run_operation(
+        pipeline,
+        settings,
+        lambda: plan_rewind(
+            pipeline, settings, "topic recreated", TargetSpec("earliest"), "skip", [topic]
+        ),
+        dry_run=False,
+        echo=lambda _line: None,
+    )
+    more = [click("w", now) for _ in range(5)]
+    produce(kafka_config, topic, more)
+    run_pipeline(spark, pipeline, settings)
+    expected, _dead, _late = clicks_per_window([before, recreated + more])
+    assert state_as_counter(rows(settings, "user_clicks", "state"), "clicks") == expected
+    assert application_status(pipeline, settings).problems == []
 
 
 def test_retention_during_a_read_fails_the_read_instead_of_a_short_range(
@@ -170,3 +193,36 @@ def test_inventory_poison_values(spark, settings, kafka_config, new_topic) -> No
     assert set(letters) == set(bad)
     for value, fragment in bad.items():
         assert fragment in letters[value], (value, letters[value])
+
+
+def test_a_backfill_keeps_the_streams_late_decisions(
+    spark, settings, kafka_config, new_topic
+) -> None:  # type: ignore[no-untyped-def]
+    """Records the stream dead-lettered as late stay out of a backfill's state (the
+    ledger tells each record's watermark): otherwise a record would be in two places,
+    the dead letters and the state."""
+    from jobs.operations.backfill import run_backfill
+    from jobs.operations.targets import TargetSpec
+
+    topic = new_topic(1)
+    pipeline = clicks_pipeline(topic, max_offsets_per_trigger=100)
+    now = int(time.time()) // 60 * 60
+    first = [click(f"u{i % 3}", now - 60 + i % 50) for i in range(250)]
+    produce(kafka_config, topic, first)
+    run_pipeline(spark, pipeline, settings)
+    late = [click("late", now - 3600 + i) for i in range(7)]
+    on_time = [click("u0", now - 5) for _ in range(5)]
+    produce(kafka_config, topic, late + on_time)
+    run_pipeline(spark, pipeline, settings)
+    unprocessed = [click("u1", now - 3) for _ in range(4)]
+    produce(kafka_config, topic, unprocessed)
+
+    run_backfill(
+        spark, pipeline, settings, "same code", TargetSpec("earliest"), echo=lambda _: None
+    )
+    run_pipeline(spark, pipeline, settings)
+    expected, _dead, late_count = clicks_per_window([first, late + on_time + unprocessed])
+    assert late_count == len(late)
+    assert state_as_counter(rows(settings, "user_clicks", "state"), "clicks") == expected
+    letters = rows(settings, "user_clicks", "dead_letter")
+    assert len(letters) == len(late)

@@ -120,3 +120,26 @@ def test_status_and_the_planners_do_not_import_spark() -> None:
         [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_watermark_ranges_take_the_later_epochs_decision(tmp_path: Path) -> None:
+    from jobs.ledger import read_ledger, watermark_ranges
+
+    where = layout(tmp_path)
+
+    def batch(epoch: int, batch_id: int, begin: int, end: int, watermark: int) -> dict:  # type: ignore[type-arg]
+        return {
+            **ledger_row(epoch, batch_id),
+            "start_offsets": json.dumps({"t": {"0": begin}}),
+            "end_offsets": json.dumps({"t": {"0": end}}),
+            "watermark_ms": watermark,
+        }
+
+    # Epoch 0 read 0..100 and 100..200; a rewind made epoch 1 read 50..150 again.
+    write_ledger(where, [batch(0, 0, 0, 100, 10), batch(0, 1, 100, 200, 20)])
+    write_ledger(where, [batch(1, 0, 50, 150, 30)])
+    assert watermark_ranges(read_ledger(where)) == [
+        ("t", 0, 0, 50, 10),
+        ("t", 0, 50, 150, 30),
+        ("t", 0, 150, 200, 20),
+    ]

@@ -102,3 +102,14 @@ def test_rewind_skip_keeps_the_state_and_only_moves_forward(settings) -> None:  
     assert plan.skipped == {"clicks[0]": [900, 1000]}
     with pytest.raises(ConfigError, match="only moves forward"):
         restart.plan_rewind(PIPELINE, settings, "x", TargetSpec("earliest"), "skip", None)
+
+
+def test_rewind_skip_to_the_start_of_a_recreated_topic_keeps_the_state(settings, marks) -> None:  # type: ignore[no-untyped-def]
+    marks[TP] = (0, 40)  # the log now ends below the committed 900: a new topic
+    plan = restart.plan_rewind(
+        PIPELINE, settings, "recreated", TargetSpec("earliest"), "skip", None
+    )
+    assert plan.state_action is StateAction.KEEP
+    assert plan.target_offsets == {TP: 0}
+    assert plan.seed_state_version == 3
+    assert "topic recreated" in " ".join(plan.notes)
