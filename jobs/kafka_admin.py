@@ -7,7 +7,14 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from jobs.errors import SourceError
@@ -21,6 +28,21 @@ REQUEST_TIMEOUT_S = 10.0
 CLIENT_LOG = logging.getLogger("jobs.kafka_client")
 CLIENT_LOG.addHandler(logging.NullHandler())
 CLIENT_LOG.propagate = False
+
+
+def read_error(message: Message, topic: str, partition: int) -> KafkaError | None:
+    """The error of a consumed event that stops reading ``topic[partition]``: one
+    about that partition (out of range, authorization, ...) or a fatal one. Client
+    level events (a coordinator lookup or a connection that failed and is retried)
+    are logged and passed over: librdkafka retries them, and a read that makes no
+    progress for long is stopped by its own timeout."""
+    error = message.error()
+    if error is None or error.code() == KafkaError._PARTITION_EOF:
+        return None
+    if error.fatal() or (message.topic() == topic and message.partition() == partition):
+        return error
+    CLIENT_LOG.warning("reading %s[%d]: transient client error %s", topic, partition, error)
+    return None
 
 
 def client_config(bootstrap_servers: str, extra: Mapping[str, str] | None = None) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, Message, TopicPartition
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -355,8 +355,9 @@ def read_range(
             messages = consumer.consume(CONSUME_BATCH, 0.5)
             failed = [m for m in messages if m.error() is not None]
             if failed:
-                err = failed[0].error()
-                if err is not None and err.code() != KafkaError._PARTITION_EOF:
+                errors = [kafka_admin.read_error(m, topic, partition) for m in failed]
+                err = next((e for e in errors if e is not None), None)
+                if err is not None:
                     raise SourceError(
                         f"error reading {topic}[{partition}] at offset {position}: {err}; nothing "
                         "of the batch is committed (the next run retries it; if the records were "

@@ -16,8 +16,9 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import pyarrow as pa
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 
+from jobs import kafka_admin
 from jobs.delta import layout as tables
 from jobs.errors import SourceError
 
@@ -103,9 +104,9 @@ def _records_at(
                         f"within {STALL_TIMEOUT_S:.0f} s"
                     )
                 continue
-            error = message.error()
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
+            if message.error() is not None:
+                error = kafka_admin.read_error(message, topic, partition)
+                if error is None:
                     continue
                 raise SourceError(
                     f"dead letter {topic}[{partition}]@{offset} could not be read back: {error}; "
