@@ -35,7 +35,7 @@ from jobs.delta.layout import AppLayout
 from jobs.delta.writer import bump_epoch
 from jobs.errors import ConfigError, ConsistencyError, SourceError
 from jobs.kafka_source import offsets as kafka_offsets
-from jobs.ledger import last_batches, read_ledger
+from jobs.ledger import batch_rows, last_batches, read_ledger
 from jobs.pipeline import Pipeline
 
 log = logging.getLogger(__name__)
@@ -131,18 +131,41 @@ def starting_offsets(cut: Cut, marks: kafka_offsets.Watermarks) -> Offsets:
     return {**start, **added}
 
 
-def origin_offsets(layout: AppLayout) -> Offsets | None:
-    """Where the application first started reading (epoch 0's cut), if it has one."""
-    first = read_cut(layout, 0)
-    return None if first is None else first.offsets()
+def first_offsets(layout: AppLayout) -> Offsets:
+    """Where the application first read each partition: epoch 0's cut, and for a
+    partition that joined later, the offset the ledger's first batch with it starts
+    (or ends, for the batch that discovered it) at."""
+    first_cut = read_cut(layout, 0)
+    origin = {} if first_cut is None else first_cut.offsets()
+    for row in batch_rows(read_ledger(layout)):
+        begin = kafka_offsets.from_json_dict(json.loads(row["start_offsets"] or "{}"))
+        end = kafka_offsets.from_json_dict(json.loads(row["end_offsets"] or "{}"))
+        for tp, off in end.items():
+            origin.setdefault(tp, begin.get(tp, off))
+    return origin
+
+
+def fill_from_first(layout: AppLayout, start: Offsets, marks: kafka_offsets.Watermarks) -> Offsets:
+    """``start`` (a batch boundary's offsets) completed for partitions it does not
+    name: where the application first read them, or their log start if it never
+    did. Records deleted since make it an error."""
+    first = first_offsets(layout)
+    filled = {tp: start.get(tp, first.get(tp, low)) for tp, (low, _high) in marks.items()}
+    _check_kept(filled, marks, "the recomputation")
+    return filled
 
 
 def replay_from_origin(layout: AppLayout, marks: kafka_offsets.Watermarks, what: str) -> Offsets:
     """The offsets a recomputation from the start reads from: the application's own
     first offsets, never "whatever the log start is now". Records the application
     read that retention has deleted since make it an error (nothing is skipped)."""
-    origin = origin_offsets(layout) or {}
+    origin = first_offsets(layout)
     start = {tp: origin.get(tp, low) for tp, (low, _high) in marks.items()}
+    _check_kept(start, marks, what)
+    return start
+
+
+def _check_kept(start: Offsets, marks: kafka_offsets.Watermarks, what: str) -> None:
     gone = {
         f"{tp[0]}[{tp[1]}]": f"{off}..{marks[tp][0] - 1}"
         for tp, off in sorted(start.items())
@@ -155,7 +178,6 @@ def replay_from_origin(layout: AppLayout, marks: kafka_offsets.Watermarks, what:
             "Use backfill --source archive (pipelines with source.archive: true), or "
             "rewind --mode skip to accept the loss explicitly"
         )
-    return start
 
 
 def fenced_tables(layout: AppLayout, pipeline: Pipeline) -> list[Path]:

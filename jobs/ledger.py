@@ -106,12 +106,21 @@ def batch_boundaries(layout: AppLayout) -> list[Boundary]:
     return result
 
 
-def watermark_ranges(ledger: pa.Table | None) -> list[tuple[str, int, int, int, int]]:
-    """(topic, partition, begin, end, watermark_ms): the watermark each committed
-    offset range was processed with, without overlaps. A range read again in a later
-    epoch (after a rewind) takes the later decision, the one the state reflects."""
-    spans: dict[tuple[str, int], list[tuple[int, int, int]]] = {}
+Range = tuple[str, int, int, int, int, int]
+
+
+def watermark_ranges(ledger: pa.Table | None) -> list[Range]:
+    """(topic, partition, begin, end, watermark_ms, batch_time_ms): the watermark and
+    the batch time each committed offset range was judged with, without overlaps. A
+    range read again in a later epoch (after a rewind) takes the later decision, the
+    one the state reflects."""
+    spans: dict[tuple[str, int], list[tuple[int, int, tuple[int, int]]]] = {}
     for row in batch_rows(ledger):
+        details = json.loads(row["details"] or "{}")
+        # Rows written before the batch time was recorded: their commit time (the
+        # same batch, seconds later).
+        batch_time = int(details.get("batch_timestamp_ms") or _micros(row["commit_time"]) // 1000)
+        decided = (int(row["watermark_ms"] or 0), batch_time)
         begin_of = kafka_offsets.from_json_dict(json.loads(row["start_offsets"] or "{}"))
         end_of = kafka_offsets.from_json_dict(json.loads(row["end_offsets"] or "{}"))
         for tp, end in end_of.items():
@@ -119,16 +128,23 @@ def watermark_ranges(ledger: pa.Table | None) -> list[tuple[str, int, int, int, 
             if end <= begin:
                 continue
             kept = []
-            for b, e, w in spans.get(tp, []):  # cut what the newer range covers
+            for b, e, d in spans.get(tp, []):  # cut what the newer range covers
                 if b < begin:
-                    kept.append((b, min(e, begin), w))
+                    kept.append((b, min(e, begin), d))
                 if e > end:
-                    kept.append((max(b, end), e, w))
-            kept.append((begin, end, int(row["watermark_ms"] or 0)))
+                    kept.append((max(b, end), e, d))
+            kept.append((begin, end, decided))
             spans[tp] = kept
     return sorted(
-        (tp[0], tp[1], b, e, w) for tp, ranges in spans.items() for b, e, w in ranges if e > b
+        (tp[0], tp[1], b, e, *d) for tp, ranges in spans.items() for b, e, d in ranges if e > b
     )
+
+
+def _micros(value: Any) -> int:
+    """A ledger timestamp (datetime from Arrow, or epoch micros) as epoch micros."""
+    if hasattr(value, "timestamp"):
+        return int(value.timestamp() * 1_000_000)
+    return int(value or 0)
 
 
 def last_boundary(layout: AppLayout) -> Boundary | None:

@@ -49,6 +49,7 @@ RESERVED = {
     "_reason",
     "_corrupt_record",
     "_batch_watermark_ms",
+    "_batch_time_ms",
 }
 DEFAULT_MAX_AHEAD = "1 day"
 UNIT_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}

@@ -23,10 +23,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from jobs.cut import StateAction, origin_offsets, replay_from_origin
+from jobs.cut import StateAction, fill_from_first, replay_from_origin
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
 from jobs.delta.writer import fenced_properties
@@ -47,7 +47,7 @@ from jobs.operations.targets import TargetSpec, resolve_targets
 from jobs.pipeline import Pipeline
 from jobs.settings import Settings
 from jobs.snapshot import seed_rows
-from jobs.streaming.query import aggregate, classify, record_contributions
+from jobs.streaming.query import BATCH_TIME_COLUMN, aggregate, classify, record_contributions
 
 SAMPLES = 10
 
@@ -72,13 +72,12 @@ def plan_backfill(
     if start.kind != "earliest":
         wanted = resolve_targets(start, current, marks, config)
         boundary = boundary_at_or_before(layout, wanted)
-    if boundary is None and source == "archive":
-        origin = origin_offsets(layout) or {}
-        read_from = {tp: origin.get(tp, low) for tp, (low, _high) in marks.items()}
-    elif boundary is None:
-        read_from = replay_from_origin(layout, marks, "a backfill from Kafka")
+    # Every partition of the head gets its first offset: a partition the boundary
+    # does not name (added later) is read from where the application first read it.
+    if boundary is None:
+        read_from = replay_from_origin(layout, marks, f"a backfill from {source}")
     else:
-        read_from = dict(boundary.end_offsets)
+        read_from = fill_from_first(layout, boundary.end_offsets, marks)
     return Plan(
         **header("backfill", pipeline.application_id, reason, epoch, current),
         target_offsets=head,
@@ -87,6 +86,7 @@ def plan_backfill(
         boundary=boundary,
         records_to_replay=sum(head[tp] - read_from.get(tp, head[tp]) for tp in head),
         source=source,
+        read_from=read_from,
         notes=[
             f"recomputes with pipeline version {pipeline.version} from "
             f"{kafka_offsets.to_json_dict(read_from)} to the head offsets, in one batch job"
@@ -97,10 +97,7 @@ def plan_backfill(
 def recompute(spark: SparkSession, pipeline: Pipeline, settings: Settings, plan: Plan) -> pa.Table:
     """The corrected state: the boundary's state plus every record after it."""
     layout = AppLayout(settings.warehouse, pipeline.application_id)
-    start = plan.boundary.end_offsets if plan.boundary else None
-    if start is None:
-        origin = origin_offsets(layout) or {}
-        start = {tp: origin.get(tp, 0) for tp in plan.target_offsets}
+    start = plan.read_from
     if plan.source == "archive":
         raw = archived_records(spark, layout, start, plan.target_offsets)
     else:
@@ -114,8 +111,7 @@ def recompute(spark: SparkSession, pipeline: Pipeline, settings: Settings, plan:
         for key, value in settings.kafka_client.items():
             reader = reader.option(f"kafka.{key}", value)
         raw = reader.load()
-    if pipeline.window is not None:
-        raw = with_stream_watermarks(spark, raw, read_ledger(layout))
+    raw = with_stream_decisions(spark, raw, read_ledger(layout), pipeline.window is not None)
     contributions = record_contributions(classify(raw, pipeline), pipeline)
     if plan.seed_state_version is not None:
         base = DeltaTable(str(layout.table("state")), version=plan.seed_state_version)
@@ -126,15 +122,18 @@ def recompute(spark: SparkSession, pipeline: Pipeline, settings: Settings, plan:
     return corrected.cast(tables.aggregate_schema(pipeline))
 
 
-def with_stream_watermarks(
-    spark: SparkSession, raw: DataFrame, ledger: pa.Table | None
+def with_stream_decisions(
+    spark: SparkSession, raw: DataFrame, ledger: pa.Table | None, windowed: bool
 ) -> DataFrame:
-    """Each record with the watermark the stream processed it with (from the ledger),
-    so that ``classify`` leaves out exactly the records the stream dead-lettered as
-    late; records the stream has not read yet get its last watermark."""
+    """Each record with the watermark and the batch time the stream judged it with
+    (from the ledger), so that ``classify`` leaves out exactly the records the stream
+    dead-lettered (late, or too far ahead of its batch); records the stream has not
+    read yet get its last watermark and the time of this backfill."""
     ranges = watermark_ranges(ledger)
     last = max((int(r["watermark_ms"] or 0) for r in batch_rows(ledger)), default=0)
-    schema = "r_topic string, r_partition int, r_begin long, r_end long, r_watermark long"
+    schema = (
+        "r_topic string, r_partition int, r_begin long, r_end long, r_watermark long, r_time long"
+    )
     known = spark.createDataFrame(ranges, schema)
     matches = (
         (F.col("topic") == F.col("r_topic"))
@@ -143,8 +142,15 @@ def with_stream_watermarks(
         & (F.col("offset") < F.col("r_end"))
     )
     joined = raw.join(F.broadcast(known), matches, "left")
-    watermark = F.coalesce(F.col("r_watermark"), F.lit(last).cast("long"))
-    return joined.select(*raw.columns, watermark.alias(WATERMARK_COLUMN))
+    now = F.unix_millis(F.current_timestamp())
+    columns: list[Column | str] = [
+        *raw.columns,
+        F.coalesce(F.col("r_time"), now).alias(BATCH_TIME_COLUMN),
+    ]
+    if windowed:
+        watermark = F.coalesce(F.col("r_watermark"), F.lit(last).cast("long"))
+        columns.append(watermark.alias(WATERMARK_COLUMN))
+    return joined.select(*columns)
 
 
 def archived_records(

@@ -34,6 +34,7 @@ class Plan:
     records_to_replay: int = 0
     skipped: dict[str, list[int]] = field(default_factory=dict)  # "topic[p]" -> [from, to)
     source: str = "kafka"  # where a backfill reads: "kafka" or "archive" (the raw table)
+    read_from: Offsets = field(default_factory=dict)  # a backfill's first offsets
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -44,6 +45,7 @@ class Plan:
         data = asdict(self)
         data["current_offsets"] = kafka_offsets.to_json_dict(self.current_offsets)
         data["target_offsets"] = kafka_offsets.to_json_dict(self.target_offsets)
+        data["read_from"] = kafka_offsets.to_json_dict(self.read_from)
         if self.boundary is not None:
             data["boundary"]["end_offsets"] = kafka_offsets.to_json_dict(self.boundary.end_offsets)
         data["records_skipped"] = self.records_skipped

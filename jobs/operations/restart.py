@@ -23,7 +23,7 @@ from jobs.delta.layout import AppLayout
 from jobs.delta.writer import fenced_properties
 from jobs.errors import ConfigError
 from jobs.kafka_source import offsets as kafka_offsets
-from jobs.ledger import boundary_at_or_before, current_epoch, last_boundary
+from jobs.ledger import batch_boundaries, boundary_at_or_before, current_epoch, last_boundary
 from jobs.operations.audit import append_audit, audit_row
 from jobs.operations.plan import Plan, header
 from jobs.operations.targets import TargetSpec, resolve_targets
@@ -172,6 +172,18 @@ def _names(pairs: dict[tuple[str, int], tuple[Any, int]]) -> str:
     return ", ".join(f"{t}[{p}]->{off}" for (t, p), (_cur, off) in sorted(pairs.items()))
 
 
+def watermark_floor(layout: AppLayout, plan: Plan) -> int:
+    """The watermark below which the new epoch treats windows as closed: where the
+    state it starts from stands. Emptied state reopens everything; a backfill's
+    published state has judged every record the stream read, with the stream's
+    watermarks, so it continues from the highest one."""
+    if plan.state_action is StateAction.PUBLISH:
+        return max((b.watermark_ms for b in batch_boundaries(layout)), default=0)
+    if plan.state_action is StateAction.EMPTY or plan.boundary is None:
+        return 0
+    return plan.boundary.watermark_ms
+
+
 def apply_plan(
     pipeline: Pipeline,
     settings: Settings,
@@ -204,7 +216,7 @@ def apply_plan(
         starting_offsets=kafka_offsets.to_json_dict(plan.target_offsets),
         origin=plan.operation,
         seed_rows=None if seed is None else seed.num_rows,
-        watermark_ms=plan.boundary.watermark_ms if plan.boundary is not None else 0,
+        watermark_ms=watermark_floor(layout, plan),
     )
     offsets = (
         kafka_offsets.to_json_dict(plan.current_offsets),

@@ -72,6 +72,7 @@ class BatchCommitter:
         query_name: str,
         consumer_config: dict[str, Any],
         seed_path: Path | None = None,
+        watermark_floor_ms: int = 0,
     ) -> None:
         self.spark = spark
         self.pipeline = pipeline
@@ -88,6 +89,9 @@ class BatchCommitter:
         self.results: list[BatchResult] = []
         self.aggregate_schema = tables.aggregate_schema(pipeline)
         self.seed_path = seed_path
+        # The source judges lateness by max(Spark's watermark, the cut's floor); the
+        # ledger records that one, so backfills and later cuts decide the same way.
+        self.watermark_floor_ms = watermark_floor_ms
         self._aggregated = 0
         self._changed_rows = 0
 
@@ -177,12 +181,14 @@ class BatchCommitter:
             "start_offsets": json.dumps(start, sort_keys=True),
             "end_offsets": json.dumps(offsets.end_offsets, sort_keys=True),
             **counts,
-            "watermark_ms": offsets.watermark_ms,
+            "watermark_ms": max(offsets.watermark_ms, self.watermark_floor_ms),
             "pipeline_version": self.pipeline.version,
             "processing_guarantee": self.pipeline.processing_guarantee,
             "delta_versions": json.dumps(versions, sort_keys=True),
             "details": json.dumps(
                 {
+                    # "now" of the batch's event-time bounds (a backfill reuses it)
+                    "batch_timestamp_ms": offsets.batch_timestamp_ms,
                     "seconds": round(time.monotonic() - started, 3),
                     "timings": timings,
                     **extra,

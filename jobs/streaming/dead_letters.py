@@ -48,11 +48,12 @@ def dead_letter_batches(
     size = 0
     consumer = Consumer(
         {
+            # As the source reads: a client setting may change the isolation level.
+            "isolation.level": "read_committed",
             **consumer_config,
             "group.id": "platform-dead-letters",
             "enable.auto.commit": False,
             "auto.offset.reset": "error",
-            "isolation.level": "read_committed",
         }
     )
     try:

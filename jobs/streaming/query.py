@@ -19,6 +19,8 @@ from jobs.pipeline import Pipeline
 from jobs.snapshot import SPARK_TYPES, contribution_types
 
 OBSERVATION = "batch_input"
+# A backfill's records carry the time of the stream batch that judged them.
+BATCH_TIME_COLUMN = "_batch_time_ms"
 CORRUPT = "_corrupt_record"
 
 
@@ -177,7 +179,9 @@ def _first_reason(checks: list[tuple[Column, Column]], otherwise: Column) -> Col
     return reason
 
 
-def _time_checks(pipeline: Pipeline, late_check: bool) -> list[tuple[Column, Column]]:
+def _time_checks(
+    pipeline: Pipeline, late_check: bool, batch_time: bool
+) -> list[tuple[Column, Column]]:
     field, unit = pipeline.event_time_field, pipeline.event_time_unit
     given = F.concat(
         F.lit(f"event time {field!r} = "), F.col(f"t.`{field}`").cast("string"), F.lit(f" {unit}")
@@ -185,8 +189,9 @@ def _time_checks(pipeline: Pipeline, late_check: bool) -> list[tuple[Column, Col
     event_us = F.col("_event_us")
     lower = max(MIN_EVENT_US, pipeline.not_before_us or MIN_EVENT_US)
     # In a stream, current_timestamp() is the batch's time from Spark's offset log:
-    # the same on a replay.
-    now = F.current_timestamp()
+    # the same on a replay. A backfill passes each record's batch time from the
+    # ledger, so it bounds event time as the stream did.
+    now = F.timestamp_millis(F.col(BATCH_TIME_COLUMN)) if batch_time else F.current_timestamp()
     upper = F.unix_micros(now) + F.lit(pipeline.max_ahead_seconds * 1_000_000)
     checks = [
         (event_us.isNull(), F.concat(given, F.lit(" is out of range"))),
@@ -236,7 +241,9 @@ def classify(raw: DataFrame, pipeline: Pipeline) -> DataFrame:
     text = F.col("value").cast("string")
     typed = F.from_json(text, _schema_ddl(pipeline, False), options)
     late_check = pipeline.window is not None and WATERMARK_COLUMN in raw.columns
+    batch_time = BATCH_TIME_COLUMN in raw.columns
     extra = [WATERMARK_COLUMN] if late_check else []
+    extra += [BATCH_TIME_COLUMN] if batch_time else []
     parsed = raw.select(
         "topic", "partition", "offset", "key", "value", "timestamp", *extra, typed.alias("t")
     ).withColumn("_event_us", _event_micros(pipeline))
@@ -244,7 +251,7 @@ def classify(raw: DataFrame, pipeline: Pipeline) -> DataFrame:
     for name in pipeline.schema:
         parses = parses & F.col(f"t.`{name}`").isNotNull()
     unparsed = _first_reason(_structure_checks(pipeline, text), F.lit("invalid record"))
-    checks = _value_checks(pipeline, text) + _time_checks(pipeline, late_check)
+    checks = _value_checks(pipeline, text) + _time_checks(pipeline, late_check, batch_time)
     reason = F.when(
         F.col("value").isNotNull() & parses, _first_reason(checks, F.lit(None).cast("string"))
     ).otherwise(unparsed)

@@ -138,7 +138,16 @@ def _run_locked(
     )
     consumer_config = kafka_admin.client_config(settings.bootstrap_servers, settings.kafka_client)
     committer = BatchCommitter(
-        spark, pipeline, layout, epoch, checkpoint, starting, name, consumer_config, seed_path
+        spark,
+        pipeline,
+        layout,
+        epoch,
+        checkpoint,
+        starting,
+        name,
+        consumer_config,
+        seed_path,
+        watermark_floor_ms=cut.watermark_ms if pipeline.window is not None else 0,
     )
     log.info(
         "%s: epoch %d starts from the %s cut (seeded rows: %s, watermark floor %d ms)",

@@ -129,17 +129,22 @@ def test_watermark_ranges_take_the_later_epochs_decision(tmp_path: Path) -> None
 
     def batch(epoch: int, batch_id: int, begin: int, end: int, watermark: int) -> dict:  # type: ignore[type-arg]
         return {
-            **ledger_row(epoch, batch_id),
+            **ledger_row(epoch, batch_id, at=1000.0),
             "start_offsets": json.dumps({"t": {"0": begin}}),
             "end_offsets": json.dumps({"t": {"0": end}}),
             "watermark_ms": watermark,
+            "details": json.dumps({"batch_timestamp_ms": 7 * watermark}),
         }
 
     # Epoch 0 read 0..100 and 100..200; a rewind made epoch 1 read 50..150 again.
     write_ledger(where, [batch(0, 0, 0, 100, 10), batch(0, 1, 100, 200, 20)])
     write_ledger(where, [batch(1, 0, 50, 150, 30)])
     assert watermark_ranges(read_ledger(where)) == [
-        ("t", 0, 0, 50, 10),
-        ("t", 0, 50, 150, 30),
-        ("t", 0, 150, 200, 20),
+        ("t", 0, 0, 50, 10, 70),
+        ("t", 0, 50, 150, 30, 210),
+        ("t", 0, 150, 200, 20, 140),
     ]
+    # A row from before the batch time was recorded: its commit time stands in.
+    old = {**batch(2, 0, 200, 210, 40), "details": None}
+    write_ledger(where, [old])
+    assert watermark_ranges(read_ledger(where))[-1] == ("t", 0, 200, 210, 40, 1_000_000)
