@@ -148,3 +148,40 @@ def test_watermark_ranges_take_the_later_epochs_decision(tmp_path: Path) -> None
     old = {**batch(2, 0, 200, 210, 40), "details": None}
     write_ledger(where, [old])
     assert watermark_ranges(read_ledger(where))[-1] == ("t", 0, 200, 210, 40, 1_000_000)
+
+
+def test_a_partition_added_later_replays_from_where_the_application_first_read_it(
+    tmp_path: Path,
+) -> None:
+    from jobs.cut import fill_from_first, first_offsets
+
+    where = layout(tmp_path)
+    write_cut(where, Cut(0, {"t": {"0": 3}}, "pipeline"))
+
+    def batch(batch_id: int, start: dict, end: dict) -> dict:  # type: ignore[type-arg]
+        return {
+            **ledger_row(0, batch_id),
+            "start_offsets": json.dumps({"t": start}),
+            "end_offsets": json.dumps({"t": end}),
+        }
+
+    # Batch 1 discovered partition 1 (at its log start 40); batch 2 read it from there.
+    write_ledger(
+        where,
+        [
+            batch(0, {"0": 3}, {"0": 10}),
+            batch(1, {"0": 10}, {"0": 20, "1": 40}),
+            batch(2, {"0": 20, "1": 40}, {"0": 30, "1": 45}),
+        ],
+    )
+    assert first_offsets(where) == {("t", 0): 3, ("t", 1): 40}
+    marks = {("t", 0): (0, 30), ("t", 1): (0, 45), ("t", 2): (7, 9)}
+    assert replay_from_origin(where, marks, "x") == {("t", 0): 3, ("t", 1): 40, ("t", 2): 7}
+    # A boundary from before partition 1 existed: it is read from 40, not skipped.
+    assert fill_from_first(where, {("t", 0): 10}, marks) == {
+        ("t", 0): 10,
+        ("t", 1): 40,
+        ("t", 2): 7,
+    }
+    with pytest.raises(SourceError, match=r"t\[1\].*40\.\.41"):
+        replay_from_origin(where, {**marks, ("t", 1): (42, 45)}, "rebuild --from-source")

@@ -113,3 +113,16 @@ def test_rewind_skip_to_the_start_of_a_recreated_topic_keeps_the_state(settings,
     assert plan.target_offsets == {TP: 0}
     assert plan.seed_state_version == 3
     assert "topic recreated" in " ".join(plan.notes)
+
+
+def test_the_new_epochs_watermark_floor_follows_the_state_it_starts_from(settings) -> None:  # type: ignore[no-untyped-def]
+    layout = AppLayout(settings.warehouse, PIPELINE.application_id)
+    rebuild = restart.plan_rebuild(PIPELINE, settings, "x", from_source=False)
+    assert restart.watermark_floor(layout, rebuild) == 2000  # the last boundary's
+    spec = TargetSpec("shift", "-100")
+    rewind = restart.plan_rewind(PIPELINE, settings, "x", spec, "reprocess", None)
+    assert restart.watermark_floor(layout, rewind) == 1000  # restored to batch 1
+    replay = restart.plan_rebuild(PIPELINE, settings, "x", from_source=True)
+    assert restart.watermark_floor(layout, replay) == 0  # emptied: every window reopens
+    backfill = dataclasses.replace(rewind, state_action=StateAction.PUBLISH)
+    assert restart.watermark_floor(layout, backfill) == 2000  # the highest the stream had
