@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -70,6 +70,9 @@ class Cut:
     # stay closed (their late records are dead letters), whatever Spark's new
     # watermark is after a seed.
     watermark_ms: int = 0
+    # The broker's topic ids when the cut was made: a topic deleted and recreated
+    # since gets a new id, even when its new log is already longer than the old.
+    topic_ids: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -98,6 +101,7 @@ def read_cut(layout: AppLayout, epoch: int) -> Cut | None:
             origin=str(data.get("origin", Origin.PIPELINE.value)),
             seed_rows=None if data.get("seed_rows") is None else int(data["seed_rows"]),
             watermark_ms=int(data.get("watermark_ms", 0)),
+            topic_ids={str(k): str(v) for k, v in dict(data.get("topic_ids") or {}).items()},
         )
         cut.offsets()  # validates the shape
     except (OSError, ValueError, KeyError, TypeError, AttributeError, ConfigError) as exc:

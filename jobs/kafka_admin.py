@@ -13,6 +13,7 @@ from confluent_kafka import (
     KafkaException,
     Message,
     Producer,
+    TopicCollection,
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
@@ -73,6 +74,37 @@ def topic_partitions(
             raise SourceError(f"topic {topic!r} does not exist on the broker")
         result[topic] = sorted(meta.partitions)
     return result
+
+
+# What a broker without topic ids (Kafka before 2.8) answers.
+NO_TOPIC_ID = "AAAAAAAAAAAAAAAAAAAAAA"
+
+
+def topic_ids(client: AdminClient, topics: Iterable[str]) -> dict[str, str]:
+    """The broker's id of each topic, which changes when a topic is deleted and
+    recreated under the same name; topics whose id the broker does not report are
+    left out (the offset checks still catch a recreated topic that is shorter)."""
+    wanted = list(topics)
+    try:
+        futures = client.describe_topics(TopicCollection(wanted), request_timeout=REQUEST_TIMEOUT_S)
+        found = {topic: str(future.result().topic_id) for topic, future in futures.items()}
+    except KafkaException as exc:
+        raise SourceError(f"cannot describe topics {wanted}: {exc}") from exc
+    return {t: i for t, i in found.items() if i and i != NO_TOPIC_ID and set(i) != {"A"}}
+
+
+def check_same_topics(recorded: Mapping[str, str], now: Mapping[str, str]) -> None:
+    """A topic whose id changed since the cut was deleted and recreated: its offsets
+    name other records. Stop and name the repair; never read on."""
+    for topic, topic_id in sorted(recorded.items()):
+        current = now.get(topic)
+        if current is not None and current != topic_id:
+            raise SourceError(
+                f"topic {topic!r} was deleted and recreated since the application's cut (topic "
+                f"id {topic_id}, now {current}): its offsets name other records; repair: python "
+                f"-m jobs rewind --to-earliest --topics {topic} --mode skip --reason ... (keeps "
+                "the state, reads the new topic from its start)"
+            )
 
 
 def create_topic(

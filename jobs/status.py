@@ -11,6 +11,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from jobs import kafka_admin
+from jobs.cut import read_cut
 from jobs.delta.layout import AppLayout
 from jobs.errors import PlatformError
 from jobs.kafka_source import offsets as plan
@@ -75,7 +76,11 @@ def application_status(pipeline: Pipeline, settings: Settings, with_broker: bool
     _check_batches(rows, problems)
     repair = _check_checkpoint(layout, epoch, rows, problems)
     committed = plan.from_json_dict(json.loads(last["end_offsets"]))
-    lags = _lags(pipeline, settings, committed, problems) if with_broker else []
+    lags = (
+        _lags(pipeline, settings, committed, problems, _cut_topic_ids(layout, epoch, problems))
+        if with_broker
+        else []
+    )
     state_path = layout.table("state")
     state_rows = DeltaTable(str(state_path)).count()
     summary = {k: last[k] for k in ("epoch", "batch_id", "commit_time", "end_offsets")}
@@ -165,7 +170,11 @@ def _check_checkpoint(
 
 
 def _lags(
-    pipeline: Pipeline, settings: Settings, committed: plan.Offsets, problems: list[str]
+    pipeline: Pipeline,
+    settings: Settings,
+    committed: plan.Offsets,
+    problems: list[str],
+    topic_ids: dict[str, str] | None = None,
 ) -> list[PartitionLag]:
     config = kafka_admin.client_config(settings.bootstrap_servers, settings.kafka_client)
     try:
@@ -180,6 +189,9 @@ def _lags(
         return []
     try:
         plan.check_continuity(committed, marks)
+        kafka_admin.check_same_topics(
+            topic_ids or {}, kafka_admin.topic_ids(kafka_admin.admin(config), pipeline.topics)
+        )
     except PlatformError as exc:
         problems.append(str(exc))
     result = []
@@ -226,3 +238,12 @@ def format_status(status: Status) -> str:
     else:
         lines.append("  problems: none found")
     return "\n".join(lines)
+
+
+def _cut_topic_ids(layout: AppLayout, epoch: int, problems: list[str]) -> dict[str, str]:
+    try:
+        cut = read_cut(layout, epoch)
+    except PlatformError as exc:
+        problems.append(str(exc))
+        return {}
+    return {} if cut is None else cut.topic_ids

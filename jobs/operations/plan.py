@@ -35,6 +35,8 @@ class Plan:
     skipped: dict[str, list[int]] = field(default_factory=dict)  # "topic[p]" -> [from, to)
     source: str = "kafka"  # where a backfill reads: "kafka" or "archive" (the raw table)
     read_from: Offsets = field(default_factory=dict)  # a backfill's first offsets
+    # Topics a rewind points at their current log: they may have been recreated.
+    reset_topics: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     @property

@@ -17,7 +17,14 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from jobs import kafka_admin
-from jobs.cut import Cut, StateAction, apply_cut, orphan_state_version, replay_from_origin
+from jobs.cut import (
+    Cut,
+    StateAction,
+    apply_cut,
+    orphan_state_version,
+    read_cut,
+    replay_from_origin,
+)
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
 from jobs.delta.writer import fenced_properties
@@ -101,15 +108,19 @@ def plan_rewind(
     target = {
         tp: off for tp, off in current.items() if tp[0] not in selected or tp in marks
     } | chosen
-    base = header("rewind", pipeline.application_id, reason, epoch, current)
+    base: dict[str, Any] = {
+        **header("rewind", pipeline.application_id, reason, epoch, current),
+        "reset_topics": sorted(selected),
+    }
     if mode == "skip":
         # Going back is refused (it would count records twice), except where the
         # log now ends below the committed offset: those offsets hold new records of
         # a recreated topic, never counted.
+        recreated = recreated_topics(pipeline, settings, layout, epoch)
         backwards = {
             tp: (current.get(tp), off)
             for tp, off in chosen.items()
-            if off < current.get(tp, off) and current[tp] <= marks[tp][1]
+            if off < current.get(tp, off) and current[tp] <= marks[tp][1] and tp[0] not in recreated
         }
         if backwards:
             raise ConfigError(
@@ -125,8 +136,9 @@ def plan_rewind(
         restarted = {tp: off for tp, off in chosen.items() if off < current.get(tp, off)}
         if restarted:
             base["notes"] = [
-                f"the log of {_names({tp: (None, off) for tp, off in restarted.items()})} ends "
-                "below the committed offset (topic recreated): read from the target, state kept"
+                f"{_names({tp: (None, off) for tp, off in restarted.items()})}: the topic was "
+                "recreated (new topic id, or a log that ends below the committed offset): "
+                "read from the target, state kept"
             ]
         return Plan(
             **base,
@@ -170,6 +182,32 @@ def plan_rewind(
 
 def _names(pairs: dict[tuple[str, int], tuple[Any, int]]) -> str:
     return ", ".join(f"{t}[{p}]->{off}" for (t, p), (_cur, off) in sorted(pairs.items()))
+
+
+def recreated_topics(
+    pipeline: Pipeline, settings: Settings, layout: AppLayout, epoch: int
+) -> set[str]:
+    """Topics whose id differs from the one the current cut recorded."""
+    cut = read_cut(layout, epoch)
+    if cut is None or not cut.topic_ids:
+        return set()
+    config = kafka_admin.client_config(settings.bootstrap_servers, settings.kafka_client)
+    now = kafka_admin.topic_ids(kafka_admin.admin(config), pipeline.topics)
+    return {t for t, i in cut.topic_ids.items() if t in now and now[t] != i}
+
+
+def checked_topic_ids(
+    pipeline: Pipeline, settings: Settings, layout: AppLayout, plan: Plan
+) -> dict[str, str]:
+    """The topic ids the new cut records. A topic recreated since the current cut is
+    accepted only when this operation points it at its new log (a rewind of it)."""
+    config = kafka_admin.client_config(settings.bootstrap_servers, settings.kafka_client)
+    now = kafka_admin.topic_ids(kafka_admin.admin(config), pipeline.topics)
+    previous = read_cut(layout, plan.epoch_before)
+    if previous is not None:
+        kept = {t: i for t, i in previous.topic_ids.items() if t not in plan.reset_topics}
+        kafka_admin.check_same_topics(kept, now)
+    return now
 
 
 def watermark_floor(layout: AppLayout, plan: Plan) -> int:
@@ -217,6 +255,7 @@ def apply_plan(
         origin=plan.operation,
         seed_rows=None if seed is None else seed.num_rows,
         watermark_ms=watermark_floor(layout, plan),
+        topic_ids=checked_topic_ids(pipeline, settings, layout, plan),
     )
     offsets = (
         kafka_offsets.to_json_dict(plan.current_offsets),

@@ -67,7 +67,12 @@ def epoch_cut(layout: AppLayout, pipeline: Pipeline, settings: Settings) -> Cut:
         config, [(t, p) for t, parts in partitions.items() for p in parts]
     )
     start = plan.resolve_starting_offsets(pipeline.starting_offsets, partitions, marks)
-    cut = Cut(epoch=epoch, starting_offsets=plan.to_json_dict(start), origin=Origin.PIPELINE.value)
+    cut = Cut(
+        epoch=epoch,
+        starting_offsets=plan.to_json_dict(start),
+        origin=Origin.PIPELINE.value,
+        topic_ids=kafka_admin.topic_ids(kafka_admin.admin(config), pipeline.topics),
+    )
     write_cut(layout, cut)
     return cut
 
@@ -111,6 +116,10 @@ def _run_locked(
         )
     epoch = current_epoch(layout)
     cut = epoch_cut(layout, pipeline, settings)
+    config = kafka_admin.client_config(settings.bootstrap_servers, settings.kafka_client)
+    kafka_admin.check_same_topics(
+        cut.topic_ids, kafka_admin.topic_ids(kafka_admin.admin(config), pipeline.topics)
+    )
     # Only used while the epoch's checkpoint has no batch yet (Spark ignores it after).
     starting = plan.to_json_dict(start_of(cut, broker_watermarks(pipeline, settings)))
     checkpoint = layout.checkpoint(epoch)

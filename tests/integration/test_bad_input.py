@@ -232,3 +232,48 @@ def test_a_backfill_keeps_the_streams_late_decisions(
     assert state_as_counter(rows(settings, "user_clicks", "state"), "clicks") == expected
     letters = sorted(r["value"] for r in rows(settings, "user_clicks", "dead_letter"))
     assert letters == sorted(late + ahead)
+
+
+def test_a_recreated_topic_that_outgrew_the_committed_offset_is_caught_by_its_id(
+    spark, settings, kafka_config, new_topic
+) -> None:  # type: ignore[no-untyped-def]
+    """The new log already reaches past the committed offset, so the offsets look
+    continuous; the topic id the cut recorded tells the two topics apart."""
+    from jobs.operations.restart import plan_rewind
+    from jobs.operations.runner import run_operation
+    from jobs.operations.targets import TargetSpec
+
+    topic = new_topic(1)
+    pipeline = clicks_pipeline(topic)
+    now = int(time.time())
+    before = [click(f"u{i % 4}", now - i) for i in range(50)]
+    produce(kafka_config, topic, before)
+    run_pipeline(spark, pipeline, settings)
+
+    admin = AdminClient(kafka_config)
+    admin.delete_topics([topic])[topic].result()
+    deadline = time.time() + 30
+    while topic in admin.list_topics(timeout=5).topics and time.time() < deadline:
+        time.sleep(0.2)
+    kafka_admin.create_topic(admin, topic, 1)
+    recreated = [click(f"v{i % 3}", now - i % 30) for i in range(80)]
+    produce(kafka_config, topic, recreated)
+
+    with pytest.raises(Exception, match=r"deleted and recreated since the application's cut"):
+        run_pipeline(spark, pipeline, settings)
+    problems = " ".join(application_status(pipeline, settings).problems)
+    assert "topic id" in problems and "--mode skip" in problems
+
+    run_operation(
+        pipeline,
+        settings,
+        lambda: plan_rewind(
+            pipeline, settings, "topic recreated", TargetSpec("earliest"), "skip", [topic]
+        ),
+        dry_run=False,
+        echo=lambda _line: None,
+    )
+    run_pipeline(spark, pipeline, settings)
+    expected, _dead, _late = clicks_per_window([before, recreated])
+    assert state_as_counter(rows(settings, "user_clicks", "state"), "clicks") == expected
+    assert application_status(pipeline, settings).problems == []

@@ -185,3 +185,18 @@ def test_a_partition_added_later_replays_from_where_the_application_first_read_i
     }
     with pytest.raises(SourceError, match=r"t\[1\].*40\.\.41"):
         replay_from_origin(where, {**marks, ("t", 1): (42, 45)}, "rebuild --from-source")
+
+
+def test_every_table_of_the_layout_is_fenced_ledger_first_raw_included(tmp_path: Path) -> None:
+    import dataclasses
+
+    from jobs.cut import fenced_tables
+    from jobs.pipeline import load_pipeline
+
+    clicks = load_pipeline("user_clicks", REPO_ROOT / "include" / "pipelines")
+    archived = dataclasses.replace(clicks, archive=True)
+    where = AppLayout(tmp_path, "user_clicks")
+    names = [p.name for p in fenced_tables(where, archived)]
+    assert names[0] == tables.LEDGER
+    assert set(names) == {tables.LEDGER, "dead_letter", "changelog", "state", "raw"}
+    assert "raw" not in [p.name for p in fenced_tables(where, clicks)]

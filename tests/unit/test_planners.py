@@ -112,7 +112,7 @@ def test_rewind_skip_to_the_start_of_a_recreated_topic_keeps_the_state(settings,
     assert plan.state_action is StateAction.KEEP
     assert plan.target_offsets == {TP: 0}
     assert plan.seed_state_version == 3
-    assert "topic recreated" in " ".join(plan.notes)
+    assert "the topic was recreated" in " ".join(plan.notes)
 
 
 def test_the_new_epochs_watermark_floor_follows_the_state_it_starts_from(settings) -> None:  # type: ignore[no-untyped-def]
@@ -126,3 +126,16 @@ def test_the_new_epochs_watermark_floor_follows_the_state_it_starts_from(setting
     assert restart.watermark_floor(layout, replay) == 0  # emptied: every window reopens
     backfill = dataclasses.replace(rewind, state_action=StateAction.PUBLISH)
     assert restart.watermark_floor(layout, backfill) == 2000  # the highest the stream had
+
+
+def test_rewind_skip_back_is_allowed_only_for_a_topic_with_a_new_id(settings, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    layout = AppLayout(settings.warehouse, PIPELINE.application_id)
+    write_cut(layout, Cut(0, {"clicks": {"0": 0}}, "pipeline", topic_ids={"clicks": "old-id"}))
+    ids = {"clicks": "old-id"}
+    monkeypatch.setattr(restart.kafka_admin, "topic_ids", lambda *_a: dict(ids))
+    with pytest.raises(ConfigError, match="only moves forward"):
+        restart.plan_rewind(PIPELINE, settings, "x", TargetSpec("earliest"), "skip", None)
+    ids["clicks"] = "new-id"  # deleted and recreated; its new log (1000) outgrew 900
+    plan = restart.plan_rewind(PIPELINE, settings, "x", TargetSpec("earliest"), "skip", None)
+    assert plan.target_offsets == {TP: 0} and plan.state_action is StateAction.KEEP
+    assert plan.reset_topics == ["clicks"]
