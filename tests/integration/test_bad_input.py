@@ -244,6 +244,10 @@ def test_a_recreated_topic_that_outgrew_the_committed_offset_is_caught_by_its_id
     from jobs.operations.targets import TargetSpec
 
     topic = new_topic(1)
+    if not kafka_admin.topic_ids(kafka_admin.admin(kafka_config), [topic]):
+        # Measured: noida-db answers DescribeTopics with the all-zero id (as Kafka
+        # before 2.8 does); the unit tests cover the logic, this runs on real Kafka.
+        pytest.skip("the broker reports no topic ids")
     pipeline = clicks_pipeline(topic)
     now = int(time.time())
     before = [click(f"u{i % 4}", now - i) for i in range(50)]

@@ -61,7 +61,8 @@ def test_thousands_of_1mb_bad_records_with_the_driver_at_1g(
     try:
         check_run_and_tables(broker, topic, tmp_path)
     finally:  # free the shared broker's memory (it keeps every topic in memory)
-        AdminClient(kafka_config).delete_topics([topic])[topic].result()
+        admin = AdminClient(kafka_config)  # held: the future needs its live handle
+        admin.delete_topics([topic])[topic].result()
 
 
 def check_run_and_tables(broker, topic: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

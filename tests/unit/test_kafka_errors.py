@@ -37,3 +37,16 @@ def test_partition_errors_stop_the_read_and_client_events_do_not() -> None:
     eof = KafkaError(KafkaError._PARTITION_EOF)
     assert read_error(Event(eof, ("t", 0)), "t", 0) is None  # type: ignore[arg-type]
     assert read_error(Event(None, ("t", 0)), "t", 0) is None  # type: ignore[arg-type]
+
+
+def test_a_changed_topic_id_is_a_recreated_topic_and_unknown_ids_are_not_compared() -> None:
+    import pytest
+
+    from jobs.errors import SourceError
+    from jobs.kafka_admin import check_same_topics
+
+    check_same_topics({"a": "id1", "b": "id2"}, {"a": "id1", "b": "id2"})
+    check_same_topics({"a": "id1"}, {})  # the broker reports no ids now: offset checks only
+    check_same_topics({}, {"a": "id1"})  # a cut from before ids were recorded
+    with pytest.raises(SourceError, match=r"'b' was deleted and recreated.*--mode skip"):
+        check_same_topics({"a": "id1", "b": "id2"}, {"a": "id1", "b": "id9"})
