@@ -41,6 +41,32 @@ def click(user: str, ts: Any) -> bytes:
     return json.dumps({"user_id": user, "timestamp": ts}).encode()
 
 
+def recreate(kafka_config: dict[str, str], topic: str, partitions: int) -> None:
+    admin = AdminClient(kafka_config)
+    admin.delete_topics([topic])[topic].result()
+    deadline = time.time() + 30
+    while topic in admin.list_topics(timeout=5).topics and time.time() < deadline:
+        time.sleep(0.2)
+    kafka_admin.create_topic(admin, topic, partitions)
+
+
+def read_recreated_topic_from_its_start(pipeline: Pipeline, settings: Settings, topic: str) -> None:
+    """The repair the error names: rewind --to-earliest --topics T --mode skip."""
+    from jobs.operations.restart import plan_rewind
+    from jobs.operations.runner import run_operation
+    from jobs.operations.targets import TargetSpec
+
+    run_operation(
+        pipeline,
+        settings,
+        lambda: plan_rewind(
+            pipeline, settings, "topic recreated", TargetSpec("earliest"), "skip", [topic]
+        ),
+        dry_run=False,
+        echo=lambda _line: None,
+    )
+
+
 def test_poison_and_far_future_records_are_dead_letters_not_failures(
     spark, settings, kafka_config, new_topic
 ) -> None:  # type: ignore[no-untyped-def]
@@ -89,12 +115,7 @@ def test_a_topic_recreated_under_the_application_stops_it_with_the_repair(
     produce(kafka_config, topic, before)
     run_pipeline(spark, pipeline, settings)
 
-    admin = AdminClient(kafka_config)
-    admin.delete_topics([topic])[topic].result()
-    deadline = time.time() + 30
-    while topic in admin.list_topics(timeout=5).topics and time.time() < deadline:
-        time.sleep(0.2)
-    kafka_admin.create_topic(admin, topic, 1)  # fewer partitions, fewer records
+    recreate(kafka_config, topic, 1)  # fewer partitions, fewer records
     recreated = [click("v", now) for _ in range(10)]
     produce(kafka_config, topic, recreated)
 
@@ -104,19 +125,7 @@ def test_a_topic_recreated_under_the_application_stops_it_with_the_repair(
     assert "rewind --to-earliest" in problems and "--mode skip" in problems and topic in problems
 
     # The repair it names: keep the state, read the new topic from its start.
-    from jobs.operations.restart import plan_rewind
-    from jobs.operations.runner import run_operation
-    from jobs.operations.targets import TargetSpec
-
-    run_operation(
-        pipeline,
-        settings,
-        lambda: plan_rewind(
-            pipeline, settings, "topic recreated", TargetSpec("earliest"), "skip", [topic]
-        ),
-        dry_run=False,
-        echo=lambda _line: None,
-    )
+    read_recreated_topic_from_its_start(pipeline, settings, topic)
     more = [click("w", now) for _ in range(5)]
     produce(kafka_config, topic, more)
     run_pipeline(spark, pipeline, settings)
@@ -239,10 +248,6 @@ def test_a_recreated_topic_that_outgrew_the_committed_offset_is_caught_by_its_id
 ) -> None:  # type: ignore[no-untyped-def]
     """The new log already reaches past the committed offset, so the offsets look
     continuous; the topic id the cut recorded tells the two topics apart."""
-    from jobs.operations.restart import plan_rewind
-    from jobs.operations.runner import run_operation
-    from jobs.operations.targets import TargetSpec
-
     topic = new_topic(1)
     if not kafka_admin.topic_ids(kafka_admin.admin(kafka_config), [topic]):
         # Measured: noida-db answers DescribeTopics with the all-zero id (as Kafka
@@ -254,12 +259,7 @@ def test_a_recreated_topic_that_outgrew_the_committed_offset_is_caught_by_its_id
     produce(kafka_config, topic, before)
     run_pipeline(spark, pipeline, settings)
 
-    admin = AdminClient(kafka_config)
-    admin.delete_topics([topic])[topic].result()
-    deadline = time.time() + 30
-    while topic in admin.list_topics(timeout=5).topics and time.time() < deadline:
-        time.sleep(0.2)
-    kafka_admin.create_topic(admin, topic, 1)
+    recreate(kafka_config, topic, 1)
     recreated = [click(f"v{i % 3}", now - i % 30) for i in range(80)]
     produce(kafka_config, topic, recreated)
 
@@ -268,15 +268,7 @@ def test_a_recreated_topic_that_outgrew_the_committed_offset_is_caught_by_its_id
     problems = " ".join(application_status(pipeline, settings).problems)
     assert "topic id" in problems and "--mode skip" in problems
 
-    run_operation(
-        pipeline,
-        settings,
-        lambda: plan_rewind(
-            pipeline, settings, "topic recreated", TargetSpec("earliest"), "skip", [topic]
-        ),
-        dry_run=False,
-        echo=lambda _line: None,
-    )
+    read_recreated_topic_from_its_start(pipeline, settings, topic)
     run_pipeline(spark, pipeline, settings)
     expected, _dead, _late = clicks_per_window([before, recreated])
     assert state_as_counter(rows(settings, "user_clicks", "state"), "clicks") == expected
