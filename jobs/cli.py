@@ -207,7 +207,9 @@ def _run(args: argparse.Namespace, settings: Settings, pipeline: object) -> int:
         )
     faults.arm()
     name = f"platform-{pipeline.application_id}"
-    spark = get_spark(settings.spark_master, name, settings.spark_driver_memory)
+    spark = get_spark(
+        settings.spark_master, name, settings.spark_driver_memory, settings.spark_python
+    )
     try:
         summary = run_pipeline(spark, pipeline, settings, args.trigger)
     finally:
@@ -269,7 +271,9 @@ def _backfill(args: argparse.Namespace, settings: Settings, pipeline: object) ->
         spec = TargetSpec("datetime", args.from_datetime)
     else:
         spec = TargetSpec("offset", args.from_offset)
-    spark = get_spark(settings.spark_master, "backfill", settings.spark_driver_memory)
+    spark = get_spark(
+        settings.spark_master, "backfill", settings.spark_driver_memory, settings.spark_python
+    )
     try:
         run_backfill(spark, pipeline, settings, reason, spec, args.source, args.preview)
     finally:

@@ -25,6 +25,9 @@ class Settings:
     warehouse: Path
     spark_master: str
     spark_driver_memory: str
+    # The Python that executors run (None: the driver's own on local masters,
+    # ``python3`` on a cluster, whose workers need not have the driver's path).
+    spark_python: str | None
     spark_conn_id: str  # the Airflow connection SparkSubmitOperator uses
     pipelines_dir: Path
     broker_data_dir: Path
@@ -42,6 +45,7 @@ ENV_NAMES = tuple(
         "WAREHOUSE",
         "SPARK_MASTER",
         "SPARK_DRIVER_MEMORY",
+        "SPARK_PYTHON",
         "SPARK_CONN_ID",
         "PIPELINES_DIR",
         "BROKER_DATA_DIR",
@@ -81,6 +85,7 @@ def load_settings() -> Settings:
         warehouse=Path(_env("WAREHOUSE", str(REPO_ROOT / "warehouse"))).resolve(),
         spark_master=_env("SPARK_MASTER", "local[2]"),
         spark_driver_memory=_env("SPARK_DRIVER_MEMORY", "2g"),
+        spark_python=_env("SPARK_PYTHON", "").strip() or None,
         spark_conn_id=_env("SPARK_CONN_ID", "spark_default"),
         pipelines_dir=Path(_env("PIPELINES_DIR", str(REPO_ROOT / "include" / "pipelines"))),
         broker_data_dir=Path(_env("BROKER_DATA_DIR", str(REPO_ROOT / ".broker"))).resolve(),

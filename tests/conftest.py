@@ -91,13 +91,17 @@ def pipeline_file(directory: Path, name: str, topic: str, **source: object) -> P
     return path
 
 
-def run_jobs(pipeline: Path, settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
-    """``python -m jobs <args> --pipeline <file>`` against the test broker and warehouse."""
+def run_jobs(
+    pipeline: Path, settings: Settings, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``python -m jobs <args> --pipeline <file>`` against the test broker and warehouse
+    (``env``: extra environment, e.g. a cluster's PLATFORM_SPARK_MASTER)."""
     return subprocess.run(
         [sys.executable, "-m", "jobs", *args, "--pipeline", str(pipeline)]
         + ["--bootstrap-servers", settings.bootstrap_servers]
         + ["--warehouse", str(settings.warehouse)],
         cwd=REPO_ROOT,
+        env={**os.environ, **(env or {})},
         capture_output=True,
         text=True,
         timeout=300,
@@ -105,18 +109,24 @@ def run_jobs(pipeline: Path, settings: Settings, *args: str) -> subprocess.Compl
 
 
 def run_with_fault(
-    pipeline: Path, servers: str, warehouse: Path, fault: str | None, *extra: str
+    pipeline: Path,
+    servers: str,
+    warehouse: Path,
+    fault: str | None,
+    *extra: str,
+    env: dict[str, str] | None = None,
 ) -> int:
     """``python -m jobs run`` in its own process group, killed at ``fault``
     (``PLATFORM_FAULT``, see ``jobs/faults.py``) if one is given: returns 0 or -9."""
-    env = {k: v for k, v in os.environ.items() if k != "PLATFORM_FAULT"}
+    environment = {k: v for k, v in os.environ.items() if k != "PLATFORM_FAULT"}
+    environment.update(env or {})
     if fault:
-        env["PLATFORM_FAULT"] = fault
+        environment["PLATFORM_FAULT"] = fault
     proc = subprocess.run(
         [sys.executable, "-m", "jobs", "run", "--pipeline", str(pipeline), "--quiet", *extra]
         + ["--bootstrap-servers", servers, "--warehouse", str(warehouse)],
         cwd=REPO_ROOT,
-        env=env,
+        env=environment,
         capture_output=True,
         text=True,
         timeout=300,

@@ -100,3 +100,25 @@ def test_host_ports_do_not_clash() -> None:
 def test_compose_file_is_where_readme_says() -> None:
     assert Path(REPO_ROOT / "docker-compose.yml").is_file()
     assert "docker-compose.yml" in (REPO_ROOT / "README.md").read_text()
+
+
+def test_driver_and_executors_agree_on_python_and_spark() -> None:
+    """PySpark refuses a worker whose Python minor version differs from the driver's,
+    and executors need the pinned pyspark (the daemons run its Spark)."""
+
+    def dockerfile(service: str) -> str:
+        build = SERVICES[service]["build"]
+        return (REPO_ROOT / build["context"] / build["dockerfile"]).read_text()
+
+    def python_of(text: str) -> str:
+        base = re.findall(r"^FROM\s+(\S+)", text, re.MULTILINE)[-1]
+        found = re.search(r"python:?(3\.\d+)", base)
+        assert found, f"cannot tell the Python version of {base}"
+        return found.group(1)
+
+    airflow, spark = dockerfile("airflow-scheduler"), dockerfile("spark-master")
+    assert python_of(airflow) == python_of(spark) == "3.11"
+    assert "-c /tmp/platform/constraints.txt" in spark and re.search(r"\bpyspark\b", spark)
+    assert SERVICES["spark-worker"]["image"] == SERVICES["spark-master"]["image"]
+    assert SERVICES["airflow-scheduler"]["environment"]["PLATFORM_SPARK_PYTHON"] == "python3"
+    assert SERVICES["spark-worker"]["environment"]["PLATFORM_SPARK_PYTHON"] == "python3"

@@ -1,10 +1,16 @@
-"""The SparkSession every job uses: local by default, RocksDB state with changelog
-checkpointing, and the ``kafka`` Python data source registered."""
+"""The SparkSession every job uses: RocksDB state with changelog checkpointing, the
+``kafka`` Python data source registered, and the ``jobs`` package shipped to the
+executors so the same job runs on ``local[N]`` and on any cluster manager."""
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import os
 import sys
+import tempfile
+import zipfile
+from pathlib import Path
 
 from pyspark.sql import SparkSession
 
@@ -14,24 +20,73 @@ from jobs.streaming.seed import SeedDataSource
 
 LOG4J_CONFIG = REPO_ROOT / "include" / "config" / "log4j2.properties"
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+PACKAGE = REPO_ROOT / "jobs"
+# Cluster Python default: a worker's interpreter is not at the driver's path.
+CLUSTER_PYTHON = "python3"
+log = logging.getLogger(__name__)
+
+
+def executor_python(master: str, configured: str | None) -> str:
+    """The Python executors run: the setting, else the driver's own for local
+    masters (same machine, same packages), else ``python3`` on the worker's PATH."""
+    if configured:
+        return configured
+    return sys.executable if master.startswith("local") else CLUSTER_PYTHON
+
+
+def package_zip() -> Path:
+    """``jobs/`` as a zip for executors' ``sys.path``, named by its content so a
+    changed package never reuses a stale archive (built once per content, atomically)."""
+    sources = sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
+    digest = hashlib.sha256()
+    for path in sources:
+        digest.update(str(path.relative_to(REPO_ROOT)).encode() + b"\0" + path.read_bytes())
+    name = f"jobs-{digest.hexdigest()[:16]}.zip"
+    target = Path(tempfile.gettempdir()) / "platform-py-files" / name
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(f".{os.getpid()}.partial")
+    with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as archive:
+        for path in sources:
+            archive.write(path, str(path.relative_to(REPO_ROOT)))
+    partial.replace(target)
+    return target
+
+
+def _submitted_master() -> str:
+    """The ``--master`` spark-submit was given (it is in the JVM's properties)."""
+    from pyspark import SparkConf
+
+    return SparkConf().get("spark.master", "local[*]") or "local[*]"
 
 
 def get_spark(
-    master: str = "local[2]", app_name: str = "platform", driver_memory: str = "2g"
+    master: str = "local[2]",
+    app_name: str = "platform",
+    driver_memory: str = "2g",
+    python: str | None = None,
 ) -> SparkSession:
-    """The shared session (Spark takes seconds to start: reuse it)."""
-    # Spark binds to a non-loopback address unless told otherwise; Python workers
-    # must run this interpreter, which has the project's packages.
+    """The shared session (Spark takes seconds to start: reuse it).
+
+    ``python`` is the executors' interpreter (``PLATFORM_SPARK_PYTHON``); see
+    ``executor_python`` for the default.
+    """
+    # Spark binds to a non-loopback address unless told otherwise.
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    submitted = "PYSPARK_GATEWAY_PORT" in os.environ  # under spark-submit
+    if submitted:
+        master = _submitted_master()
+    # Read by SparkContext when it starts: every Python worker, local or remote.
+    os.environ["PYSPARK_PYTHON"] = executor_python(master, python)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    # Python workers unpickle the source and import ``jobs``: put the project on
-    # their path (spark-submit on a cluster ships it with --py-files instead).
+    # Python workers the driver's JVM starts (the source's planner) import ``jobs``
+    # from the project; executors elsewhere get the zip below.
     paths = [str(REPO_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    archive = package_zip()
     builder = SparkSession.builder
-    # Under spark-submit the master comes from its --master; otherwise from settings.
-    if "PYSPARK_GATEWAY_PORT" not in os.environ:
+    if not submitted:
         builder = builder.master(master)
     spark = (
         builder.appName(app_name)
@@ -52,6 +107,17 @@ def get_spark(
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
+    ship_package(spark, archive)
+    # After shipping: a registered source captures the Python includes it runs with.
     spark.dataSource.register(KafkaDataSource)
     spark.dataSource.register(SeedDataSource)
     return spark
+
+
+def ship_package(spark: SparkSession, archive: Path) -> None:
+    """Every task's Python worker imports ``jobs`` from this zip, on any cluster manager."""
+    shipped = spark.sparkContext.getConf().get("spark.submit.pyFiles", "") or ""
+    if archive.name in shipped or archive.name in (spark.sparkContext._python_includes or []):
+        return
+    spark.sparkContext.addPyFile(str(archive))
+    log.info("shipping %s to executors", archive.name)

@@ -1,0 +1,1 @@
+"""The Spark-side package: pipelines, the Kafka source, Delta writes, operations."""

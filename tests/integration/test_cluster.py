@@ -1,0 +1,86 @@
+"""The job on a real Spark standalone cluster (one master, one worker, loopback):
+executors import ``jobs`` only from the zip the driver ships, run the Python the
+setting names, and the results stay exact through a SIGKILL, a rebuild and a
+backfill."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+
+from include import local_spark
+from tests.conftest import pipeline_file, produce, run_jobs, run_with_fault
+from tests.expected import clicks_per_window, state_as_counter
+
+pytestmark = pytest.mark.integration
+BAD = [b"not json", b'{"user_id": 7, "timestamp": 1}']
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_spark.Cluster]:
+    started = local_spark.start(tmp_path_factory.mktemp("spark-cluster"), cores=2, memory="2g")
+    yield started
+    local_spark.stop(started)
+
+
+def clicks(n: int, salt: int) -> list[bytes]:
+    now = int(time.time())
+    return [
+        json.dumps({"user_id": f"u{(i + salt) % 17}", "timestamp": now - 200 + i % 180}).encode()
+        for i in range(n)
+    ]
+
+
+def test_user_clicks_on_a_standalone_cluster(  # type: ignore[no-untyped-def]
+    cluster, broker, kafka_config, new_topic, settings, tmp_path
+) -> None:
+    # The executors' Python is the setting; nothing of the driver's path leaks to them.
+    env = {"PLATFORM_SPARK_MASTER": cluster.master_url, "PLATFORM_SPARK_PYTHON": sys.executable}
+    topic = new_topic(3)
+    first = clicks(1800, 0) + BAD
+    produce(kafka_config, topic, first)
+    pipeline = pipeline_file(tmp_path, "user_clicks", topic, max_offsets_per_trigger=500)
+    servers, warehouse = broker.bootstrap_servers, settings.warehouse
+
+    # Killed after batch 1's changelog commit (driver side), then resumed on the cluster.
+    assert run_with_fault(pipeline, servers, warehouse, "after_changelog@1", env=env) == -9
+    assert run_with_fault(pipeline, servers, warehouse, None, env=env) == 0
+    expected, dead, _ = clicks_per_window([first])
+    assert current_state(warehouse) == expected
+    executors = list(Path(cluster.directory, "work").glob("app-*/*/jobs-*.zip"))
+    assert executors, "the executors never received the package"
+
+    # Spark's state restored from Delta in a new epoch, then more input.
+    rebuilt = run_jobs(pipeline, settings, "rebuild", "--reason", "cluster test", env=env)
+    assert rebuilt.returncode == 0, rebuilt.stderr[-3000:]
+    second = clicks(900, 5)
+    produce(kafka_config, topic, second)
+    assert run_with_fault(pipeline, servers, warehouse, None, env=env) == 0
+    expected, dead, late = clicks_per_window([first, second])
+    assert late == 0
+    assert current_state(warehouse) == expected
+
+    # Recomputed in batch on the cluster and published: the same exact answer.
+    backfill = run_jobs(
+        pipeline, settings, "backfill", "--from-earliest", "--reason", "cluster test", env=env
+    )
+    assert backfill.returncode == 0, backfill.stderr[-3000:]
+    assert run_with_fault(pipeline, servers, warehouse, None, env=env) == 0
+    assert current_state(warehouse) == expected
+    ledger = DeltaTable(str(warehouse / "user_clicks" / "_ledger")).to_pyarrow_table().to_pylist()
+    batches = [r for r in ledger if r["entry_type"] == "batch"]
+    assert len({(r["epoch"], r["batch_id"]) for r in batches}) == len(batches)
+    letters = DeltaTable(str(warehouse / "user_clicks" / "dead_letter")).to_pyarrow_table()
+    assert sorted(letters.column("value").to_pylist()) == sorted(BAD)
+    assert letters.num_rows == dead
+
+
+def current_state(warehouse: Path):  # type: ignore[no-untyped-def]
+    rows = DeltaTable(str(warehouse / "user_clicks" / "state")).to_pyarrow_table().to_pylist()
+    return state_as_counter(rows, "clicks")
