@@ -98,6 +98,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="read the records from Kafka or from the raw archive (beyond retention)",
     )
 
+    maintain = commands.add_parser(
+        "maintain",
+        help="compact, vacuum and checkpoint the tables, keeping every rewind target (audited)",
+    )
+    _pipeline_args(maintain)
+    _operation_args(maintain)
+
     broker = commands.add_parser("broker", help="the embedded Kafka-protocol broker")
     broker.add_argument("action", choices=["start", "stop", "status"])
     broker.add_argument("--port", type=int, help="default: $PLATFORM_BROKER_PORT or 19092")
@@ -160,6 +167,12 @@ def main(argv: list[str] | None = None) -> int:
             return _operation(args, settings, pipeline)
         if args.command == "backfill":
             return _backfill(args, settings, pipeline)
+        if args.command == "maintain":
+            from jobs.operations.maintain import run_maintain
+            from jobs.operations.runner import check_reason
+
+            run_maintain(pipeline, settings, check_reason(args.reason), args.dry_run)
+            return 0
         return _run(args, settings, pipeline)
     except PlatformError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -19,12 +19,16 @@ from deltalake import DeltaTable
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
 from jobs.delta.writer import table_epoch
+from jobs.errors import ConsistencyError
 from jobs.kafka_source import offsets as kafka_offsets
 
 Offsets = kafka_offsets.Offsets
 BATCH = "batch"
 # Audit rows of operations that change the epoch, and their two phases.
 STARTED, DONE = "started", "done"
+# Table maintenance: never changes the epoch; its "started" row records the oldest
+# state version it keeps (the rewind horizon it promises).
+MAINTAIN = "maintain"
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,7 @@ class Boundary:
     end_offsets: Offsets
     state_version: int
     watermark_ms: int = 0
+    commit_time_us: int = 0
 
 
 @dataclass(frozen=True)
@@ -101,6 +106,7 @@ def batch_boundaries(layout: AppLayout) -> list[Boundary]:
                 end_offsets=kafka_offsets.from_json_dict(json.loads(row["end_offsets"])),
                 state_version=int(versions["state_after"]),
                 watermark_ms=int(row["watermark_ms"] or 0),
+                commit_time_us=_micros(row["commit_time"]),
             )
         )
     return result
@@ -160,7 +166,34 @@ def boundary_at_or_before(layout: AppLayout, target: Offsets) -> Boundary | None
         if all(off <= target.get(tp, off) for tp, off in b.end_offsets.items())
     ]
     # Furthest along; for the same offsets, the later batch (latest state).
-    return max(fits, key=lambda f: (f[0], f[1]))[2] if fits else None
+    if not fits:
+        return None
+    chosen: Boundary = max(fits, key=lambda f: (f[0], f[1]))[2]
+    kept = kept_state_version(layout)
+    if kept is not None and chosen.state_version < kept:
+        raise ConsistencyError(
+            f"{layout.application_id}: the batch boundary at or before the target (epoch "
+            f"{chosen.epoch} batch {chosen.batch_id}) is older than the rewind horizon: "
+            f"maintain removed the files of its state (kept from state version {kept}); "
+            "choose a later target (python -m jobs status shows the oldest kept boundary), "
+            "rewind --mode skip, or rebuild --from-source"
+        )
+    return chosen
+
+
+def kept_state_version(layout: AppLayout) -> int | None:
+    """The oldest state version ``maintain`` promised to keep (None: never maintained)."""
+    ledger = read_ledger(layout)
+    if ledger is None:
+        return None
+    rows = ledger.filter(pc.equal(ledger["entry_type"], MAINTAIN)).to_pylist()
+    details = [json.loads(r["details"] or "{}") for r in rows]
+    versions = [
+        int(d["kept_state_version"])
+        for d in details
+        if d.get("phase") == STARTED and d.get("kept_state_version") is not None
+    ]
+    return max(versions) if versions else None
 
 
 def unfinished_operation(layout: AppLayout) -> UnfinishedOperation | None:
@@ -179,7 +212,9 @@ def unfinished_operation(layout: AppLayout) -> UnfinishedOperation | None:
         {**row, "details": json.loads(row["details"] or "{}")}
         for row in sorted(rows, key=lambda r: r["commit_time"])
     ]
-    applied = [r for r in applied if not r["details"].get("dry_run")]
+    applied = [
+        r for r in applied if not r["details"].get("dry_run") and r["entry_type"] != MAINTAIN
+    ]
     if not applied or any(r["details"].get("phase") == DONE for r in applied):
         return None
     # The epoch's first row: the operation's bump ("started"), or the fence it put

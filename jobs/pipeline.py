@@ -52,6 +52,8 @@ RESERVED = {
     "_batch_time_ms",
 }
 DEFAULT_MAX_AHEAD = "1 day"
+DEFAULT_REWIND_HORIZON = "7 days"
+MAX_REWIND_HORIZON_S = 365 * 86400
 UNIT_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
 
 
@@ -110,6 +112,11 @@ class Pipeline:
     # before ``not_before_us``, are dead letters (a wrong unit, a broken clock).
     max_ahead_seconds: int = 86400
     not_before_us: int | None = None
+    # ``maintain``: every batch boundary this recent (and the last one before) stays
+    # a rewind target; removed files stay this many whole hours for readers and
+    # writers still on an older snapshot (0 only when nothing else runs).
+    rewind_horizon_seconds: int = 7 * 86400
+    reader_grace_hours: int = 1
     source_path: Path | None = None
     description: str = ""
 
@@ -355,6 +362,20 @@ def parse_pipeline(data: Any, origin: str) -> Pipeline:
     schedule_minutes = top.get("schedule_minutes", int, 5)  # the Airflow DAG's interval
     if not 1 <= schedule_minutes <= 1440:
         raise top.error("must be between 1 and 1440", "schedule_minutes")
+
+    maintenance = top.sub("maintenance", {})
+    assert maintenance is not None
+    horizon = parse_duration(
+        maintenance.get("rewind_horizon", str, DEFAULT_REWIND_HORIZON),
+        origin,
+        "maintenance.rewind_horizon",
+    )
+    if horizon > MAX_REWIND_HORIZON_S:
+        raise maintenance.error("must be at most 365 days", "rewind_horizon")
+    grace = maintenance.get("reader_grace_hours", int, 1)
+    if not 0 <= grace <= 24 * 30:
+        raise maintenance.error("must be between 0 and 720", "reader_grace_hours")
+    maintenance.finish()
     top.finish()
     return Pipeline(
         application_id=app_id,
@@ -378,6 +399,8 @@ def parse_pipeline(data: Any, origin: str) -> Pipeline:
         archive=archive,
         max_ahead_seconds=max_ahead,
         not_before_us=not_before_us,
+        rewind_horizon_seconds=horizon,
+        reader_grace_hours=grace,
         description=description,
     )
 

@@ -15,7 +15,14 @@ from jobs.cut import read_cut
 from jobs.delta.layout import AppLayout
 from jobs.errors import PlatformError
 from jobs.kafka_source import offsets as plan
-from jobs.ledger import batch_rows, current_epoch, read_ledger, unfinished_operation
+from jobs.ledger import (
+    batch_boundaries,
+    batch_rows,
+    current_epoch,
+    kept_state_version,
+    read_ledger,
+    unfinished_operation,
+)
 from jobs.pipeline import Pipeline
 from jobs.settings import Settings
 from jobs.streaming import offset_log
@@ -43,6 +50,8 @@ class Status:
     totals: dict[str, int]
     partitions: list[PartitionLag] = field(default_factory=list)
     state_rows: int = 0
+    # The oldest batch end a rewind can still restore (``maintain`` vacuums older ones).
+    oldest_rewind_target: dict[str, Any] | None = None
     problems: list[str] = field(default_factory=list)
     repair: str | None = None  # the operation that fits what was found
 
@@ -94,9 +103,23 @@ def application_status(pipeline: Pipeline, settings: Settings, with_broker: bool
         totals=totals,
         partitions=lags,
         state_rows=int(state_rows),
+        oldest_rewind_target=_oldest_rewind_target(layout),
         problems=problems,
         repair=repair,
     )
+
+
+def _oldest_rewind_target(layout: AppLayout) -> dict[str, Any] | None:
+    kept = kept_state_version(layout) or 0
+    for b in batch_boundaries(layout):
+        if b.state_version >= kept:
+            return {
+                "epoch": b.epoch,
+                "batch_id": b.batch_id,
+                "end_offsets": plan.to_json_dict(b.end_offsets),
+                "state_version": b.state_version,
+            }
+    return None
 
 
 def _check_batches(rows: list[dict[str, Any]], problems: list[str]) -> None:
@@ -220,6 +243,12 @@ def format_status(status: Status) -> str:
             f"  batches committed: {status.batches_committed}; state rows: {status.state_rows}"
         )
         lines.append("  totals: " + ", ".join(f"{k} {v}" for k, v in status.totals.items()))
+    target = status.oldest_rewind_target
+    if target is not None:
+        lines.append(
+            f"  oldest rewind target: epoch {target['epoch']} batch {target['batch_id']} "
+            f"(--to-offset '{json.dumps(target['end_offsets'], sort_keys=True)}')"
+        )
     if status.partitions:
         lines.append("  partition            committed    log end      lag")
         for p in status.partitions:

@@ -1,0 +1,344 @@
+"""``maintain``: keep an application's tables and folders bounded without taking
+away a state version a rewind may still target.
+
+The promise, from the pipeline's ``maintenance.rewind_horizon``: every batch
+boundary committed within the horizon, and the last one before it (so a rewind
+``--by-duration`` of the horizon finds its boundary), stays a rewind target. Its
+state version stays loadable: vacuum keeps files removed less than
+``retention_hours`` ago (whole hours, as Delta counts them) and, for the part of
+the horizon those hours do not cover, the files of every boundary's version.
+The oldest kept version goes into the ledger before anything is removed, and the
+planners refuse an older boundary from then on.
+
+Steps per table: compact small files, vacuum, checkpoint the log and drop expired
+log entries. Then old epochs' Spark checkpoints and seeds, and raw staging files
+already committed, are deleted. ``maintain`` runs next to a live stream without
+its lock (Delta's optimistic commits order the two; a conflict is retried), and
+refuses to run next to an operation.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from deltalake import CommitProperties, DeltaTable
+from deltalake.exceptions import CommitFailedError
+
+from jobs.cut import seed_file
+from jobs.delta import layout as tables
+from jobs.delta.layout import AppLayout
+from jobs.delta.writer import MAX_ATTEMPTS
+from jobs.errors import ConsistencyError
+from jobs.kafka_source.datasource import staging_file
+from jobs.ledger import (
+    DONE,
+    MAINTAIN,
+    STARTED,
+    Boundary,
+    batch_boundaries,
+    batch_rows,
+    current_epoch,
+    read_ledger,
+    unfinished_operation,
+)
+from jobs.lock import LockedError, describe, holder
+from jobs.operations.audit import append_audit, audit_row
+from jobs.pipeline import Pipeline
+from jobs.settings import Settings
+
+log = logging.getLogger(__name__)
+HOUR_US = 3_600_000_000
+# Boundaries up to this long after the retention cutoff keep their files too: the
+# vacuum runs a little after the plan (its cutoff moves on with the clock).
+PLAN_MARGIN_US = 10 * 60 * 1_000_000
+
+
+@dataclass(frozen=True)
+class MaintenancePlan:
+    application_id: str
+    epoch: int
+    reason: str
+    planned_at_us: int
+    horizon_s: int
+    kept: Boundary | None  # the oldest boundary a rewind may still target
+    retention_hours: int  # vacuum keeps files removed more recently than this
+    keep_versions: tuple[int, ...]  # state versions kept beyond the retention
+    table_files: dict[str, tuple[int, int]]  # name -> (live files, parquet files on disk)
+    stale: tuple[str, ...] = field(default=())  # old epochs' folders and committed staging
+
+    def describe(self) -> str:
+        kept = (
+            "none yet (no batch committed)"
+            if self.kept is None
+            else f"epoch {self.kept.epoch} batch {self.kept.batch_id}, committed "
+            f"{_utc(self.kept.commit_time_us)}, state version {self.kept.state_version}"
+        )
+        lines = [
+            f"maintain {self.application_id} (epoch {self.epoch}): {self.reason}",
+            f"  rewind horizon: {self.horizon_s} s; oldest boundary kept as a target: {kept}",
+            f"  vacuum: files removed more than {self.retention_hours} h ago, except those of "
+            f"{len(self.keep_versions)} boundary version(s) inside the horizon",
+        ]
+        for name, (live, on_disk) in self.table_files.items():
+            lines.append(
+                f"  {name:<12} {live:>6} live file(s), {on_disk:>6} on disk: compact, vacuum"
+            )
+        lines.append(
+            f"  delete {len(self.stale)} old epoch folder(s) and committed staging file(s)"
+        )
+        lines += [f"    {path}" for path in self.stale[:20]]
+        if len(self.stale) > 20:
+            lines.append(f"    ... and {len(self.stale) - 20} more")
+        return "\n".join(lines)
+
+    def details(self) -> dict[str, Any]:
+        return {
+            "reason": self.reason,
+            "horizon_s": self.horizon_s,
+            "kept_state_version": None if self.kept is None else self.kept.state_version,
+            "kept_boundary": None
+            if self.kept is None
+            else {"epoch": self.kept.epoch, "batch_id": self.kept.batch_id},
+            "retention_hours": self.retention_hours,
+            "keep_versions": len(self.keep_versions),
+            "stale_paths": len(self.stale),
+        }
+
+
+def _utc(micros: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(micros / 1_000_000))
+
+
+def table_names(pipeline: Pipeline) -> list[str]:
+    return list(tables.table_schemas(pipeline))
+
+
+def files_on_disk(path: Path) -> int:
+    return sum(1 for p in path.rglob("*.parquet") if "_delta_log" not in p.parts)
+
+
+def plan_maintenance(
+    pipeline: Pipeline, settings: Settings, reason: str, now_us: int | None = None
+) -> MaintenancePlan:
+    """Read-only: what ``maintain`` would keep and remove now."""
+    layout = AppLayout(settings.warehouse, pipeline.application_id)
+    if not DeltaTable.is_deltatable(str(layout.table(tables.LEDGER))):
+        raise ConsistencyError(
+            f"{pipeline.application_id} has no tables yet: nothing to maintain (run it first)"
+        )
+    busy = refuse_next_to_an_operation(layout)
+    if busy is not None and pipeline.reader_grace_hours == 0:
+        raise LockedError(
+            f"{pipeline.application_id}: maintenance.reader_grace_hours is 0, and a stream is "
+            f"running ({describe(busy)}): vacuum could delete files it is writing; stop the "
+            "stream or set reader_grace_hours to 1 or more"
+        )
+    unfinished = unfinished_operation(layout)
+    if unfinished is not None:
+        raise ConsistencyError(
+            f"{pipeline.application_id}: {unfinished.describe()}; run the same "
+            f"{unfinished.operation} again to complete it, then maintain"
+        )
+    now = now_us if now_us is not None else int(time.time() * 1_000_000)
+    boundaries = batch_boundaries(layout)
+    kept = oldest_kept(boundaries, now - pipeline.rewind_horizon_seconds * 1_000_000)
+    retention = pipeline.reader_grace_hours
+    keep: tuple[int, ...] = ()
+    if kept is not None:
+        retention = max(retention, (now - kept.commit_time_us) // HOUR_US)
+        covered_from = now - retention * HOUR_US + PLAN_MARGIN_US
+        keep = tuple(
+            sorted(
+                {
+                    b.state_version
+                    for b in boundaries
+                    if b.state_version >= kept.state_version and b.commit_time_us < covered_from
+                }
+            )
+        )
+    epoch = current_epoch(layout)
+    files = {
+        name: (
+            len(DeltaTable(str(layout.table(name))).file_uris()),
+            files_on_disk(layout.table(name)),
+        )
+        for name in table_names(pipeline)
+        if DeltaTable.is_deltatable(str(layout.table(name)))
+    }
+    return MaintenancePlan(
+        application_id=pipeline.application_id,
+        epoch=epoch,
+        reason=reason,
+        planned_at_us=now,
+        horizon_s=pipeline.rewind_horizon_seconds,
+        kept=kept,
+        retention_hours=int(retention),
+        keep_versions=keep,
+        table_files=files,
+        stale=tuple(str(p) for p in stale_paths(layout, epoch)),
+    )
+
+
+def oldest_kept(boundaries: list[Boundary], cutoff_us: int) -> Boundary | None:
+    """The last boundary committed at or before the cutoff (a rewind to the horizon
+    lands on it), else the oldest one: every boundary from it on stays a target."""
+    if not boundaries:
+        return None
+    by_time = sorted(boundaries, key=lambda b: (b.commit_time_us, b.state_version))
+    before = [b for b in by_time if b.commit_time_us <= cutoff_us]
+    return before[-1] if before else by_time[0]
+
+
+def stale_paths(layout: AppLayout, epoch: int) -> list[Path]:
+    """Old epochs' Spark checkpoints, seeds and staging folders (no run or operation
+    reads them again: a new epoch starts from its cut), and staging files of ranges
+    the current epoch has committed."""
+    found: list[Path] = []
+    for older in range(epoch):
+        for path in (
+            layout.checkpoint(older),
+            seed_file(layout, older),
+            layout.raw_staging(older),
+        ):
+            if path.exists():
+                found.append(path)
+    staging = layout.raw_staging(epoch)
+    if staging.exists():
+        committed = _committed_staging(layout, epoch)
+        found += sorted(p for p in staging.glob("*.parquet") if p.name in committed)
+    return found
+
+
+def _committed_staging(layout: AppLayout, epoch: int) -> set[str]:
+    names: set[str] = set()
+    for row in batch_rows(read_ledger(layout)):
+        if int(row["epoch"]) != epoch:
+            continue
+        start = json.loads(row["start_offsets"] or "{}")
+        for topic, parts in json.loads(row["end_offsets"] or "{}").items():
+            for part, end in parts.items():
+                begin = start.get(topic, {}).get(part, end)
+                if end > begin:
+                    path = staging_file(layout.raw_staging(epoch), topic, int(part), begin, end)
+                    names.add(path.name)
+    return names
+
+
+def refuse_next_to_an_operation(layout: AppLayout) -> dict[str, Any] | None:
+    """The running stream holding the application, if any; an operation: refused."""
+    busy = holder(layout)
+    if busy is not None and not str(busy.get("purpose", "")).startswith("run"):
+        raise LockedError(
+            f"application {layout.application_id} is busy: held by {describe(busy)}; "
+            "maintain runs next to a stream, not next to an operation"
+        )
+    return busy
+
+
+def _retrying(what: str, action: Callable[[], Any]) -> Any:
+    """A commit that lost to a concurrent one (a stream's batch) is tried again on
+    the new snapshot; the data it rewrites is the same either way."""
+    for attempt in range(MAX_ATTEMPTS):
+        try:
+            return action()
+        except CommitFailedError as exc:
+            log.info("%s: concurrent commit (%s); retrying (%d)", what, exc, attempt + 1)
+            time.sleep(0.2 * (attempt + 1))
+    raise ConsistencyError(f"{what}: gave up after {MAX_ATTEMPTS} concurrent conflicts")
+
+
+def apply_maintenance(
+    pipeline: Pipeline, settings: Settings, plan: MaintenancePlan, echo: Callable[[str], None]
+) -> dict[str, Any]:
+    layout = AppLayout(settings.warehouse, pipeline.application_id)
+    # The promise first: from this row on, planners refuse older boundaries.
+    append_audit(
+        layout, audit_row(pipeline, MAINTAIN, plan.epoch, {**plan.details(), "phase": STARTED})
+    )
+    refuse_next_to_an_operation(layout)  # one that started while we planned
+    props = CommitProperties(
+        custom_metadata={
+            "application_id": pipeline.application_id,
+            "platform_operation": MAINTAIN,
+            "reason": plan.reason,
+        }
+    )
+    result: dict[str, Any] = {}
+    for name in plan.table_files:
+        result[name] = maintain_table(layout.table(name), plan, name == "state", props)
+        echo(f"  {name}: {result[name]}")
+    deleted = 0
+    for stale in map(Path, plan.stale):
+        if stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            stale.unlink(missing_ok=True)
+        deleted += 1
+    result["stale_paths_deleted"] = deleted
+    append_audit(
+        layout,
+        audit_row(
+            pipeline, MAINTAIN, plan.epoch, {**plan.details(), "phase": DONE, "result": result}
+        ),
+    )
+    return result
+
+
+def maintain_table(
+    path: Path, plan: MaintenancePlan, is_state: bool, props: CommitProperties
+) -> dict[str, int]:
+    """Compact, vacuum (keeping the plan's versions of ``state``), checkpoint."""
+    uri = str(path)
+    compacted = _retrying(
+        f"compact {path.name}", lambda: DeltaTable(uri).optimize.compact(commit_properties=props)
+    )
+    keep = list(plan.keep_versions) if is_state and plan.keep_versions else None
+    removed = _retrying(
+        f"vacuum {path.name}",
+        lambda: DeltaTable(uri).vacuum(
+            retention_hours=plan.retention_hours,
+            dry_run=False,
+            enforce_retention_duration=False,
+            keep_versions=keep,
+            full=True,
+            commit_properties=props,
+        ),
+    )
+    table = DeltaTable(uri)
+    table.create_checkpoint()
+    table.cleanup_metadata()
+    return {
+        "files_compacted": int(compacted.get("numFilesRemoved", 0)),
+        "files_added": int(compacted.get("numFilesAdded", 0)),
+        "files_vacuumed": len(removed),
+        "live_files": len(DeltaTable(uri).file_uris()),
+        "files_on_disk": files_on_disk(path),
+    }
+
+
+def run_maintain(
+    pipeline: Pipeline,
+    settings: Settings,
+    reason: str,
+    dry_run: bool,
+    echo: Callable[[str], None] = print,
+) -> MaintenancePlan:
+    plan = plan_maintenance(pipeline, settings, reason)
+    echo(plan.describe())
+    layout = AppLayout(settings.warehouse, pipeline.application_id)
+    if dry_run:
+        append_audit(
+            layout, audit_row(pipeline, MAINTAIN, plan.epoch, {**plan.details(), "dry_run": True})
+        )
+        echo("dry run: nothing was changed (the plan is recorded in the ledger)")
+        return plan
+    result = apply_maintenance(pipeline, settings, plan, echo)
+    echo(f"maintained: {json.dumps(result, sort_keys=True)}")
+    return plan

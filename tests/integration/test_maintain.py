@@ -1,0 +1,175 @@
+"""``maintain``: tables compacted and vacuumed, old epochs' folders deleted, and
+every boundary inside the rewind horizon still a working rewind target."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from deltalake import DeltaTable
+
+from jobs.pipeline import load_pipeline
+from jobs.settings import REPO_ROOT, Settings
+from jobs.streaming.run import run_pipeline
+from tests.conftest import pipeline_file, produce, run_jobs
+from tests.expected import clicks_per_window, state_as_counter
+
+pytestmark = pytest.mark.integration
+
+
+def clicks(n: int, salt: int) -> list[bytes]:
+    now = int(time.time())
+    return [
+        json.dumps(
+            {"user_id": f"u{(i * 7 + salt) % 17}", "timestamp": now - 280 + i % 240}
+        ).encode()
+        for i in range(n)
+    ]
+
+
+def with_maintenance(path: Path, **settings: Any) -> Path:
+    data = yaml.safe_load(path.read_text())
+    data["maintenance"] = settings
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def rows(settings: Settings, name: str) -> list[dict[str, Any]]:
+    path = settings.warehouse / "user_clicks" / name
+    return DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+
+
+def boundaries(settings: Settings) -> list[dict[str, Any]]:
+    batches = [r for r in rows(settings, "_ledger") if r["entry_type"] == "batch"]
+    found = [r for r in batches if json.loads(r["delta_versions"]).get("state_after") is not None]
+    return sorted(found, key=lambda r: (r["epoch"], r["batch_id"]))
+
+
+def assert_exact(settings: Settings, values: list[bytes]) -> None:
+    expected, _dead, late = clicks_per_window([values])
+    assert late == 0
+    assert state_as_counter(rows(settings, "state"), "clicks") == expected
+
+
+def test_a_rewind_to_the_oldest_kept_boundary_works_after_maintain(  # type: ignore[no-untyped-def]
+    spark, settings, kafka_config, new_topic, tmp_path
+) -> None:
+    topic = new_topic(2)
+    path = pipeline_file(tmp_path, "user_clicks", topic, max_offsets_per_trigger=400)
+    first, second = clicks(1200, 0), clicks(800, 3)
+    produce(kafka_config, topic, first)
+    run_pipeline(spark, load_pipeline(str(path), tmp_path), settings)
+    run_one = boundaries(settings)
+    time.sleep(2)
+    produce(kafka_config, topic, second)
+    run_pipeline(spark, load_pipeline(str(path), tmp_path), settings)
+    assert len(boundaries(settings)) > len(run_one) >= 3
+
+    # The horizon reaches just past run one's last boundary: it is the oldest kept.
+    last_of_run_one = run_one[-1]
+    age = time.time() - last_of_run_one["commit_time"].timestamp()
+    with_maintenance(path, rewind_horizon=f"{int(age)} seconds", reader_grace_hours=0)
+    state_dir = settings.warehouse / "user_clicks" / "state"
+    on_disk_before = len(list(state_dir.glob("*.parquet")))
+    done = run_jobs(path, settings, "maintain", "--reason", "test")
+    assert done.returncode == 0, done.stderr
+    started = [
+        json.loads(r["details"])
+        for r in rows(settings, "_ledger")
+        if r["entry_type"] == "maintain" and json.loads(r["details"]).get("phase") == "started"
+    ]
+    assert started[-1]["kept_boundary"] == {
+        "epoch": last_of_run_one["epoch"],
+        "batch_id": last_of_run_one["batch_id"],
+    }
+    assert len(list(state_dir.glob("*.parquet"))) < on_disk_before
+    # The first boundary's state is gone: rewinding there is refused, not half-done.
+    oldest_version = json.loads(run_one[0]["delta_versions"])["state_after"]
+    with pytest.raises(Exception):  # noqa: B017 - delta-rs reports a missing file
+        DeltaTable(str(state_dir), version=oldest_version).to_pyarrow_table()
+    too_old = json.loads(run_one[0]["end_offsets"])
+    refused = run_jobs(
+        path, settings, "rewind", "--to-offset", json.dumps(too_old), "--reason", "t"
+    )
+    assert refused.returncode == 2 and "rewind horizon" in refused.stderr, refused.stderr
+
+    kept = last_of_run_one["end_offsets"]
+    rewound = run_jobs(path, settings, "rewind", "--to-offset", kept, "--reason", "test")
+    assert rewound.returncode == 0, rewound.stderr
+    assert "'restored_version'" in rewound.stdout
+    run_pipeline(spark, load_pipeline(str(path), tmp_path), settings)
+    assert_exact(settings, first + second)
+
+    # Epoch 0's checkpoint is no longer needed once epoch 1 runs: the next maintain
+    # deletes it; the state stays exact and status finds nothing wrong.
+    checkpoint_zero = settings.warehouse / "user_clicks" / "_checkpoints" / "epoch=0"
+    assert checkpoint_zero.exists()
+    again = run_jobs(path, settings, "maintain", "--reason", "test")
+    assert again.returncode == 0, again.stderr
+    assert not checkpoint_zero.exists()
+    assert_exact(settings, first + second)
+    status = run_jobs(path, settings, "status", "--json")
+    assert json.loads(status.stdout)["problems"] == []
+
+
+def test_maintain_next_to_a_running_stream(  # type: ignore[no-untyped-def]
+    spark, settings, kafka_config, new_topic, tmp_path
+) -> None:
+    topic = new_topic(2)
+    path = pipeline_file(tmp_path, "user_clicks", topic, max_offsets_per_trigger=300)
+    data = yaml.safe_load(path.read_text())
+    data["trigger"] = {"mode": "continuous", "interval": "1 second"}
+    path.write_text(yaml.safe_dump(data))
+    produced = clicks(600, 0)
+    produce(kafka_config, topic, produced)
+    stream = subprocess.Popen(
+        [sys.executable, "-m", "jobs", "run", "--pipeline", str(path), "--quiet"]
+        + ["--bootstrap-servers", settings.bootstrap_servers]
+        + ["--warehouse", str(settings.warehouse)],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (settings.warehouse / "user_clicks" / "_ledger").exists() or not boundaries(
+            settings
+        ):
+            assert time.monotonic() < deadline and stream.poll() is None, "the stream never began"
+            time.sleep(0.5)
+        # Grace 0 would let vacuum delete files the stream is writing: refused.
+        zero = tmp_path / "zero" / "user_clicks.yaml"
+        zero.parent.mkdir()
+        zero.write_text(path.read_text())
+        with_maintenance(zero, reader_grace_hours=0)
+        refused = run_jobs(zero, settings, "maintain", "--reason", "test")
+        assert refused.returncode == 2 and "reader_grace_hours" in refused.stderr
+        for round_ in range(3):
+            more = clicks(300, round_ + 1)
+            produce(kafka_config, topic, more)
+            produced += more
+            done = run_jobs(path, settings, "maintain", "--reason", f"round {round_}")
+            assert done.returncode == 0, done.stderr
+    finally:
+        stream.send_signal(signal.SIGTERM)
+        _out, err = stream.communicate(timeout=120)
+    assert stream.returncode == 0, err[-3000:]
+    data["trigger"] = {"mode": "available-now"}
+    path.write_text(yaml.safe_dump(data))
+    run_pipeline(spark, load_pipeline(str(path), tmp_path), settings)
+    assert_exact(settings, produced)
+    batches = [
+        (r["epoch"], r["batch_id"]) for r in rows(settings, "_ledger") if r["batch_id"] is not None
+    ]
+    assert len(batches) == len(set(batches))
+    maintained = [r for r in rows(settings, "_ledger") if r["entry_type"] == "maintain"]
+    assert sum(json.loads(r["details"]).get("phase") == "done" for r in maintained) == 3
