@@ -7,6 +7,9 @@ log, and an ``apply`` task that runs only when dry run is off. ``recovery`` chec
 every application's status every 15 minutes and rebuilds one whose Spark
 checkpoint is damaged. The jobs' per-application lock keeps all of them apart from
 each other and from the streams (an operation fences a running stream).
+``maintenance_tables`` runs ``maintain`` for every application every hour: it
+compacts and vacuums next to the streams, keeping every rewind target inside each
+pipeline's ``maintenance.rewind_horizon``.
 """
 
 from __future__ import annotations
@@ -136,6 +139,35 @@ def recovery_dag() -> DAG:
     return dag
 
 
+MAINTAIN_EVERY = timedelta(hours=1)
+
+
+def maintenance_tables_dag() -> DAG:
+    with DAG(
+        dag_id="maintenance_tables",
+        description="Compacts, vacuums and checkpoints every application's tables",
+        doc_md="Every hour, `maintain` per application: small files compacted, the Delta log "
+        "checkpointed, old files vacuumed except those of state versions a rewind may still "
+        "target (the pipeline's `maintenance.rewind_horizon`), old epochs' Spark checkpoints "
+        "and committed staging files deleted. Runs next to the streams; skipped while an "
+        "operation holds the application (the next run catches up).",
+        schedule=MAINTAIN_EVERY,
+        start_date=START,
+        catchup=False,
+        max_active_runs=1,
+        tags=["maintenance", "tables"],
+        default_args=default_args(retries=1),
+    ) as dag:
+        for pipeline in load_each_pipeline(load_settings().pipelines_dir)[0]:
+            PlatformJobOperator(
+                task_id=f"maintain_{pipeline.application_id}",
+                command="maintain",
+                pipeline=pipeline.application_id,
+                arguments=["--reason", "scheduled maintenance (maintenance_tables DAG)"],
+            )
+    return dag
+
+
 def maintenance_dags() -> dict[str, DAG]:
     dags = [
         operation_dag(
@@ -168,5 +200,6 @@ def maintenance_dags() -> dict[str, DAG]:
             dry_flag="--preview",
         ),
         recovery_dag(),
+        maintenance_tables_dag(),
     ]
     return {dag.dag_id: dag for dag in dags}

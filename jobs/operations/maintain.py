@@ -149,20 +149,7 @@ def plan_maintenance(
     now = now_us if now_us is not None else int(time.time() * 1_000_000)
     boundaries = batch_boundaries(layout)
     kept = oldest_kept(boundaries, now - pipeline.rewind_horizon_seconds * 1_000_000)
-    retention = pipeline.reader_grace_hours
-    keep: tuple[int, ...] = ()
-    if kept is not None:
-        retention = max(retention, (now - kept.commit_time_us) // HOUR_US)
-        covered_from = now - retention * HOUR_US + PLAN_MARGIN_US
-        keep = tuple(
-            sorted(
-                {
-                    b.state_version
-                    for b in boundaries
-                    if b.state_version >= kept.state_version and b.commit_time_us < covered_from
-                }
-            )
-        )
+    retention, keep = vacuum_rule(boundaries, kept, now, pipeline.reader_grace_hours)
     epoch = current_epoch(layout)
     files = {
         name: (
@@ -194,6 +181,26 @@ def oldest_kept(boundaries: list[Boundary], cutoff_us: int) -> Boundary | None:
     by_time = sorted(boundaries, key=lambda b: (b.commit_time_us, b.state_version))
     before = [b for b in by_time if b.commit_time_us <= cutoff_us]
     return before[-1] if before else by_time[0]
+
+
+def vacuum_rule(
+    boundaries: list[Boundary], kept: Boundary | None, now_us: int, grace_hours: int
+) -> tuple[int, tuple[int, ...]]:
+    """(retention hours, state versions to keep beyond it) so that ``kept`` and every
+    later boundary stay loadable. A version's files are removed after it was
+    committed: files removed more recently than the retention stay anyway, and the
+    versions committed before that cutoff (plus a margin for the clock moving on
+    while maintain runs) are kept by name."""
+    if kept is None:
+        return grace_hours, ()
+    retention = max(grace_hours, (now_us - kept.commit_time_us) // HOUR_US)
+    covered_from = now_us - retention * HOUR_US + PLAN_MARGIN_US
+    keep = {
+        b.state_version
+        for b in boundaries
+        if b.state_version >= kept.state_version and b.commit_time_us < covered_from
+    }
+    return int(retention), tuple(sorted(keep))
 
 
 def stale_paths(layout: AppLayout, epoch: int) -> list[Path]:

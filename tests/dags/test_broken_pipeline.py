@@ -31,6 +31,7 @@ def test_a_broken_pipeline_file_shows_on_its_own_dag_only(
         "maintenance_rewind",
         "maintenance_rebuild",
         "maintenance_backfill",
+        "maintenance_tables",
         "recovery",
     } <= set(bag.dag_ids)
     for stem, fragment in (("orders", "source: is required"), ("garbled", "not valid YAML")):

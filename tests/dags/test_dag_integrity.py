@@ -106,6 +106,17 @@ def test_maintenance_dags_plan_then_apply(dagbag) -> None:  # type: ignore[no-un
     assert {"check_user_clicks", "rebuild_user_clicks"} <= set(recovery.task_ids)
 
 
+def test_tables_are_maintained_on_a_schedule(dagbag) -> None:  # type: ignore[no-untyped-def]
+    from datetime import timedelta
+
+    dag = dagbag.dags["maintenance_tables"]
+    assert dag.schedule == timedelta(hours=1) or str(dag.timetable.summary).startswith("1:00")
+    for app in ("user_clicks", "inventory"):
+        task = dag.get_task(f"maintain_{app}")
+        assert task.application_args[:3] == ["maintain", "--pipeline", app]
+        assert "--reason" in task.application_args and "--dry-run" not in task.application_args
+
+
 def test_maintenance_forms_reject_bad_values(dagbag) -> None:  # type: ignore[no-untyped-def]
     from airflow.sdk.definitions.param import ParamsDict
     from airflow.sdk.exceptions import ParamValidationError

@@ -40,6 +40,15 @@ def test_reference_pipelines_load() -> None:
     assert inventory.derived[0].signs["return"] == -1  # version 1's known bug
 
 
+def test_maintenance_defaults() -> None:
+    clicks = load_pipeline("user_clicks", PIPELINES)
+    assert clicks.rewind_horizon_seconds == 7 * 86400 and clicks.reader_grace_hours == 1
+    custom = parse_pipeline(
+        variant(maintenance={"rewind_horizon": "2 days", "reader_grace_hours": 0}), "x"
+    )
+    assert custom.rewind_horizon_seconds == 2 * 86400 and custom.reader_grace_hours == 0
+
+
 def test_load_by_path(tmp_path: Path) -> None:
     path = tmp_path / "mine.yaml"
     path.write_text(yaml.safe_dump(variant(application_id="mine")))
@@ -71,6 +80,10 @@ def test_load_by_path(tmp_path: Path) -> None:
         ({"event_time": {"field": "timestamp", "max_ahead": "soon"}}, "event_time.max_ahead"),
         ({"event_time": {"field": "timestamp", "not_before": "last year"}}, "not_before"),
         ({"keys": [["user_id"]]}, "keys: each key must be a field name"),
+        ({"maintenance": {"rewind_horizon": "forever"}}, "maintenance.rewind_horizon"),
+        ({"maintenance": {"rewind_horizon": "400 days"}}, "at most 365 days"),
+        ({"maintenance": {"reader_grace_hours": -1}}, "maintenance.reader_grace_hours"),
+        ({"maintenance": {"vacuum": True}}, "unknown field(s) vacuum"),
         ({"aggregations": [{"name": "updated_at", "function": "count"}]}, "reserved"),
         ({"aggregations": [{"name": "Epoch", "function": "count"}]}, "reserved"),
         ({"aggregations": [{"name": "Window_Start", "function": "count"}]}, "reserved"),
