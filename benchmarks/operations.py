@@ -19,6 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.report import write_section
 from include.sample_data import click_events, encoded
 from jobs import broker, kafka_admin
 from jobs.operations.backfill import run_backfill
@@ -26,11 +27,10 @@ from jobs.operations.restart import plan_rebuild
 from jobs.operations.runner import run_operation
 from jobs.operations.targets import TargetSpec
 from jobs.pipeline import load_pipeline
-from jobs.settings import REPO_ROOT, load_settings
+from jobs.settings import load_settings
 from jobs.streaming.run import run_pipeline
 from jobs.streaming.spark import get_spark
 
-RESULTS = REPO_ROOT / "docs" / "benchmarks.md"
 MARKER = "## Maintenance operations"
 
 
@@ -92,9 +92,7 @@ def main() -> None:
     report = render(args.events, state_rows, timings)
     print(report)
     if not args.no_write:
-        text = RESULTS.read_text() if RESULTS.exists() else "# Benchmarks\n"
-        text = text.split(MARKER)[0].rstrip() + "\n\n" + report
-        RESULTS.write_text(text)
+        write_section(report)
 
 
 def render(events: int, state_rows: int, timings: dict[str, float]) -> str:

@@ -14,8 +14,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
-import platform
 import shutil
 import statistics
 import tempfile
@@ -25,15 +23,14 @@ from pathlib import Path
 
 import psutil
 
+from benchmarks.report import machine, write_section
 from include.sample_data import click_events, encoded
 from jobs import broker, kafka_admin
 from jobs.pipeline import load_pipeline
-from jobs.settings import REPO_ROOT, load_settings
+from jobs.settings import load_settings
 from jobs.streaming.run import run_pipeline
 from jobs.streaming.spark import get_spark
 
-RESULTS = REPO_ROOT / "docs" / "benchmarks.md"
-OTHER_SECTION = "## Maintenance operations"
 GUARANTEES = ("exactly_once", "at_least_once")
 USERS = 10_000
 
@@ -133,11 +130,7 @@ def main() -> None:
     report = render(args, limits, results, produce_s)
     print(report)
     if not args.no_write:
-        # Keep the other benchmarks' sections (benchmarks/operations.py appends its own).
-        existing = RESULTS.read_text() if RESULTS.exists() else ""
-        rest = existing[existing.index(OTHER_SECTION) :] if OTHER_SECTION in existing else ""
-        RESULTS.parent.mkdir(exist_ok=True)
-        RESULTS.write_text(report + ("\n" + rest if rest else ""))
+        write_section(report)
 
 
 def render(
@@ -146,17 +139,13 @@ def render(
     results: dict[tuple[int, str], list[Result]],
     produce_s: float,
 ) -> str:
-    memory_gib = psutil.virtual_memory().total / 2**30
     lines = [
-        "# Benchmarks",
-        "",
         "## Streaming throughput: `user_clicks`, exactly-once vs at-least-once",
         "",
         f"Command: `make bench` (= `.venv/bin/python -m benchmarks.throughput --events "
         f"{args.events} --limits {args.limits} --rounds {args.rounds}`)",
         "",
-        f"Machine: {os.cpu_count()} cores, {memory_gib:.0f} GiB RAM, {platform.platform()}, "
-        f"Python {platform.python_version()}; Spark local[2] with RocksDB state; the broker "
+        f"Machine: {machine()}; Spark local[2] with RocksDB state; the broker "
         "(embedded noida-db) runs on the same two cores.",
         "",
         f"Input: {args.events:,} click events from {USERS:,} users over one hour of event time "

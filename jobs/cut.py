@@ -35,7 +35,7 @@ from jobs.delta.layout import AppLayout
 from jobs.delta.writer import bump_epoch
 from jobs.errors import ConfigError, ConsistencyError, SourceError
 from jobs.kafka_source import offsets as kafka_offsets
-from jobs.ledger import batch_rows, last_batches, read_ledger
+from jobs.ledger import BOUNDARY_COLUMNS, IS_BATCH, batch_rows, last_batches, read_ledger
 from jobs.pipeline import Pipeline
 
 log = logging.getLogger(__name__)
@@ -141,7 +141,7 @@ def first_offsets(layout: AppLayout) -> Offsets:
     (or ends, for the batch that discovered it) at."""
     first_cut = read_cut(layout, 0)
     origin = {} if first_cut is None else first_cut.offsets()
-    for row in batch_rows(read_ledger(layout)):
+    for row in batch_rows(read_ledger(layout, BOUNDARY_COLUMNS, IS_BATCH)):
         begin = kafka_offsets.from_json_dict(json.loads(row["start_offsets"] or "{}"))
         end = kafka_offsets.from_json_dict(json.loads(row["end_offsets"] or "{}"))
         for tp, off in end.items():
@@ -197,7 +197,7 @@ def remove_orphans(
     """Rows that batches wrote without their ledger row (fenced or crashed between
     two commits) are removed: every table ends where the ledger does. Call after the
     epoch bump (nothing of an older epoch can be written any more)."""
-    last = last_batches(read_ledger(layout))
+    last = last_batches(read_ledger(layout, ["entry_type", "epoch", "batch_id"], IS_BATCH))
     # Batches of an epoch commit in order, so a table row is committed iff its
     # batch id is at most the ledger's last one for its epoch.
     kept = " OR ".join(f"(epoch = {e} AND batch_id <= {b})" for e, b in sorted(last.items()))
@@ -221,7 +221,7 @@ def orphan_state_version(layout: AppLayout, boundary_version: int | None) -> int
     the state is consistent with the ledger."""
     if boundary_version is None:
         return None
-    last = last_batches(read_ledger(layout))
+    last = last_batches(read_ledger(layout, ["entry_type", "epoch", "batch_id"], IS_BATCH))
     path = layout.table("state")
     versions = [
         int(e["version"])

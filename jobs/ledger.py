@@ -14,6 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
 from deltalake import DeltaTable
 
 from jobs.delta import layout as tables
@@ -60,11 +61,46 @@ class UnfinishedOperation:
         )
 
 
-def read_ledger(layout: AppLayout) -> pa.Table | None:
+def read_ledger(
+    layout: AppLayout, columns: list[str] | None = None, where: ds.Expression | None = None
+) -> pa.Table | None:
+    """The ledger's rows (only ``columns``, only those matching ``where``: the ledger
+    grows by a row per batch, so callers read what they need)."""
+    dataset = ledger_dataset(layout)
+    if dataset is None:
+        return None
+    return dataset.to_table(columns=columns, filter=where)
+
+
+def ledger_dataset(layout: AppLayout) -> ds.Dataset | None:
     path = layout.table(tables.LEDGER)
     if not DeltaTable.is_deltatable(str(path)):
         return None
-    return pa.table(DeltaTable(str(path)).to_pyarrow_table())
+    return DeltaTable(str(path)).to_pyarrow_dataset()
+
+
+IS_BATCH = ds.field("entry_type") == BATCH
+
+
+def last_batch(layout: AppLayout) -> dict[str, Any] | None:
+    """The newest batch row by (epoch, batch_id), in bounded memory: a scan of two
+    columns for its position, then a read of that one row."""
+    dataset = ledger_dataset(layout)
+    if dataset is None:
+        return None
+    best: tuple[int, int] | None = None
+    for chunk in dataset.to_batches(columns=["epoch", "batch_id"], filter=IS_BATCH):
+        if chunk.num_rows == 0:
+            continue
+        epoch = pc.max(chunk["epoch"]).as_py()
+        in_epoch = pc.filter(chunk["batch_id"], pc.equal(chunk["epoch"], epoch))
+        candidate = (int(epoch), int(pc.max(in_epoch).as_py()))
+        best = candidate if best is None else max(best, candidate)
+    if best is None:
+        return None
+    where = IS_BATCH & (ds.field("epoch") == best[0]) & (ds.field("batch_id") == best[1])
+    rows = dataset.to_table(filter=where).to_pylist()
+    return rows[0] if rows else None
 
 
 def current_epoch(layout: AppLayout) -> int:
@@ -92,10 +128,22 @@ def last_batches(ledger: pa.Table | None) -> dict[int, int]:
     return last
 
 
+BOUNDARY_COLUMNS = [
+    "entry_type",
+    "epoch",
+    "batch_id",
+    "start_offsets",
+    "end_offsets",
+    "delta_versions",
+    "watermark_ms",
+    "commit_time",
+]
+
+
 def batch_boundaries(layout: AppLayout) -> list[Boundary]:
     """Every committed batch end (all epochs), oldest first."""
     result = []
-    for row in batch_rows(read_ledger(layout)):
+    for row in batch_rows(read_ledger(layout, BOUNDARY_COLUMNS, IS_BATCH)):
         versions = json.loads(row["delta_versions"] or "{}")
         if versions.get("state_after") is None:
             continue
@@ -183,15 +231,17 @@ def boundary_at_or_before(layout: AppLayout, target: Offsets) -> Boundary | None
 
 def kept_state_version(layout: AppLayout) -> int | None:
     """The oldest state version ``maintain`` promised to keep (None: never maintained)."""
-    ledger = read_ledger(layout)
+    ledger = read_ledger(layout, ["details"], ds.field("entry_type") == MAINTAIN)
     if ledger is None:
         return None
-    rows = ledger.filter(pc.equal(ledger["entry_type"], MAINTAIN)).to_pylist()
+    rows = ledger.to_pylist()
     details = [json.loads(r["details"] or "{}") for r in rows]
     versions = [
         int(d["kept_state_version"])
         for d in details
-        if d.get("phase") == STARTED and d.get("kept_state_version") is not None
+        if d.get("phase") == STARTED
+        and not d.get("dry_run")
+        and d.get("kept_state_version") is not None
     ]
     return max(versions) if versions else None
 
@@ -199,15 +249,13 @@ def kept_state_version(layout: AppLayout) -> int | None:
 def unfinished_operation(layout: AppLayout) -> UnfinishedOperation | None:
     """The operation that moved the application to its current epoch, if it has not
     recorded that it finished (it died after the fence: its cut may be incomplete)."""
-    ledger = read_ledger(layout)
-    if ledger is None:
-        return None
     epoch = current_epoch(layout)
     if epoch == 0:
         return None
-    rows = ledger.filter(
-        pc.and_(pc.equal(ledger["epoch"], epoch), pc.not_equal(ledger["entry_type"], BATCH))
-    ).to_pylist()
+    ledger = read_ledger(layout, where=(ds.field("epoch") == epoch) & ~IS_BATCH)
+    if ledger is None:
+        return None
+    rows = ledger.to_pylist()
     applied = [
         {**row, "details": json.loads(row["details"] or "{}")}
         for row in sorted(rows, key=lambda r: r["commit_time"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pyarrow as pa
 from deltalake import DeltaTable
 
 from jobs.delta.layout import AppLayout
@@ -13,13 +14,29 @@ from jobs.streaming.run import RunSummary
 MAX_ROWS = 20
 
 
+def first_rows(table: DeltaTable, columns: list[str], keys: list[str], n: int) -> pa.Table:
+    """The first ``n`` rows by ``keys``, streamed (bounded memory at any state size)."""
+    order = [(k, "ascending") for k in keys]
+    best = None
+    for chunk in table.to_pyarrow_dataset().to_batches(columns=columns):
+        candidates = pa.Table.from_batches([chunk])
+        if best is not None:
+            candidates = pa.concat_tables([best, candidates])
+        best = candidates.sort_by(order).slice(0, n)
+    return (
+        best
+        if best is not None
+        else table.to_pyarrow_dataset().schema.empty_table().select(columns)
+    )
+
+
 def print_run_report(pipeline: Pipeline, settings: Settings, summary: RunSummary) -> None:
     layout = AppLayout(settings.warehouse, pipeline.application_id)
-    state = DeltaTable(str(layout.table("state"))).to_pandas()
+    table = DeltaTable(str(layout.table("state")))
     shown = [*pipeline.state_keys, *(a.name for a in pipeline.aggregations)]
-    state = state.sort_values(list(pipeline.state_keys))[shown]
-    print(f"state table {layout.table('state')} ({len(state)} rows, first {MAX_ROWS}):")
-    print(state.head(MAX_ROWS).to_string(index=False))
+    first = first_rows(table, shown, list(pipeline.state_keys), MAX_ROWS)
+    print(f"state table {layout.table('state')} ({table.count()} rows, first {MAX_ROWS}):")
+    print(first.to_pandas().to_string(index=False))
     committed = [b for b in summary.batches if not b.skipped]
     with_data = [b for b in committed if b.ledger.get("records_in")]
     print(

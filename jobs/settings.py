@@ -46,6 +46,7 @@ ENV_NAMES = tuple(
         "SPARK_MASTER",
         "SPARK_DRIVER_MEMORY",
         "SPARK_PYTHON",
+        "SPARK_CDS",
         "SPARK_CONN_ID",
         "PIPELINES_DIR",
         "BROKER_DATA_DIR",

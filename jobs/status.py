@@ -7,7 +7,6 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from jobs import kafka_admin
@@ -16,10 +15,12 @@ from jobs.delta.layout import AppLayout
 from jobs.errors import PlatformError
 from jobs.kafka_source import offsets as plan
 from jobs.ledger import (
+    IS_BATCH,
     batch_boundaries,
     batch_rows,
     current_epoch,
     kept_state_version,
+    last_batch,
     read_ledger,
     unfinished_operation,
 )
@@ -59,9 +60,27 @@ class Status:
         return asdict(self)
 
 
-def application_status(pipeline: Pipeline, settings: Settings, with_broker: bool = True) -> Status:
+# What status reads of each batch row: not the per-batch details (the ledger grows
+# by a row per batch; the biggest column stays on disk).
+STATUS_COLUMNS = [
+    "entry_type",
+    "epoch",
+    "batch_id",
+    "start_offsets",
+    "end_offsets",
+    "commit_time",
+    *COUNT_COLUMNS,
+    "windows_per_record",
+]
+
+
+def application_status(
+    pipeline: Pipeline, settings: Settings, with_broker: bool = True, audit: bool = True
+) -> Status:
+    """``audit``: check every batch row (the CLI's ``status``); without it (the health
+    sensor's poke) only the newest batch is read, in bounded memory, and totals and
+    the per-batch checks are left out."""
     layout = AppLayout(settings.warehouse, pipeline.application_id)
-    ledger = read_ledger(layout)
     epoch = current_epoch(layout)
     problems: list[str] = []
     unfinished = unfinished_operation(layout)
@@ -70,28 +89,34 @@ def application_status(pipeline: Pipeline, settings: Settings, with_broker: bool
             f"unfinished operation: {unfinished.describe()}; `run` refuses until it is "
             f"completed: run the same {unfinished.operation} again"
         )
-    batches = None
-    if ledger is not None:
-        batches = ledger.filter(pc.equal(ledger["entry_type"], "batch"))
-    if batches is None or batches.num_rows == 0:
+    totals: dict[str, int] = {}
+    batches_committed = 0
+    if audit:
+        rows = batch_rows(read_ledger(layout, STATUS_COLUMNS, IS_BATCH))
+        last = rows[-1] if rows else None
+        batches_committed = len(rows)
+        if rows:
+            totals = {c: sum(int(r[c] or 0) for r in rows) for c in COUNT_COLUMNS}
+            _check_batches(rows, problems)
+        in_epoch = [int(r["batch_id"]) for r in rows if r["epoch"] == epoch]
+        newest_in_epoch = max(in_epoch) if in_epoch else None
+    else:
+        last = last_batch(layout)
+        newest_in_epoch = None if last is None or last["epoch"] != epoch else last["batch_id"]
+    if last is None:
         status = Status(pipeline.application_id, pipeline.version, epoch, None, 0, {})
         status.partitions = _lags(pipeline, settings, {}, problems) if with_broker else []
         status.problems = problems
         return status
 
-    rows = batch_rows(ledger)
-    last = rows[-1]
-    totals = {c: int(pc.sum(batches[c]).as_py() or 0) for c in COUNT_COLUMNS}
-    _check_batches(rows, problems)
-    repair = _check_checkpoint(layout, epoch, rows, problems)
+    repair = _check_checkpoint(layout, epoch, newest_in_epoch, problems)
     committed = plan.from_json_dict(json.loads(last["end_offsets"]))
     lags = (
         _lags(pipeline, settings, committed, problems, _cut_topic_ids(layout, epoch, problems))
         if with_broker
         else []
     )
-    state_path = layout.table("state")
-    state_rows = DeltaTable(str(state_path)).count()
+    state_rows = DeltaTable(str(layout.table("state"))).count()
     summary = {k: last[k] for k in ("epoch", "batch_id", "commit_time", "end_offsets")}
     summary["commit_time"] = str(summary["commit_time"])
     return Status(
@@ -99,11 +124,11 @@ def application_status(pipeline: Pipeline, settings: Settings, with_broker: bool
         pipeline_version=pipeline.version,
         epoch=epoch,
         last_batch=summary,
-        batches_committed=len(rows),
+        batches_committed=batches_committed,
         totals=totals,
         partitions=lags,
         state_rows=int(state_rows),
-        oldest_rewind_target=_oldest_rewind_target(layout),
+        oldest_rewind_target=_oldest_rewind_target(layout) if audit else None,
         problems=problems,
         repair=repair,
     )
@@ -144,16 +169,16 @@ def _check_batches(rows: list[dict[str, Any]], problems: list[str]) -> None:
 
 
 def _check_checkpoint(
-    layout: AppLayout, epoch: int, rows: list[dict[str, Any]], problems: list[str]
+    layout: AppLayout, epoch: int, newest_in_epoch: int | None, problems: list[str]
 ) -> str | None:
     """Problems of the Spark checkpoint; returns "rebuild" when Spark's state is damaged."""
     checkpoint = layout.checkpoint(epoch)
-    in_epoch = [r["batch_id"] for r in rows if r["epoch"] == epoch]
-    if not in_epoch:
+    if newest_in_epoch is None:
         return None
+    batches = f"batches up to {newest_in_epoch}"
     if not checkpoint.is_dir():
         problems.append(
-            f"checkpoint {checkpoint} is missing but the ledger has {len(in_epoch)} batches "
+            f"checkpoint {checkpoint} is missing but the ledger has {batches} "
             "of this epoch: the Spark state is lost"
         )
         return "rebuild"
@@ -169,7 +194,7 @@ def _check_checkpoint(
     if commits and (not state_dir.is_dir() or not any(state_dir.rglob("*"))):
         problems.append(
             f"Spark's state store under {state_dir} is empty but the ledger has "
-            f"{len(in_epoch)} batches: the aggregation would restart from nothing"
+            f"{batches}: the aggregation would restart from nothing"
         )
         return "rebuild"
     if not commits and planned:
@@ -177,9 +202,9 @@ def _check_checkpoint(
             f"offsets for batches {planned} but no commits in {checkpoint}: the commit log is gone"
         )
         return "rebuild"
-    if commits and max(commits) > max(in_epoch):
+    if commits and max(commits) > newest_in_epoch:
         problems.append(
-            f"Spark committed batch {max(commits)} but the ledger ends at {max(in_epoch)}: "
+            f"Spark committed batch {max(commits)} but the ledger ends at {newest_in_epoch}: "
             "batches were committed without the platform's commit"
         )
         return "rebuild"

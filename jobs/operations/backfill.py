@@ -34,6 +34,8 @@ from jobs.errors import ConfigError
 from jobs.kafka_source import offsets as kafka_offsets
 from jobs.kafka_source.datasource import FORMAT, WATERMARK_COLUMN
 from jobs.ledger import (
+    BOUNDARY_COLUMNS,
+    IS_BATCH,
     batch_rows,
     boundary_at_or_before,
     current_epoch,
@@ -111,7 +113,8 @@ def recompute(spark: SparkSession, pipeline: Pipeline, settings: Settings, plan:
         for key, value in settings.kafka_client.items():
             reader = reader.option(f"kafka.{key}", value)
         raw = reader.load()
-    raw = with_stream_decisions(spark, raw, read_ledger(layout), pipeline.window is not None)
+    decided = read_ledger(layout, [*BOUNDARY_COLUMNS, "details"], IS_BATCH)
+    raw = with_stream_decisions(spark, raw, decided, pipeline.window is not None)
     contributions = record_contributions(classify(raw, pipeline), pipeline)
     if plan.seed_state_version is not None:
         base = DeltaTable(str(layout.table("state")), version=plan.seed_state_version)

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pyarrow.dataset as ds
 from deltalake import CommitProperties, DeltaTable
 from deltalake.exceptions import CommitFailedError
 
@@ -38,7 +39,9 @@ from jobs.delta.writer import MAX_ATTEMPTS
 from jobs.errors import ConsistencyError
 from jobs.kafka_source.datasource import staging_file
 from jobs.ledger import (
+    BOUNDARY_COLUMNS,
     DONE,
+    IS_BATCH,
     MAINTAIN,
     STARTED,
     Boundary,
@@ -225,9 +228,8 @@ def stale_paths(layout: AppLayout, epoch: int) -> list[Path]:
 
 def _committed_staging(layout: AppLayout, epoch: int) -> set[str]:
     names: set[str] = set()
-    for row in batch_rows(read_ledger(layout)):
-        if int(row["epoch"]) != epoch:
-            continue
+    where = IS_BATCH & (ds.field("epoch") == epoch)
+    for row in batch_rows(read_ledger(layout, BOUNDARY_COLUMNS, where)):
         start = json.loads(row["start_offsets"] or "{}")
         for topic, parts in json.loads(row["end_offsets"] or "{}").items():
             for part, end in parts.items():

@@ -201,6 +201,7 @@ def _run_locked(
                         f"this run of epoch {epoch} stopped without committing anything more"
                     )
         running.awaitTermination()
+        committer.check_watermark_drops(running.recentProgress)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

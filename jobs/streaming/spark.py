@@ -16,9 +16,9 @@ from pyspark.sql import SparkSession
 
 from jobs.kafka_source.datasource import KafkaDataSource
 from jobs.settings import REPO_ROOT
+from jobs.streaming.jvm import driver_java_options
 from jobs.streaming.seed import SeedDataSource
 
-LOG4J_CONFIG = REPO_ROOT / "include" / "config" / "log4j2.properties"
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 PACKAGE = REPO_ROOT / "jobs"
 # Cluster Python default: a worker's interpreter is not at the driver's path.
@@ -103,7 +103,7 @@ def get_spark(
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.python.worker.reuse", "true")
         .config("spark.driver.memory", driver_memory)
-        .config("spark.driver.extraJavaOptions", f"-Dlog4j.configurationFile={LOG4J_CONFIG}")
+        .config("spark.driver.extraJavaOptions", driver_java_options())
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")

@@ -35,8 +35,11 @@ class PlatformHook(BaseHook):
         return application_status(self.pipeline(name), self.settings).to_dict()
 
     def health(self, name: str) -> dict[str, Any]:
-        """Age of the last committed batch (seconds, None before the first) and total lag."""
-        status = self.status(name)
+        """Age of the last committed batch (seconds, None before the first) and total lag
+        (bounded memory: only the newest batch row is read, on every poke)."""
+        from jobs.status import application_status
+
+        status = application_status(self.pipeline(name), self.settings, audit=False).to_dict()
         last = status["last_batch"]
         age = None
         if last is not None:

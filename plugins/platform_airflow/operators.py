@@ -9,6 +9,7 @@ from typing import Any
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
 from jobs.settings import REPO_ROOT, load_settings, platform_environment
+from jobs.streaming.jvm import driver_java_options
 
 ENTRY_POINT = str(REPO_ROOT / "jobs" / "__main__.py")
 
@@ -54,4 +55,7 @@ class PlatformJobOperator(SparkSubmitOperator):
             "PLATFORM_TRIGGERED_BY": user,
             **(self.env_vars or {}),
         }
+        # spark-submit starts the driver's JVM, so its options are given here: the
+        # same log config and class-data-sharing archive a local run uses.
+        self.conf = {"spark.driver.extraJavaOptions": driver_java_options(), **(self.conf or {})}
         return super().execute(context)

@@ -200,3 +200,38 @@ def test_every_table_of_the_layout_is_fenced_ledger_first_raw_included(tmp_path:
     assert names[0] == tables.LEDGER
     assert set(names) == {tables.LEDGER, "dead_letter", "changelog", "state", "raw"}
     assert "raw" not in [p.name for p in fenced_tables(where, clicks)]
+
+
+def test_the_last_batch_is_found_by_epoch_and_batch_in_bounded_reads(tmp_path: Path) -> None:
+    from jobs.ledger import kept_state_version, last_batch
+
+    where = layout(tmp_path)
+    assert last_batch(where) is None
+    now = time.time()
+    write_ledger(where, [ledger_row(0, b, at=now - 100 + b) for b in range(5)])
+    write_ledger(where, [ledger_row(1, 0, at=now - 3600), ledger_row(1, 1, at=now - 3500)])
+    write_ledger(where, [ledger_row(1, None, entry="rewind", at=now)])  # not a batch
+    found = last_batch(where)
+    assert found is not None and (found["epoch"], found["batch_id"]) == (1, 1)
+    assert kept_state_version(where) is None
+    dry = {"phase": "started", "kept_state_version": 9, "dry_run": True}
+    write_ledger(where, [ledger_row(1, None, entry="maintain", details=json.dumps(dry))])
+    assert kept_state_version(where) is None  # a dry run promises nothing
+    write_ledger(
+        where,
+        [
+            ledger_row(
+                1,
+                None,
+                entry="maintain",
+                details=json.dumps({"phase": "started", "kept_state_version": 3}),
+            ),
+            ledger_row(
+                1,
+                None,
+                entry="maintain",
+                details=json.dumps({"phase": "done", "kept_state_version": 7}),
+            ),
+        ],
+    )
+    assert kept_state_version(where) == 3

@@ -1,0 +1,48 @@
+"""The driver JVM's class-data-sharing archive: dumped by a first run, mapped later,
+never read half-written."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from jobs.streaming import jvm
+
+
+@pytest.fixture
+def folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setattr(jvm, "archive_dir", lambda: tmp_path)
+    monkeypatch.delenv(jvm.ENV, raising=False)
+    return tmp_path
+
+
+def test_a_first_run_dumps_under_its_own_name(folder: Path) -> None:
+    options = jvm.cds_options()
+    assert f"-XX:ArchiveClassesAtExit={folder}" in options and f".{os.getpid()}.jsa" in options
+    assert "-Xshare:auto" in options  # a foreign or stale archive is refused, not fatal
+
+
+def test_a_settled_dump_of_a_dead_run_becomes_the_archive(folder: Path) -> None:
+    dead = 2**22 + 12345  # no such pid
+    dump = folder / f"spark-{jvm._key()}.{dead}.jsa"
+    dump.write_bytes(b"x" * 10)
+    assert jvm.cds_options() == ""  # maybe still being written: no second dump, no map
+    old = time.time() - jvm.DUMP_SETTLE_S - 5
+    os.utime(dump, (old, old))
+    options = jvm.cds_options()
+    assert f"-XX:SharedArchiveFile={folder / f'spark-{jvm._key()}.jsa'}" in options
+    assert not dump.exists()
+    spare = folder / f"spark-{jvm._key()}.{dead + 1}.jsa"
+    spare.write_bytes(b"y")
+    os.utime(spare, (old, old))
+    jvm.cds_options()
+    assert not spare.exists()  # a second finished dump is removed, not kept
+
+
+def test_it_can_be_turned_off(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(jvm.ENV, "off")
+    assert jvm.cds_options() == ""
+    assert "log4j" in jvm.driver_java_options()
