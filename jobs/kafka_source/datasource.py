@@ -352,7 +352,10 @@ def read_range(
         position = start
         last_progress = time.monotonic()
         while position < end:
-            messages = consumer.consume(CONSUME_BATCH, 0.5)
+            # Ask for no more than the range holds: consume() waits out its timeout
+            # until it has that many, so at the log end a full-size request idled
+            # 0.5 s per task (measured: 1,000 records took 1.2 s, warm).
+            messages = consumer.consume(min(CONSUME_BATCH, end - position), 0.5)
             failed = [m for m in messages if m.error() is not None]
             if failed:
                 errors = [kafka_admin.read_error(m, topic, partition) for m in failed]

@@ -14,6 +14,7 @@ record is checked against the watermark the ledger says it was processed with.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Callable
@@ -162,30 +163,48 @@ def archived_records(
     start: kafka_offsets.Offsets,
     end: kafka_offsets.Offsets,
 ) -> DataFrame:
-    """Records [start, end) per partition from the ``raw`` table, as Kafka rows."""
-    table = DeltaTable(str(layout.table("raw"))).to_pyarrow_table()
-    keep = None
-    for (topic, part), stop in end.items():
-        begin = start.get((topic, part), 0)
-        rows = pc.and_(
-            pc.and_(pc.equal(table["topic"], topic), pc.equal(table["partition"], part)),
-            pc.and_(pc.greater_equal(table["offset"], begin), pc.less(table["offset"], stop)),
-        )
-        keep = rows if keep is None else pc.or_(keep, rows)
-    selected = table.filter(keep) if keep is not None else table.slice(0, 0)
-    # One row per offset even if a range was archived in two epochs (after a rewind).
-    offsets = ["topic", "partition", "offset"]
-    selected = selected.group_by(offsets, use_threads=False).aggregate(
-        [(c, "first") for c in ("key", "value", "timestamp", "timestampType")]
-    )
-    selected = selected.rename_columns(
-        offsets + ["key", "value", "timestamp", "timestampType"]
-    ).select(["key", "value", "topic", "partition", "offset", "timestamp", "timestampType"])
+    """Records [start, end) per partition from the ``raw`` table, as Kafka rows, read
+    by Spark from exactly the files of the table's current snapshot (the archive can
+    be far larger than the driver's memory)."""
+    files = DeltaTable(str(layout.table("raw"))).file_uris()
     wanted = sum(max(0, stop - start.get(tp, 0)) for tp, stop in end.items())
+    if not files:
+        if wanted:
+            raise ConfigError(f"the raw archive has none of the {wanted} offsets to recompute")
+        return spark.createDataFrame([], RAW_KAFKA_DDL)
+    # Values can be large: small columnar batches keep a task's memory in bounds.
+    spark.conf.set("spark.sql.parquet.columnarReaderBatchSize", "256")
+    raw = spark.read.parquet(*files)
+    ranges = [
+        (F.col("topic") == topic)
+        & (F.col("partition") == part)
+        & (F.col("offset") >= start.get((topic, part), 0))
+        & (F.col("offset") < stop)
+        for (topic, part), stop in end.items()
+    ]
+    selected = raw.filter(functools.reduce(lambda a, b: a | b, ranges)) if ranges else raw.limit(0)
+    # A cheap pass (three columns): every partition to recompute must be archived.
+    found = {
+        (r["topic"], r["partition"])
+        for r in selected.groupBy("topic", "partition").count().collect()
+    }
+    missing = sorted(tp for tp, stop in end.items() if stop > start.get(tp, 0) and tp not in found)
+    if missing:
+        raise ConfigError(
+            f"the raw archive has no records of {missing} in the range to recompute; "
+            "backfill from Kafka (--source kafka) if it still holds them"
+        )
+    # One row per offset even if a range was archived in two epochs (after a rewind).
     # Fewer rows than offsets is normal for transactional topics (markers take offsets).
-    if wanted and not selected.num_rows:
-        raise ConfigError(f"the raw archive has none of the {wanted} offsets to recompute")
-    return spark.createDataFrame(selected)
+    return selected.dropDuplicates(["topic", "partition", "offset"]).select(
+        "key", "value", "topic", "partition", "offset", "timestamp", "timestampType"
+    )
+
+
+RAW_KAFKA_DDL = (
+    "key binary, value binary, topic string, partition int, offset long, "
+    "timestamp timestamp, timestampType int"
+)
 
 
 def preview(pipeline: Pipeline, current: pa.Table, corrected: pa.Table) -> dict[str, Any]:

@@ -114,4 +114,4 @@ class SeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return []
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        yield from pq.read_table(partition.value).to_batches()
+        yield from pq.ParquetFile(partition.value).iter_batches()

@@ -1,0 +1,148 @@
+"""The path every scheduled ``stream_<app>`` DAG run takes: a cold
+``python -m jobs run`` (new process, new JVM) of ``user_clicks`` over 1,000,000
+events, Spark start-up included, and one with nothing to do.
+
+    .venv/bin/python -m benchmarks.cold_path [--events 1000000] [--runs 2]
+
+Each run starts from a fresh warehouse; where the seconds go comes from the job's
+own log lines (session ready, query started, each batch) and its ledger. Runs with
+the JVM's class-data-sharing archive and without (``PLATFORM_SPARK_CDS=off``).
+Writes its section of docs/benchmarks.md. Not a test: it asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+from deltalake import DeltaTable
+
+from benchmarks.report import machine, write_section
+from include.sample_data import click_events, encoded
+from jobs import broker, kafka_admin
+from jobs.settings import REPO_ROOT
+
+STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO (\S+): (.*)$")
+
+
+def one_run(env: dict[str, str]) -> dict[str, float]:
+    started = time.time()
+    proc = subprocess.run(
+        [sys.executable, "-m", "jobs", "run", "--pipeline", "user_clicks", "--quiet"],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    wall = time.time() - started
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr[-3000:])
+    marks: dict[str, float] = {}
+    for line in proc.stderr.splitlines():
+        found = STAMP.match(line)
+        if not found:
+            continue
+        at = datetime.strptime(found.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp() - started
+        if found.group(2) == "jobs.streaming.spark":
+            marks.setdefault("session", at)
+        elif "starts from the" in found.group(3):
+            marks["query"] = at
+        elif "committed:" in found.group(3):
+            marks.setdefault("first_batch_done", at)
+            marks["last_batch_done"] = at
+    return {"wall": wall, **marks}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--no-write", action="store_true", help="print only")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench-cold-"))
+    info = broker.start(work / "broker", broker.find_free_port())
+    results: dict[str, list[dict[str, float]]] = {}
+    try:
+        config = kafka_admin.client_config(info.bootstrap_servers)
+        kafka_admin.create_topic(kafka_admin.admin(config), "clicks", 4)
+        now = int(time.time())
+        events = click_events(args.events, 10_000, 1, now - 3600, 3600)
+        kafka_admin.produce_all(config, "clicks", encoded(events, [], 0, "user_id"))
+        base = {
+            **os.environ,
+            "SPARK_LOCAL_IP": "127.0.0.1",
+            "PLATFORM_BOOTSTRAP_SERVERS": info.bootstrap_servers,
+        }
+        for cds in ("off", "on"):
+            env = {**base, "PLATFORM_SPARK_CDS": cds}
+            if cds == "on":  # the archive exists from then on
+                one_run({**env, "PLATFORM_WAREHOUSE": str(work / "warmup")})
+                time.sleep(65)  # the dump settles (jobs/streaming/jvm.py)
+            for round_ in range(args.runs):
+                warehouse = work / f"wh-{cds}-{round_}"
+                env["PLATFORM_WAREHOUSE"] = str(warehouse)
+                cold = one_run(env)
+                ledger = DeltaTable(str(warehouse / "user_clicks" / "_ledger")).to_pyarrow_table()
+                batch = [
+                    json.loads(r["details"])["seconds"]
+                    for r in ledger.to_pylist()
+                    if r["entry_type"] == "batch" and r["records_in"]
+                ]
+                cold["batch"] = sum(batch)
+                cold["idle_wall"] = one_run(env)["wall"]  # nothing to do
+                results.setdefault(cds, []).append(cold)
+                print(cds, {k: round(v, 2) for k, v in cold.items()}, flush=True)
+                shutil.rmtree(warehouse, ignore_errors=True)
+    finally:
+        broker.stop(work / "broker")
+        shutil.rmtree(work, ignore_errors=True)
+    report = render(args, results)
+    print(report)
+    if not args.no_write:
+        write_section(report)
+
+
+def render(args: argparse.Namespace, results: dict[str, list[dict[str, float]]]) -> str:
+    lines = [
+        "## Cold path: a scheduled `available-now` run, Spark start-up included",
+        "",
+        f"Command: `.venv/bin/python -m benchmarks.cold_path --events {args.events} "
+        f"--runs {args.runs}`",
+        "",
+        f"Machine: {machine()}. `python -m jobs run --pipeline user_clicks` in a new process "
+        f"over {args.events:,} events (4 partitions, 10,000 users, one hour), from a fresh "
+        "warehouse; median of the runs. Seconds from the process start: Spark session "
+        "ready, query started (tables, cut, broker checks, query built), first batch "
+        "committed, process exit.",
+        "",
+        "| JVM class-data sharing | session s | query s | batch committed s | exit s "
+        "| batch s | events/s (whole process) | events/s (batch) | nothing to do s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for cds, runs in results.items():
+
+        def p50(key: str, runs: list[dict[str, float]] = runs) -> float:
+            return statistics.median(r.get(key, float("nan")) for r in runs)
+
+        lines.append(
+            f"| {cds} | {p50('session'):.1f} | {p50('query'):.1f} "
+            f"| {p50('first_batch_done'):.1f} | {p50('wall'):.1f} | {p50('batch'):.1f} "
+            f"| {args.events / p50('wall'):,.0f} | {args.events / p50('batch'):,.0f} "
+            f"| {p50('idle_wall'):.1f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

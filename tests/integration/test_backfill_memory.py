@@ -1,0 +1,70 @@
+"""A backfill from a raw archive larger than the driver's memory: Spark reads the
+archive's files itself; nothing of it passes through the driver."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+from deltalake import DeltaTable
+
+from jobs.settings import REPO_ROOT
+from tests.conftest import produce, run_jobs
+
+pytestmark = pytest.mark.integration
+SIGNS = {1: {"receipt": 1, "sale": -1, "return": -1}, 2: {"receipt": 1, "sale": -1, "return": 1}}
+RECORDS = 60_000
+PAD = 10_000  # bytes per record: about 600 MB of raw archive
+
+
+def pipeline(tmp_path: Path, topic: str, version: int) -> Path:
+    data = yaml.safe_load((REPO_ROOT / "include" / "pipelines" / "inventory.yaml").read_text())
+    data["source"].update({"topics": [topic], "archive": True, "max_offsets_per_trigger": 10_000})
+    data["version"] = version
+    data["derived"][0]["signs"] = SIGNS[version]
+    path = tmp_path / f"v{version}" / "inventory.yaml"
+    path.parent.mkdir()
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_backfill_from_an_archive_larger_than_the_driver(  # type: ignore[no-untyped-def]
+    settings, kafka_config, new_topic, tmp_path
+) -> None:
+    topic = new_topic(2)
+    kinds = ["receipt", "receipt", "sale", "return"]
+    events = [
+        {"sku": f"S{i % 37}", "qty": 1 + i % 5, "kind": kinds[i % 4], "timestamp": 1700000000}
+        for i in range(RECORDS)
+    ]
+    pad = "x" * PAD
+    for start in range(0, RECORDS, 5_000):  # in slices: the producer's buffer is bounded
+        chunk = events[start : start + 5_000]
+        produce(kafka_config, topic, [json.dumps({**e, "pad": pad}).encode() for e in chunk])
+    v1, v2 = pipeline(tmp_path, topic, 1), pipeline(tmp_path, topic, 2)
+    streamed = run_jobs(v1, settings, "run", "--quiet")
+    assert streamed.returncode == 0, streamed.stderr[-3000:]
+    raw = settings.warehouse / "inventory" / "raw"
+    archive_bytes = sum(f.stat().st_size for f in raw.rglob("*.parquet"))
+    assert archive_bytes > 512 * 2**20, archive_bytes
+
+    backfill = run_jobs(
+        v2,
+        settings,
+        "backfill",
+        "--from-earliest",
+        "--source",
+        "archive",
+        "--reason",
+        "returns were subtracted",
+        env={"PLATFORM_SPARK_DRIVER_MEMORY": "512m"},
+    )
+    assert backfill.returncode == 0, backfill.stderr[-3000:]
+    expected: Counter[str] = Counter()
+    for e in events:
+        expected[e["sku"]] += SIGNS[2][e["kind"]] * e["qty"]
+    state = DeltaTable(str(settings.warehouse / "inventory" / "state")).to_pyarrow_table()
+    assert {r["sku"]: r["quantity"] for r in state.to_pylist()} == dict(expected)
