@@ -122,13 +122,20 @@ def write_cut(layout: AppLayout, cut: Cut) -> None:
     tmp.rename(path)  # atomic: a crash leaves either no file or a whole one
 
 
-def starting_offsets(cut: Cut, marks: kafka_offsets.Watermarks) -> Offsets:
+def starting_offsets(
+    cut: Cut, marks: kafka_offsets.Watermarks, first_batch: bool = True
+) -> Offsets:
     """The cut's offsets against the broker now: partitions added since the cut
     start at their log start (as Spark's Kafka source does); a partition of the cut
-    that is gone, or whose log no longer reaches the cut's offset, is an error."""
+    that is gone, or whose log no longer reaches the cut's offset, is an error.
+
+    Once the epoch has planned a batch, Spark resumes from its offset log and the
+    cut's offsets only name batch 0's start: retention may long have deleted them
+    (the source still checks every range it reads)."""
     start = cut.offsets()
     kafka_offsets.check_continuity(start, marks)
-    kafka_offsets.check_not_expired(start, marks)
+    if first_batch:
+        kafka_offsets.check_not_expired(start, marks)
     added = {tp: low for tp, (low, _high) in marks.items() if tp not in start}
     if added:
         log.info("partitions added since the cut start at their log start: %s", added)

@@ -23,7 +23,7 @@ from jobs.ledger import current_epoch, unfinished_operation
 from jobs.lock import application_lock
 from jobs.pipeline import Pipeline
 from jobs.settings import Settings
-from jobs.streaming import query
+from jobs.streaming import offset_log, query
 from jobs.streaming.batch import BatchCommitter, BatchResult
 from jobs.streaming.seed import seed_stream
 
@@ -120,9 +120,11 @@ def _run_locked(
     kafka_admin.check_same_topics(
         cut.topic_ids, kafka_admin.topic_ids(kafka_admin.admin(config), pipeline.topics)
     )
-    # Only used while the epoch's checkpoint has no batch yet (Spark ignores it after).
-    starting = plan.to_json_dict(start_of(cut, broker_watermarks(pipeline, settings)))
     checkpoint = layout.checkpoint(epoch)
+    # Only used while the epoch's checkpoint has no batch yet (Spark ignores it after).
+    first_batch = not offset_log.offset_batches(checkpoint)
+    marks = broker_watermarks(pipeline, settings)
+    starting = plan.to_json_dict(start_of(cut, marks, first_batch))
     seed_path = seed_file(layout, epoch) if cut.seed_rows is not None else None
     seed = None
     if seed_path is not None:

@@ -1,0 +1,155 @@
+"""Event-to-Delta latency of a continuous run: ``user_clicks`` with a 1 s trigger
+while a producer writes ``--rate`` events/s for ``--seconds``.
+
+    .venv/bin/python -m benchmarks.latency [--rate 10000] [--seconds 60]
+
+An event's latency is its batch's ledger commit time (the batch is in Delta,
+exactly once) minus the event's Kafka timestamp (set by the producer when it
+sends). Every event is counted: after the run each record's timestamp is read
+back and matched to the batch whose offset range holds it. Writes its section of
+docs/benchmarks.md. Not a test: it asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from confluent_kafka import Producer
+from deltalake import DeltaTable
+
+from benchmarks.report import machine, write_section
+from jobs import broker, kafka_admin
+from jobs.kafka_source.datasource import read_range
+from jobs.pipeline import load_pipeline
+from jobs.settings import load_settings
+from jobs.streaming.run import run_pipeline
+from jobs.streaming.spark import get_spark
+
+
+def produce_at(config: dict[str, str], rate: int, seconds: int) -> int:
+    producer = Producer({**config, "linger.ms": 5})
+    sent = 0
+    started = time.monotonic()
+    while time.monotonic() - started < seconds:
+        due = int((time.monotonic() - started) * rate)
+        while sent < due:
+            now = int(time.time())
+            value = json.dumps({"user_id": f"u{sent % 5000}", "timestamp": now}).encode()
+            producer.produce("clicks", value)
+            sent += 1
+        producer.poll(0)
+        time.sleep(0.005)
+    producer.flush(30)
+    return sent
+
+
+def latencies(config: dict[str, Any], ledger: list[dict[str, Any]]) -> list[float]:
+    """Per event: commit time of its batch - its Kafka timestamp (seconds)."""
+    consumer = {
+        **config,
+        "group.id": "latency-benchmark",
+        "enable.auto.commit": False,
+        "auto.offset.reset": "error",
+    }
+    result: list[float] = []
+    for row in ledger:
+        start = json.loads(row["start_offsets"] or "{}")
+        committed = row["commit_time"].timestamp()
+        for topic, parts in json.loads(row["end_offsets"]).items():
+            for part, end in parts.items():
+                begin = start.get(topic, {}).get(part, end)
+                if end <= begin:
+                    continue
+                for batch in read_range(consumer, topic, int(part), begin, end):
+                    stamps = batch.column("timestamp").cast("int64").to_numpy() / 1e6
+                    result += list(committed - stamps)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rate", type=int, default=10_000)
+    parser.add_argument("--seconds", type=int, default=60)
+    parser.add_argument("--no-write", action="store_true", help="print only")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench-latency-"))
+    info = broker.start(work / "broker", broker.find_free_port())
+    try:
+        settings = dataclasses.replace(
+            load_settings(), bootstrap_servers=info.bootstrap_servers, warehouse=work / "wh"
+        )
+        config = kafka_admin.client_config(info.bootstrap_servers)
+        kafka_admin.create_topic(kafka_admin.admin(config), "clicks", 4)
+        pipeline = dataclasses.replace(
+            load_pipeline("user_clicks", settings.pipelines_dir),
+            trigger_mode="continuous",
+            trigger_interval_seconds=1,
+        )
+        spark = get_spark("local[2]", "benchmark-latency")
+        stream = threading.Thread(target=run_pipeline, args=(spark, pipeline, settings))
+        stream.start()
+        time.sleep(5)  # the query is up and idle
+        sent = produce_at(config, args.rate, args.seconds)
+        ledger_path = settings.warehouse / "user_clicks" / "_ledger"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            rows = DeltaTable(str(ledger_path)).to_pyarrow_table().to_pylist()
+            if sum(int(r["records_in"] or 0) for r in rows if r["entry_type"] == "batch") >= sent:
+                break
+            time.sleep(1)
+        for query in spark.streams.active:
+            query.stop()
+        stream.join()
+        batches = [r for r in rows if r["entry_type"] == "batch" and r["records_in"]]
+        values = latencies(config, batches)
+        spark.stop()
+    finally:
+        broker.stop(work / "broker")
+        shutil.rmtree(work, ignore_errors=True)
+    report = render(args, sent, batches, values)
+    print(report)
+    if not args.no_write:
+        write_section(report)
+
+
+def render(
+    args: argparse.Namespace,
+    sent: int,
+    batches: list[dict[str, Any]],
+    values: list[float],
+) -> str:
+    seconds = [json.loads(b["details"])["seconds"] for b in batches]
+    arr = np.array(values)
+    lines = [
+        "## Event-to-Delta latency, continuous run",
+        "",
+        f"Command: `.venv/bin/python -m benchmarks.latency --rate {args.rate} "
+        f"--seconds {args.seconds}`",
+        "",
+        f"Machine: {machine()}; the producer, the broker and Spark share the two cores. "
+        f"`user_clicks`, trigger every 1 s, {sent:,} events at {args.rate:,}/s; latency = "
+        "the ledger commit time of the event's batch minus the event's Kafka timestamp, "
+        f"for every event ({len(values):,}).",
+        "",
+        "| events | p50 s | p95 s | max s |",
+        "|---|---|---|---|",
+        f"| all | {np.percentile(arr, 50):.2f} | {np.percentile(arr, 95):.2f} | {arr.max():.2f} |",
+        "",
+        f"{len(batches)} batches with records; batch seconds p50 "
+        f"{statistics.median(seconds):.2f}, max {max(seconds):.2f}.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

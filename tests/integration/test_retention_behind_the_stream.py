@@ -1,0 +1,49 @@
+"""Retention deleting records the stream has already committed is normal life for
+a long-running application: the next run resumes from its checkpoint and must not
+trip over the epoch's (long gone) starting offsets."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from confluent_kafka import TopicPartition
+from deltalake import DeltaTable
+
+from jobs import kafka_admin
+from jobs.pipeline import load_pipeline
+from jobs.streaming.run import run_pipeline
+from tests.conftest import pipeline_file, produce
+from tests.expected import clicks_per_window, state_as_counter
+
+pytestmark = pytest.mark.integration
+
+
+def clicks(n: int, salt: int) -> list[bytes]:
+    now = int(time.time())
+    return [
+        json.dumps({"user_id": f"u{(i + salt) % 11}", "timestamp": now - 100 + i % 60}).encode()
+        for i in range(n)
+    ]
+
+
+def test_a_run_after_retention_deleted_committed_records(  # type: ignore[no-untyped-def]
+    spark, settings, kafka_config, new_topic, tmp_path
+) -> None:
+    topic = new_topic(2)
+    path = pipeline_file(tmp_path, "user_clicks", topic)
+    first, second = clicks(500, 0), clicks(300, 4)
+    produce(kafka_config, topic, first)
+    run_pipeline(spark, load_pipeline(str(path), tmp_path), settings)
+    # Retention removes everything the stream has read (the epoch started at 0).
+    marks = kafka_admin.watermarks(kafka_config, [(topic, 0), (topic, 1)])
+    admin = kafka_admin.admin(kafka_config)
+    ends = [TopicPartition(topic, p, high) for (_t, p), (_low, high) in marks.items()]
+    for future in admin.delete_records(ends).values():
+        future.result()
+    produce(kafka_config, topic, second)
+    run_pipeline(spark, load_pipeline(str(path), tmp_path), settings)
+    expected, _dead, _late = clicks_per_window([first + second])
+    state = DeltaTable(str(settings.warehouse / "user_clicks" / "state")).to_pyarrow_table()
+    assert state_as_counter(state.to_pylist(), "clicks") == expected
