@@ -78,7 +78,7 @@ def main() -> None:
                 )
                 for i in range(args.every * args.per_batch)
             )
-            kafka_admin.produce_all(config, "clicks", ((k, v, None) for k, v in events))
+            kafka_admin.produce_all(config, "clicks", events)
             summary = run_pipeline(spark, pipeline, settings)
             seconds = [
                 json.loads(b.ledger["details"])["seconds"]
