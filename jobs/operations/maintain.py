@@ -300,6 +300,14 @@ def apply_maintenance(
     return result
 
 
+LOG_RETENTION = "delta.logRetentionDuration"
+
+
+def log_retention(horizon_s: int) -> str:
+    """Delta's default (30 days), or the horizon and a day more when it is longer."""
+    return f"interval {max(30, -(-horizon_s // 86400) + 1)} days"
+
+
 def maintain_table(
     path: Path, plan: MaintenancePlan, is_state: bool, props: CommitProperties
 ) -> dict[str, int]:
@@ -320,6 +328,17 @@ def maintain_table(
             commit_properties=props,
         ),
     )
+    table = DeltaTable(uri)
+    # The log must reach back as far as the horizon: delta-rs drops log entries older
+    # than this on every checkpoint (default 30 days), and time travel needs them.
+    wanted = log_retention(plan.horizon_s)
+    if table.metadata().configuration.get(LOG_RETENTION) != wanted:
+        _retrying(
+            f"log retention of {path.name}",
+            lambda: DeltaTable(uri).alter.set_table_properties(
+                {LOG_RETENTION: wanted}, commit_properties=props
+            ),
+        )
     table = DeltaTable(uri)
     table.create_checkpoint()
     table.cleanup_metadata()

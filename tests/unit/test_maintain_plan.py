@@ -4,7 +4,13 @@ and what keeps its state version (and every later one) loadable."""
 from __future__ import annotations
 
 from jobs.ledger import Boundary
-from jobs.operations.maintain import HOUR_US, PLAN_MARGIN_US, oldest_kept, vacuum_rule
+from jobs.operations.maintain import (
+    HOUR_US,
+    PLAN_MARGIN_US,
+    log_retention,
+    oldest_kept,
+    vacuum_rule,
+)
 
 NOW = 1_000 * HOUR_US
 
@@ -41,3 +47,9 @@ def test_a_short_horizon_keeps_versions_by_name() -> None:
 def test_grace_is_a_floor_and_nothing_committed_keeps_only_grace() -> None:
     assert vacuum_rule(BOUNDARIES, BOUNDARIES[3], NOW, grace_hours=48) == (48, ())
     assert vacuum_rule([], None, NOW, grace_hours=2) == (2, ())
+
+
+def test_the_delta_log_reaches_back_as_far_as_the_horizon() -> None:
+    assert log_retention(7 * 86400) == "interval 30 days"  # Delta's default covers it
+    assert log_retention(60 * 86400) == "interval 61 days"
+    assert log_retention(60 * 86400 + 1) == "interval 62 days"
