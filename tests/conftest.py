@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import os
 import subprocess
 import sys
@@ -79,6 +80,18 @@ def produce(
 ) -> None:
     now_ms = int(time.time() * 1000)
     kafka_admin.produce_all(config, topic, ((key, v, now_ms) for v in values))  # type: ignore[misc]
+
+
+def recent_clicks(n: int, salt: int, users: int = 17) -> list[bytes]:
+    """``user_clicks`` events of the last few minutes (inside the watermark), spread
+    over ``users`` users; ``salt`` makes another set."""
+    now = int(time.time())
+    return [
+        json.dumps(
+            {"user_id": f"u{(i * 7 + salt) % users}", "timestamp": now - 280 + i % 240}
+        ).encode()
+        for i in range(n)
+    ]
 
 
 def pipeline_file(directory: Path, name: str, topic: str, **source: object) -> Path:

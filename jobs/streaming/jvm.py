@@ -20,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
 import pyspark
 
 from jobs.settings import REPO_ROOT
@@ -42,16 +43,6 @@ def archive_dir() -> Path:
     return Path(tempfile.gettempdir()) / "platform-jvm"
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def cds_options() -> str:
     """Driver JVM options: map the archive, or dump one at exit if there is none."""
     if os.environ.get(ENV, "").lower() in ("off", "0", "false"):
@@ -63,7 +54,7 @@ def cds_options() -> str:
     for dump in folder.glob(f"spark-{_key()}.*.jsa"):
         pid = int(dump.suffixes[-2].lstrip("."))
         settled = time.time() - dump.stat().st_mtime > DUMP_SETTLE_S
-        if _alive(pid) or not settled:
+        if psutil.pid_exists(pid) or not settled:
             dumping = True  # another run is writing one: do not write a second
         elif final.exists() or dump.stat().st_size == 0:
             dump.unlink(missing_ok=True)  # a spare (or an empty) dump

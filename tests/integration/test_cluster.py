@@ -5,9 +5,7 @@ backfill."""
 
 from __future__ import annotations
 
-import json
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +14,7 @@ from deltalake import DeltaTable
 
 from include import local_spark
 from tests.conftest import pipeline_file, produce, run_jobs, run_with_fault
+from tests.conftest import recent_clicks as clicks
 from tests.expected import clicks_per_window, state_as_counter
 
 pytestmark = pytest.mark.integration
@@ -27,14 +26,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_spark.Cl
     started = local_spark.start(tmp_path_factory.mktemp("spark-cluster"), cores=2, memory="2g")
     yield started
     local_spark.stop(started)
-
-
-def clicks(n: int, salt: int) -> list[bytes]:
-    now = int(time.time())
-    return [
-        json.dumps({"user_id": f"u{(i + salt) % 17}", "timestamp": now - 200 + i % 180}).encode()
-        for i in range(n)
-    ]
 
 
 def test_user_clicks_on_a_standalone_cluster(  # type: ignore[no-untyped-def]

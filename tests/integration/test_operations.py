@@ -22,19 +22,10 @@ from jobs.settings import REPO_ROOT, Settings
 from jobs.status import application_status
 from jobs.streaming.run import run_pipeline
 from tests.conftest import pipeline_file, produce, run_jobs
+from tests.conftest import recent_clicks as clicks
 from tests.expected import clicks_per_window, state_as_counter
 
 pytestmark = pytest.mark.integration
-
-
-def clicks(n: int, salt: int) -> list[bytes]:
-    now = int(time.time())
-    return [
-        json.dumps(
-            {"user_id": f"u{(i * 7 + salt) % 17}", "timestamp": now - 280 + i % 240}
-        ).encode()
-        for i in range(n)
-    ]
 
 
 def setup_pipeline(tmp_path: Path, topic: str) -> tuple[Pipeline, Path]:

@@ -4,9 +4,6 @@ trip over the epoch's (long gone) starting offsets."""
 
 from __future__ import annotations
 
-import json
-import time
-
 import pytest
 from confluent_kafka import TopicPartition
 from deltalake import DeltaTable
@@ -15,17 +12,10 @@ from jobs import kafka_admin
 from jobs.pipeline import load_pipeline
 from jobs.streaming.run import run_pipeline
 from tests.conftest import pipeline_file, produce
+from tests.conftest import recent_clicks as clicks
 from tests.expected import clicks_per_window, state_as_counter
 
 pytestmark = pytest.mark.integration
-
-
-def clicks(n: int, salt: int) -> list[bytes]:
-    now = int(time.time())
-    return [
-        json.dumps({"user_id": f"u{(i + salt) % 11}", "timestamp": now - 100 + i % 60}).encode()
-        for i in range(n)
-    ]
 
 
 def test_a_run_after_retention_deleted_committed_records(  # type: ignore[no-untyped-def]
