@@ -10,6 +10,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 
 from jobs.settings import REPO_ROOT, load_settings, platform_environment
 from jobs.streaming.jvm import driver_java_options
+from jobs.streaming.spark import package_zip
 
 ENTRY_POINT = str(REPO_ROOT / "jobs" / "__main__.py")
 
@@ -58,4 +59,7 @@ class PlatformJobOperator(SparkSubmitOperator):
         # spark-submit starts the driver's JVM, so its options are given here: the
         # same log config and class-data-sharing archive a local run uses.
         self.conf = {"spark.driver.extraJavaOptions": driver_java_options(), **(self.conf or {})}
+        # The package goes with the job: in cluster deploy mode the driver itself runs
+        # on a worker (in client mode the job would add the same zip itself).
+        self.py_files = self.py_files or str(package_zip())
         return super().execute(context)
