@@ -20,16 +20,14 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from datetime import datetime
-from pathlib import Path
 
 from deltalake import DeltaTable
 
-from benchmarks.report import machine, write_section
+from benchmarks.report import machine, scratch_broker, write_section
 from include.sample_data import click_events, encoded
-from jobs import broker, kafka_admin
+from jobs import kafka_admin
 from jobs.settings import REPO_ROOT
 
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO (\S+): (.*)$")
@@ -70,10 +68,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="bench-cold-"))
-    info = broker.start(work / "broker", broker.find_free_port())
     results: dict[str, list[dict[str, float]]] = {}
-    try:
+    with scratch_broker("bench-cold-") as (work, info):
         config = kafka_admin.client_config(info.bootstrap_servers)
         kafka_admin.create_topic(kafka_admin.admin(config), "clicks", 4)
         now = int(time.time())
@@ -104,9 +100,6 @@ def main() -> None:
                 results.setdefault(cds, []).append(cold)
                 print(cds, {k: round(v, 2) for k, v in cold.items()}, flush=True)
                 shutil.rmtree(warehouse, ignore_errors=True)
-    finally:
-        broker.stop(work / "broker")
-        shutil.rmtree(work, ignore_errors=True)
     report = render(args, results)
     print(report)
     if not args.no_write:

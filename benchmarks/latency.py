@@ -15,20 +15,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import shutil
 import statistics
-import tempfile
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from confluent_kafka import Producer
 from deltalake import DeltaTable
 
-from benchmarks.report import machine, write_section
-from jobs import broker, kafka_admin
+from benchmarks.report import machine, scratch_broker, write_section
+from jobs import kafka_admin
 from jobs.kafka_source.datasource import read_range
 from jobs.pipeline import load_pipeline
 from jobs.settings import load_settings
@@ -87,9 +84,7 @@ def main() -> None:
     parser.add_argument("--warm-up", type=int, default=15)
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="bench-latency-"))
-    info = broker.start(work / "broker", broker.find_free_port())
-    try:
+    with scratch_broker("bench-latency-") as (work, info):
         settings = dataclasses.replace(
             load_settings(), bootstrap_servers=info.bootstrap_servers, warehouse=work / "wh"
         )
@@ -120,9 +115,6 @@ def main() -> None:
         batches = [r for r in rows if r["entry_type"] == "batch" and r["records_in"]]
         values, measured = latencies(config, batches, since)
         spark.stop()
-    finally:
-        broker.stop(work / "broker")
-        shutil.rmtree(work, ignore_errors=True)
     report = render(args, sent, batches, values, measured)
     print(report)
     if not args.no_write:

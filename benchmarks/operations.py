@@ -14,14 +14,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import shutil
-import tempfile
 import time
-from pathlib import Path
 
-from benchmarks.report import write_section
+from benchmarks.report import scratch_broker, write_section
 from include.sample_data import click_events, encoded
-from jobs import broker, kafka_admin
+from jobs import kafka_admin
 from jobs.operations.backfill import run_backfill
 from jobs.operations.restart import plan_rebuild
 from jobs.operations.runner import run_operation
@@ -43,10 +40,8 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="bench-ops-"))
-    info = broker.start(work / "broker", broker.find_free_port())
     timings: dict[str, float] = {}
-    try:
+    with scratch_broker("bench-ops-") as (work, info):
         settings = dataclasses.replace(
             load_settings(), bootstrap_servers=info.bootstrap_servers, warehouse=work / "wh"
         )
@@ -86,9 +81,6 @@ def main() -> None:
         timings["backfill"] = time.monotonic() - started
         print("backfill", round(timings["backfill"], 2), "s", flush=True)
         spark.stop()
-    finally:
-        broker.stop(work / "broker")
-        shutil.rmtree(work, ignore_errors=True)
     report = render(args.events, state_rows, timings)
     print(report)
     if not args.no_write:

@@ -1,14 +1,20 @@
-"""docs/benchmarks.md is shared by every benchmark: each owns one ``## `` section
-and replaces only that section (appended when new), keeping the others."""
+"""What every benchmark shares: docs/benchmarks.md, where each owns one ``## ``
+section and replaces only that (appended when new), and a scratch broker."""
 
 from __future__ import annotations
 
 import os
 import platform
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
 
+from jobs import broker
+from jobs.broker import BrokerInfo
 from jobs.settings import REPO_ROOT
 
 RESULTS = REPO_ROOT / "docs" / "benchmarks.md"
@@ -39,3 +45,16 @@ def write_section(section: str, path: Path = RESULTS) -> None:
         sections.append(body)
     path.parent.mkdir(exist_ok=True)
     path.write_text("\n".join([head.rstrip() + "\n", *[s.rstrip() + "\n" for s in sections]]))
+
+
+@contextmanager
+def scratch_broker(prefix: str) -> Iterator[tuple[Path, BrokerInfo]]:
+    """A scratch directory with a fresh embedded broker in it, both gone afterwards
+    (every benchmark measures on its own broker: noida-db keeps topics in memory)."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    info = broker.start(work / "broker", broker.find_free_port())
+    try:
+        yield work, info
+    finally:
+        broker.stop(work / "broker")
+        shutil.rmtree(work, ignore_errors=True)

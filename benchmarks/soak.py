@@ -16,14 +16,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import shutil
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.report import machine, write_section
-from jobs import broker, kafka_admin
+from benchmarks.report import machine, scratch_broker, write_section
+from jobs import kafka_admin
 from jobs.operations.maintain import files_on_disk, run_maintain
 from jobs.pipeline import load_pipeline
 from jobs.settings import load_settings
@@ -49,11 +47,9 @@ def main() -> None:
     parser.add_argument("--per-batch", type=int, default=200)
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="bench-soak-"))
-    info = broker.start(work / "broker", broker.find_free_port())
     latencies: list[float] = []
     rounds: list[dict[str, float]] = []
-    try:
+    with scratch_broker("bench-soak-") as (work, info):
         settings = dataclasses.replace(
             load_settings(), bootstrap_servers=info.bootstrap_servers, warehouse=work / "wh"
         )
@@ -102,9 +98,6 @@ def main() -> None:
             )
             print(rounds[-1], flush=True)
         spark.stop()
-    finally:
-        broker.stop(work / "broker")
-        shutil.rmtree(work, ignore_errors=True)
     report = render(args, latencies, rounds)
     print(report)
     if not args.no_write:

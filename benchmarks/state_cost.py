@@ -17,19 +17,16 @@ import argparse
 import dataclasses
 import json
 import random
-import shutil
 import statistics
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from deltalake import DeltaTable
 
-from benchmarks.report import machine, write_section
-from jobs import broker, kafka_admin
+from benchmarks.report import machine, scratch_broker, write_section
+from jobs import kafka_admin
 from jobs.pipeline import load_pipeline
 from jobs.settings import load_settings
 from jobs.streaming.run import run_pipeline
@@ -47,9 +44,8 @@ def movements(skus: Iterator[int], now_s: int) -> Iterator[tuple[bytes, bytes, i
         yield event["sku"].encode(), json.dumps(event).encode(), now_ms  # type: ignore[attr-defined]
 
 
-def measure(spark, size: int, batches: int, work: Path) -> dict[str, float]:  # type: ignore[no-untyped-def]
-    info = broker.start(work / "broker", broker.find_free_port())
-    try:
+def measure(spark, size: int, batches: int) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    with scratch_broker("bench-state-") as (work, info):
         settings = dataclasses.replace(
             load_settings(), bootstrap_servers=info.bootstrap_servers, warehouse=work / "wh"
         )
@@ -88,8 +84,6 @@ def measure(spark, size: int, batches: int, work: Path) -> dict[str, float]:  # 
             "warm_p50_s": statistics.median(warm),
             "warm_max_s": max(warm),
         }
-    finally:
-        broker.stop(work / "broker")
 
 
 def consecutive_batches(  # type: ignore[no-untyped-def]
@@ -133,11 +127,7 @@ def main() -> None:
     spark = get_spark("local[2]", "benchmark-state")
     results = {}
     for size in sizes:
-        work = Path(tempfile.mkdtemp(prefix="bench-state-"))
-        try:
-            results[size] = measure(spark, size, args.batches, work)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+        results[size] = measure(spark, size, args.batches)
         print(size, {k: round(v, 3) for k, v in results[size].items()}, flush=True)
     spark.stop()
     report = render(args, results)

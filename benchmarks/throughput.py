@@ -16,16 +16,14 @@ import dataclasses
 import json
 import shutil
 import statistics
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 import psutil
 
-from benchmarks.report import machine, write_section
+from benchmarks.report import machine, scratch_broker, write_section
 from include.sample_data import click_events, encoded
-from jobs import broker, kafka_admin
+from jobs import kafka_admin
 from jobs.pipeline import load_pipeline
 from jobs.settings import load_settings
 from jobs.streaming.run import run_pipeline
@@ -76,10 +74,8 @@ def main() -> None:
     args = parser.parse_args()
     limits = [int(x) for x in args.limits.split(",")]
 
-    work = Path(tempfile.mkdtemp(prefix="bench-"))
-    info = broker.start(work / "broker", broker.find_free_port())
     results: dict[tuple[int, str], list[Result]] = {}
-    try:
+    with scratch_broker("bench-") as (work, info):
         settings = dataclasses.replace(load_settings(), bootstrap_servers=info.bootstrap_servers)
         config = kafka_admin.client_config(info.bootstrap_servers)
         kafka_admin.create_topic(kafka_admin.admin(config), "clicks", 4)
@@ -124,9 +120,6 @@ def main() -> None:
                     print(f"limit={limit} {guarantee} round {round_}: {shown}", flush=True)
                     shutil.rmtree(warehouse, ignore_errors=True)
         spark.stop()
-    finally:
-        broker.stop(work / "broker")
-        shutil.rmtree(work, ignore_errors=True)
     report = render(args, limits, results, produce_s)
     print(report)
     if not args.no_write:
