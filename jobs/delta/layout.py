@@ -51,11 +51,6 @@ class AppLayout:
     def checkpoints(self) -> Path:
         return self.root / "_checkpoints"
 
-    def raw_staging(self, epoch: int) -> Path:
-        """Where source tasks leave the raw records of their ranges until the batch
-        commits them to the ``raw`` table (archive pipelines only)."""
-        return self.root / "_raw_staging" / f"epoch={epoch}"
-
     def checkpoint(self, epoch: int) -> Path:
         return self.checkpoints / f"epoch={epoch}"
 

@@ -16,6 +16,7 @@ and we look again at the new snapshot instead of duplicating or overwriting.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,9 @@ from pathlib import Path
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
+from deltalake.transaction import AddAction, RemoveAction
 
+from jobs.delta.files import DataFile
 from jobs.errors import ConsistencyError, FencedError
 
 MAX_ATTEMPTS = 5
@@ -125,21 +128,43 @@ class BatchWriter:
 
         return self.commit(path, batch_id, run, metadata)
 
+    def add_files(
+        self,
+        path: Path,
+        batch_id: int,
+        files: list[DataFile],
+        schema: pa.Schema,
+        metadata: dict[str, str] | None = None,
+    ) -> int | None:
+        """Commit data files that tasks wrote into ``path`` (``files.py``) as one
+        append: the rows never pass through this process."""
+
+        def run(table: DeltaTable, props: CommitProperties) -> None:
+            actions: list[AddAction | RemoveAction] = [*add_actions(path, files)]
+            table.create_write_transaction(actions, "append", schema, commit_properties=props)
+
+        committed = self.commit(path, batch_id, run, metadata)
+        if committed is None:
+            return None
+        # The transaction does not move the table object on: find our commit.
+        return find_commit_version(path, self.application_id, self.epoch, batch_id, limit=20)
+
     def merge(
         self,
         path: Path,
         batch_id: int,
-        rows: pa.Table,
+        rows: pa.Table | Callable[[], pa.RecordBatchReader],
         keys: tuple[str, ...],
         metadata: dict[str, str] | None = None,
     ) -> int | None:
-        """Upsert ``rows`` on ``keys`` (the state table: current value per key)."""
+        """Upsert ``rows`` on ``keys`` (the state table: current value per key); a
+        reader factory streams them (a fresh reader for every attempt)."""
         predicate = " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
 
         def run(table: DeltaTable, props: CommitProperties) -> None:
             (
                 table.merge(
-                    rows,
+                    rows if isinstance(rows, pa.Table) else rows(),
                     predicate,
                     source_alias="s",
                     target_alias="t",
@@ -151,6 +176,21 @@ class BatchWriter:
             )
 
         return self.commit(path, batch_id, run, metadata)
+
+
+def add_actions(table: Path, files: list[DataFile]) -> list[AddAction]:
+    """The Delta add actions of data files in ``table`` (row counts as statistics)."""
+    return [
+        AddAction(
+            path=f.name,
+            size=f.size,
+            partition_values={},
+            modification_time=int((table / f.name).stat().st_mtime * 1000),
+            data_change=True,
+            stats=json.dumps({"numRecords": f.num_records}),
+        )
+        for f in files
+    ]
 
 
 def bump_epoch(

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 from confluent_kafka import Consumer, Message, TopicPartition
 from pyspark.sql.datasource import (
     DataSource,
@@ -41,7 +41,7 @@ SCHEMA = (
     "timestamp timestamp, timestampType int"
 )
 HEADERS_SCHEMA = ", headers array<struct<key:string,value:binary>>"
-# With option watermarkCheckpoint: every row carries the event-time watermark its
+# With option batchWatermark: every row carries the event-time watermark its
 # batch runs with (from Spark's offset log), so that records the aggregation would
 # drop as late can be routed to the dead letters instead, the same way on a replay.
 WATERMARK_COLUMN = "_batch_watermark_ms"
@@ -69,6 +69,13 @@ OUTPUT_BATCH_ROWS = 65536
 OUTPUT_BATCH_BYTES = 32 * 1024 * 1024
 
 
+def _flag(lowered: dict[str, str], name: str) -> bool:
+    value = lowered.get(name, "false").lower()
+    if value not in ("true", "false"):
+        raise ConfigError(f"option {name} must be true or false, got {value!r}")
+    return value == "true"
+
+
 class SourceOptions:
     """The source's options, validated once (they arrive as strings)."""
 
@@ -90,17 +97,24 @@ class SourceOptions:
             if not raw_ts.isdigit():
                 raise ConfigError(f"startingTimestamp must be epoch milliseconds, got {raw_ts!r}")
             self.starting_timestamp = int(raw_ts)
-        raw_headers = lowered.get("includeheaders", "false").lower()
-        if raw_headers not in ("true", "false"):
-            raise ConfigError(f"includeHeaders must be true or false, got {raw_headers!r}")
-        self.include_headers = raw_headers == "true"
-        # Archive pipelines: each task also leaves its range's records here.
-        self.archive_dir = lowered.get("archivedir")
+        self.include_headers = _flag(lowered, "includeheaders")
+        # The query's checkpoint: its newest offset log entry is the batch being
+        # planned (its id and watermark).
+        self.checkpoint = lowered.get("checkpoint")
+        self.batch_watermark = _flag(lowered, "batchwatermark")
+        # Archive pipelines: each task also writes its range's records as a data file
+        # of this (raw) table, for the batch to commit.
+        self.archive_table = lowered.get("archivetable")
+        raw_epoch = lowered.get("archiveepoch", "0")
+        if not raw_epoch.isdigit():
+            raise ConfigError(f"archiveEpoch must be a non-negative integer, got {raw_epoch!r}")
+        self.archive_epoch = int(raw_epoch)
+        if (self.batch_watermark or self.archive_table) and not self.checkpoint:
+            raise ConfigError("batchWatermark and archiveTable need option checkpoint")
         # Set at a seeded cut: no records until the seed batch is committed.
         self.hold_until = lowered.get("holduntilfileexists")
-        # The checkpoint whose offset log gives each batch's watermark, and a floor
-        # for it (the watermark the application had reached before its current cut).
-        self.watermark_checkpoint = lowered.get("watermarkcheckpoint")
+        # A floor for the batch watermark (the watermark the application had
+        # reached before its current cut).
         raw_floor = lowered.get("minwatermarkms", "0")
         if not raw_floor.isdigit():
             raise ConfigError(f"minWatermarkMs must be epoch milliseconds, got {raw_floor!r}")
@@ -145,7 +159,7 @@ class KafkaDataSource(DataSource):
         schema = SCHEMA
         if lowered.get("includeheaders", "false").lower() == "true":
             schema += HEADERS_SCHEMA
-        if lowered.get("watermarkcheckpoint"):
+        if lowered.get("batchwatermark", "false").lower() == "true":
             schema += WATERMARK_SCHEMA
         return schema
 
@@ -272,25 +286,36 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         first = plan.from_json_dict(start)
         last = plan.from_json_dict(end)
-        watermark = self._batch_watermark_ms()
+        batch_id, watermark = self._planned_batch(last)
         ranges = []
         for tp in sorted(last):
             begin = first.get(tp, last[tp])
             if last[tp] > begin:
-                ranges.append(InputPartition((tp[0], tp[1], begin, last[tp], watermark)))
+                ranges.append(InputPartition((tp[0], tp[1], begin, last[tp], watermark, batch_id)))
         return ranges
 
-    def _batch_watermark_ms(self) -> int | None:
-        """The watermark of the batch being planned: Spark wrote its offset log entry
-        (the newest one) before asking for partitions, on a first run and a replay."""
-        if self.options.watermark_checkpoint is None:
-            return None
+    def _planned_batch(self, end: plan.Offsets) -> tuple[int | None, int | None]:
+        """The id and watermark of the batch being planned: Spark wrote its offset log
+        entry (the newest one) before asking for partitions, on a first run and a
+        replay. Its end offsets must be the ones asked for."""
+        if self.options.checkpoint is None:
+            return None, None
         from jobs.streaming import offset_log
 
-        checkpoint = Path(self.options.watermark_checkpoint)
+        checkpoint = Path(self.options.checkpoint)
         batches = offset_log.offset_batches(checkpoint)
-        current = offset_log.read_offsets(checkpoint, batches[-1]).watermark_ms if batches else 0
-        return max(current, self.options.min_watermark_ms)
+        if not batches:
+            raise SourceError(f"no offset log entry in {checkpoint} for the batch being planned")
+        entry = offset_log.read_offsets(checkpoint, batches[-1])
+        if plan.from_json_dict(entry.end_offsets) != end:
+            raise SourceError(
+                f"batch {entry.batch_id} of {checkpoint} ends at {entry.end_offsets}, but the "
+                f"batch being planned ends at {plan.to_json_dict(end)}"
+            )
+        watermark = None
+        if self.options.batch_watermark:
+            watermark = max(entry.watermark_ms, self.options.min_watermark_ms)
+        return entry.batch_id, watermark
 
     def commit(self, end: dict[str, Any]) -> None:
         """Offsets live in the checkpoint and the ledger, not in a consumer group."""
@@ -303,35 +328,69 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- executor side ---------------------------------------------------------
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        topic, part, start, end, watermark = partition.value
+        topic, part, start, end, watermark, batch_id = partition.value
         batches = read_range(
             self.options.consumer_config(), topic, part, start, end, self.options.include_headers
         )
-        kept = []
-        for batch in batches:
-            if self.options.archive_dir is not None:
-                kept.append(batch)
-            if watermark is not None:
-                column = pa.array([watermark] * batch.num_rows, pa.int64())
-                batch = batch.append_column(WATERMARK_COLUMN, column)
-            yield batch
-        if self.options.archive_dir is not None:
-            write_staging(Path(self.options.archive_dir), topic, part, start, end, kept)
+        if self.options.archive_table is None:
+            archive = None
+        else:
+            name = archive_file_name(self.options.archive_epoch, batch_id, topic, part, start, end)
+            archive = ArchiveWriter(self.options.archive_table, name, self.options.archive_epoch)
+        try:
+            for batch in batches:
+                if archive is not None:
+                    archive.write(batch, batch_id)
+                if watermark is not None:
+                    column = pa.array([watermark] * batch.num_rows, pa.int64())
+                    batch = batch.append_column(WATERMARK_COLUMN, column)
+                yield batch
+            if archive is not None:
+                archive.close()
+        except BaseException:
+            if archive is not None:
+                archive.abort()
+            raise
 
 
-def staging_file(directory: Path, topic: str, partition: int, start: int, end: int) -> Path:
-    return directory / f"{topic}-{partition}-{start}-{end}.parquet"
+def archive_file_prefix(
+    epoch: int, batch_id: int, topic: str, partition: int, start: int, end: int
+) -> str:
+    """The name of a range's archive file up to its random part ("=" never occurs
+    in a topic name, so no two ranges' prefixes overlap)."""
+    return f"part-e{epoch}-b{batch_id}-{topic}={partition}={start}={end}="
 
 
-def write_staging(
-    directory: Path, topic: str, partition: int, start: int, end: int, batches: list[pa.RecordBatch]
-) -> None:
-    """The records of one range, for the batch to archive (same name on a replay)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    target = staging_file(directory, topic, partition, start, end)
-    tmp = target.with_suffix(f".{os.getpid()}.tmp")
-    pq.write_table(pa.Table.from_batches(batches, schema=ARROW_SCHEMA), tmp)
-    tmp.rename(target)
+def archive_file_name(
+    epoch: int, batch_id: int, topic: str, partition: int, start: int, end: int
+) -> str:
+    prefix = archive_file_prefix(epoch, batch_id, topic, partition, start, end)
+    return f"{prefix}{uuid.uuid4().hex[:16]}.parquet"
+
+
+class ArchiveWriter:
+    """A range's raw records as a data file of the ``raw`` table (always written,
+    even without a record: the batch expects one file per range)."""
+
+    def __init__(self, table: str, name: str, epoch: int) -> None:
+        from jobs.delta.files import DataFileWriter
+        from jobs.delta.layout import RAW_SCHEMA
+
+        self.schema = RAW_SCHEMA
+        self.epoch = epoch
+        self.out = DataFileWriter(Path(table), name, RAW_SCHEMA, eager=True)
+
+    def write(self, batch: pa.RecordBatch, batch_id: int) -> None:
+        n = batch.num_rows
+        columns = [batch.column(name) for name in self.schema.names[:-2]]
+        columns += [pa.array([self.epoch] * n, pa.int64()), pa.array([batch_id] * n, pa.int64())]
+        self.out.write(pa.RecordBatch.from_arrays(columns, schema=self.schema))
+
+    def close(self) -> None:
+        self.out.close()
+
+    def abort(self) -> None:
+        self.out.abort()
 
 
 def read_range(

@@ -11,8 +11,8 @@ The oldest kept version goes into the ledger before anything is removed, and the
 planners refuse an older boundary from then on.
 
 Steps per table: compact small files, vacuum, checkpoint the log and drop expired
-log entries. Then old epochs' Spark checkpoints and seeds, and raw staging files
-already committed, are deleted. ``maintain`` runs next to a live stream without
+log entries (vacuum also removes data files that tasks wrote for batches that
+never committed). Then old epochs' Spark checkpoints and seeds are deleted. ``maintain`` runs next to a live stream without
 its lock (Delta's optimistic commits order the two; a conflict is retried), and
 refuses to run next to an operation.
 """
@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pyarrow.dataset as ds
 from deltalake import CommitProperties, DeltaTable
 from deltalake.exceptions import CommitFailedError
 
@@ -37,18 +36,13 @@ from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
 from jobs.delta.writer import MAX_ATTEMPTS
 from jobs.errors import ConsistencyError
-from jobs.kafka_source.datasource import staging_file
 from jobs.ledger import (
-    BOUNDARY_COLUMNS,
     DONE,
-    IS_BATCH,
     MAINTAIN,
     STARTED,
     Boundary,
     batch_boundaries,
-    batch_rows,
     current_epoch,
-    read_ledger,
     unfinished_operation,
 )
 from jobs.lock import LockedError, describe, holder
@@ -74,7 +68,7 @@ class MaintenancePlan:
     retention_hours: int  # vacuum keeps files removed more recently than this
     keep_versions: tuple[int, ...]  # state versions kept beyond the retention
     table_files: dict[str, tuple[int, int]]  # name -> (live files, parquet files on disk)
-    stale: tuple[str, ...] = field(default=())  # old epochs' folders and committed staging
+    stale: tuple[str, ...] = field(default=())  # old epochs' folders (and legacy staging)
 
     def describe(self) -> str:
         kept = (
@@ -94,7 +88,7 @@ class MaintenancePlan:
                 f"  {name:<12} {live:>6} live file(s), {on_disk:>6} on disk: compact, vacuum"
             )
         lines.append(
-            f"  delete {len(self.stale)} old epoch folder(s) and committed staging file(s)"
+            f"  delete {len(self.stale)} old epoch folder(s)"
         )
         lines += [f"    {path}" for path in self.stale[:20]]
         if len(self.stale) > 20:
@@ -207,37 +201,19 @@ def vacuum_rule(
 
 
 def stale_paths(layout: AppLayout, epoch: int) -> list[Path]:
-    """Old epochs' Spark checkpoints, seeds and staging folders (no run or operation
-    reads them again: a new epoch starts from its cut), and staging files of ranges
-    the current epoch has committed."""
-    found: list[Path] = []
-    for older in range(epoch):
-        for path in (
-            layout.checkpoint(older),
-            seed_file(layout, older),
-            layout.raw_staging(older),
-        ):
-            if path.exists():
-                found.append(path)
-    staging = layout.raw_staging(epoch)
-    if staging.exists():
-        committed = _committed_staging(layout, epoch)
-        found += sorted(p for p in staging.glob("*.parquet") if p.name in committed)
+    """Old epochs' Spark checkpoints and seeds (no run or operation reads them again:
+    a new epoch starts from its cut), and the raw staging folder that versions
+    before the tasks wrote raw files into the table left behind."""
+    found = [
+        path
+        for older in range(epoch)
+        for path in (layout.checkpoint(older), seed_file(layout, older))
+        if path.exists()
+    ]
+    legacy_staging = layout.root / "_raw_staging"
+    if legacy_staging.exists():
+        found.append(legacy_staging)
     return found
-
-
-def _committed_staging(layout: AppLayout, epoch: int) -> set[str]:
-    names: set[str] = set()
-    where = IS_BATCH & (ds.field("epoch") == epoch)
-    for row in batch_rows(read_ledger(layout, BOUNDARY_COLUMNS, where)):
-        start = json.loads(row["start_offsets"] or "{}")
-        for topic, parts in json.loads(row["end_offsets"] or "{}").items():
-            for part, end in parts.items():
-                begin = start.get(topic, {}).get(part, end)
-                if end > begin:
-                    path = staging_file(layout.raw_staging(epoch), topic, int(part), begin, end)
-                    names.add(path.name)
-    return names
 
 
 def refuse_next_to_an_operation(layout: AppLayout) -> dict[str, Any] | None:

@@ -4,10 +4,17 @@ For batch ``b`` of epoch ``e``, in this order, each commit idempotent and fenced
 (see ``jobs/delta/writer.py``):
 
 1. ``dead_letter``: records that could not be aggregated, with the reason;
-2. ``changelog``: every (key, window) whose aggregate changed, with its new value;
-3. ``state``: the same rows merged in (current value per key and window);
-4. ``_ledger``: one row: offsets, counts, versions. It is written last and marks
+2. ``raw`` (archive pipelines): the batch's records as read;
+3. ``changelog``: every (key, window) whose aggregate changed, with its new value;
+4. ``state``: the same rows merged in (current value per key and window);
+5. ``_ledger``: one row: offsets, counts, versions. It is written last and marks
    the batch committed.
+
+The driver holds no batch's rows: Spark's tasks write the data files of ``raw``
+(the source, per offset range) and of ``changelog`` (``changelog_files.py``, per
+output partition) and the driver commits them (``jobs/delta/files.py``); the state
+merge streams the changelog files; dead letters, rare by nature, are read back
+from Kafka by position in bounded batches (``dead_letters.py``).
 
 A crash anywhere before Spark's own batch commit replays the batch with the same
 offsets (Spark's offset log) and the same epoch; tables that already have the
@@ -29,18 +36,21 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
 from jobs.delta import layout as tables
+from jobs.delta.files import DataFile, describe
 from jobs.delta.layout import AppLayout
 from jobs.delta.writer import BatchWriter, committed_batch
 from jobs.errors import ConsistencyError
 from jobs.faults import maybe_crash
-from jobs.kafka_source.datasource import staging_file
+from jobs.kafka_source.datasource import archive_file_prefix
 from jobs.pipeline import Pipeline
 from jobs.streaming import offset_log
+from jobs.streaming.changelog_files import WRITTEN_SCHEMA, ChangelogTask
 from jobs.streaming.dead_letters import batch_reader
 from jobs.streaming.observed import observed_metrics
 from jobs.streaming.query import OBSERVATION
@@ -50,6 +60,37 @@ log = logging.getLogger(__name__)
 # How far back in a table's history a replayed at-least-once batch looks for its
 # earlier commit (a replay is the batch right after the last committed one).
 REPLAY_HISTORY = 50
+
+
+class ChangedRows:
+    """The rows a batch changed, as the state merge's source: streamed from the
+    changelog's files (the tasks' new ones, or on a replay the committed table
+    filtered to the batch), never held whole by the driver."""
+
+    def __init__(
+        self,
+        changelog: Path,
+        state_schema: pa.Schema,
+        files: list[DataFile] | None = None,
+        where: ds.Expression | None = None,
+    ) -> None:
+        self.state_schema = state_schema
+        self.where = where
+        if files is None:
+            self.dataset = DeltaTable(str(changelog)).to_pyarrow_dataset()
+            self.num_rows = self.dataset.count_rows(filter=where)
+        else:
+            self.dataset = ds.dataset([str(changelog / f.name) for f in files], format="parquet")
+            self.num_rows = sum(f.num_records for f in files)
+
+    def reader(self) -> pa.RecordBatchReader:
+        # The changelog's columns, with commit_time as the state's updated_at.
+        names = [*self.state_schema.names[:-1], "commit_time"]
+        batches = self.dataset.to_batches(columns=names, filter=self.where)
+        return pa.RecordBatchReader.from_batches(
+            self.state_schema,
+            (pa.RecordBatch.from_arrays(b.columns, schema=self.state_schema) for b in batches),
+        )
 
 
 @dataclass
@@ -89,6 +130,8 @@ class BatchCommitter:
         self.consumer_config = consumer_config
         self.results: list[BatchResult] = []
         self.aggregate_schema = tables.aggregate_schema(pipeline)
+        self.changelog_schema = tables.changelog_schema(pipeline)
+        self.state_schema = tables.state_schema(pipeline)
         self.seed_path = seed_path
         # The source judges lateness by max(Spark's watermark, the cut's floor); the
         # ledger records that one, so backfills and later cuts decide the same way.
@@ -107,22 +150,41 @@ class BatchCommitter:
             extra["seed_verified_rows"] = verify_seeded_state(
                 self.spark, self.checkpoint, self.seed_path, self.pipeline.window is not None
             )
-        # The one action on this batch: it runs the scan, the aggregation and the
-        # observation together (a second action would scan Kafka again).
-        changed = batch.toArrow()
+        now = pa.scalar(int(time.time() * 1_000_000), tables.TIMESTAMP)
+        ledger_path = self.layout.table(tables.LEDGER)
+        done = committed_batch(
+            DeltaTable(str(ledger_path)), self.pipeline.application_id, self.epoch
+        )
+        changelog_path = self.layout.table("changelog")
+        changelog_done = self._committed(changelog_path, batch_id)
+        # The one action on this batch: it runs the scan, the aggregation, the
+        # observation and the tasks' changelog files together (a second action would
+        # scan Kafka again). Spark's update-mode output is exactly the (key, window)
+        # rows this batch changed; the seed batch re-emits the cut's snapshot, which
+        # the state table already holds.
+        seed_batch = batch_id == 0 and self.seed_path is not None
+        task = ChangelogTask(
+            str(changelog_path),
+            self.epoch,
+            batch_id,
+            now.value,
+            self.aggregate_schema,
+            self.changelog_schema,
+            write=not (seed_batch or changelog_done or (done is not None and done >= batch_id)),
+        )
+        written = [
+            DataFile(row["name"], row["size"], row["num_records"])
+            for row in batch.mapInArrow(task, WRITTEN_SCHEMA).collect()
+        ]
         timings: dict[str, float] = {}
 
         def lap(name: str) -> None:
             timings[name] = round(time.monotonic() - started - sum(timings.values()), 3)
 
         lap("spark")
-        if batch_id == 0 and self.seed_path is not None:
+        if seed_batch and self.seed_path is not None:
             extra["seed_rows"] = pq.read_metadata(self.seed_path).num_rows
         metrics = observed_metrics(self.spark, self.query_name, OBSERVATION)
-        ledger_path = self.layout.table(tables.LEDGER)
-        done = committed_batch(
-            DeltaTable(str(ledger_path)), self.pipeline.application_id, self.epoch
-        )
         if done is not None and done >= batch_id:
             log.info("batch %d of epoch %d is already committed: skipped", batch_id, self.epoch)
             self.results.append(BatchResult(batch_id, True, {}))
@@ -133,15 +195,15 @@ class BatchCommitter:
             if batch_id == 0
             else offset_log.read_offsets(self.checkpoint, batch_id - 1).end_offsets
         )
-        # Spark's update-mode output is exactly the (key, window) rows this batch
-        # changed: each got at least one record, so its ``_records`` grew. The seed
-        # batch re-emits the cut's snapshot, which the state table already holds.
-        rows = changed.cast(self.aggregate_schema)
-        if batch_id == 0 and self.seed_path is not None:
-            rows = rows.slice(0, 0)
-        self._changed_rows = rows.num_rows
-        now = pa.scalar(int(time.time() * 1_000_000), tables.TIMESTAMP)
-        counts = self._counts(rows, metrics, batch_id, start, offsets.end_offsets)
+        # A replay whose changelog commit happened before the crash: its rows are
+        # the committed ones (the state still needs them).
+        changes = (
+            self._committed_changes(changelog_path, batch_id)
+            if changelog_done
+            else ChangedRows(changelog_path, self.state_schema, written)
+        )
+        self._changed_rows = changes.num_rows
+        counts = self._counts(metrics, batch_id, start, offsets.end_offsets)
         letters = metrics["dead_letters"]
         stamp = {"epoch": self.epoch, "batch_id": batch_id, "commit_time": now.as_py()}
         meta = {"platform_operation": "batch", "pipeline_version": str(self.pipeline.version)}
@@ -160,17 +222,17 @@ class BatchCommitter:
         if self.pipeline.archive:
             versions["raw"] = self._archive(batch_id, start, offsets.end_offsets, meta)
             lap("raw")
-        if rows.num_rows:
-            stamped = self._stamp(rows, batch_id, now, "commit_time")
-            versions["changelog"] = self.writer.append(
-                self.layout.table("changelog"), batch_id, stamped, meta
-            )
+        if changes.num_rows:
+            if written:
+                versions["changelog"] = self.writer.add_files(
+                    changelog_path, batch_id, written, self.changelog_schema, meta
+                )
             lap("changelog")
             maybe_crash("after_changelog", batch_id)
             versions["state"] = self.writer.merge(
                 self.layout.table("state"),
                 batch_id,
-                self._stamp(rows, batch_id, now, "updated_at"),
+                changes.reader,
                 self.pipeline.state_keys,
                 meta,
             )
@@ -221,6 +283,16 @@ class BatchCommitter:
         )
         self.results.append(BatchResult(batch_id, False, ledger))
 
+    def _committed(self, path: Path, batch_id: int) -> bool:
+        if not self.pipeline.exactly_once:
+            return False
+        done = committed_batch(DeltaTable(str(path)), self.pipeline.application_id, self.epoch)
+        return done is not None and done >= batch_id
+
+    def _committed_changes(self, changelog: Path, batch_id: int) -> ChangedRows:
+        where = (ds.field("epoch") == self.epoch) & (ds.field("batch_id") == batch_id)
+        return ChangedRows(changelog, self.state_schema, where=where)
+
     def _archive(
         self,
         batch_id: int,
@@ -228,53 +300,33 @@ class BatchCommitter:
         end: dict[str, Any],
         meta: dict[str, str],
     ) -> int | None:
-        """Append the batch's raw records (left by the source tasks) to ``raw``, once."""
+        """Commit the raw files the source tasks wrote (one per range) to ``raw``, once."""
         path = self.layout.table("raw")
-        staging = self.layout.raw_staging(self.epoch)
-        files = [
-            staging_file(staging, topic, int(part), start.get(topic, {}).get(part, off), off)
-            for topic, parts in end.items()
-            for part, off in parts.items()
-            if off > start.get(topic, {}).get(part, off)
-        ]
-        if self.pipeline.exactly_once:
-            done = committed_batch(DeltaTable(str(path)), self.pipeline.application_id, self.epoch)
-            if done is not None and done >= batch_id:
-                return None
-        if not files:
+        if self._committed(path, batch_id):
             return None
-        missing = [f.name for f in files if not f.exists()]
-        if missing:
-            raise ConsistencyError(f"batch {batch_id}: raw records of {missing} were not staged")
-        records = pa.concat_tables([pq.read_table(f) for f in files])
-        n = records.num_rows
-        columns = {name: records[name] for name in tables.RAW_SCHEMA.names[:-2]}
-        columns["epoch"] = pa.chunked_array([pa.array([self.epoch] * n, pa.int64())])
-        columns["batch_id"] = pa.chunked_array([pa.array([batch_id] * n, pa.int64())])
-        archived = pa.table(columns).cast(tables.RAW_SCHEMA)
-        version = self.writer.append(path, batch_id, archived, meta)
-        for f in files:
-            f.unlink(missing_ok=True)
-        return version
-
-    def _stamp(self, rows: pa.Table, batch_id: int, now: pa.Scalar, time_column: str) -> pa.Table:
-        n = rows.num_rows
-        return (
-            rows.append_column(
-                pa.field("epoch", pa.int64(), False), pa.array([self.epoch] * n, pa.int64())
-            )
-            .append_column(
-                pa.field("batch_id", pa.int64(), False), pa.array([batch_id] * n, pa.int64())
-            )
-            .append_column(
-                pa.field(time_column, tables.TIMESTAMP, False),
-                pa.array([now] * n, tables.TIMESTAMP),
-            )
-        )
+        files = []
+        for topic, parts in sorted(end.items()):
+            for part, off in sorted(parts.items()):
+                begin = start.get(topic, {}).get(part, off)
+                if off <= begin:
+                    continue
+                prefix = archive_file_prefix(self.epoch, batch_id, topic, int(part), begin, off)
+                # Every attempt writes its own file; this attempt's is the newest.
+                found = sorted(path.glob(f"{prefix}*.parquet"), key=lambda f: f.stat().st_mtime)
+                if not found:
+                    raise ConsistencyError(
+                        f"batch {batch_id}: the raw records of {topic}[{part}] {begin}..{off} "
+                        f"were not written to {path} (the batch is not committed; it is "
+                        "replayed by the next run)"
+                    )
+                files.append(describe(path, found[-1].name))
+        written = [f for f in files if f.num_records]
+        if not written:
+            return None
+        return self.writer.add_files(path, batch_id, written, tables.RAW_SCHEMA, meta)
 
     def _counts(
         self,
-        rows: pa.Table,
         metrics: dict[str, Any],
         batch_id: int,
         start: dict[str, Any],

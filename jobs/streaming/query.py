@@ -31,8 +31,8 @@ def read_kafka(
     starting_offsets_json: str,
     client_settings: dict[str, str],
     hold_until: str | None = None,
-    archive_dir: str | None = None,
-    watermark_checkpoint: str | None = None,
+    archive: tuple[str, int] | None = None,
+    checkpoint: str | None = None,
     min_watermark_ms: int = 0,
 ) -> DataFrame:
     reader = (
@@ -45,11 +45,14 @@ def read_kafka(
         reader = reader.option(f"kafka.{key}", value)
     if hold_until is not None:
         reader = reader.option("holdUntilFileExists", hold_until)
-    if archive_dir is not None:
-        reader = reader.option("archiveDir", archive_dir)
-    if watermark_checkpoint is not None and pipeline.window is not None:
-        reader = reader.option("watermarkCheckpoint", watermark_checkpoint)
-        reader = reader.option("minWatermarkMs", str(min_watermark_ms))
+    if checkpoint is not None:
+        reader = reader.option("checkpoint", checkpoint)
+        if pipeline.window is not None:
+            reader = reader.option("batchWatermark", "true")
+            reader = reader.option("minWatermarkMs", str(min_watermark_ms))
+    if archive is not None:
+        table, epoch = archive
+        reader = reader.option("archiveTable", table).option("archiveEpoch", str(epoch))
     if pipeline.max_offsets_per_trigger is not None:
         reader = reader.option("maxOffsetsPerTrigger", str(pipeline.max_offsets_per_trigger))
     return reader.load()
@@ -349,14 +352,15 @@ def build(
     client_settings: dict[str, str],
     seed: DataFrame | None = None,
     hold_until: str | None = None,
-    archive_dir: str | None = None,
+    archive: tuple[str, int] | None = None,
     checkpoint: str | None = None,
     min_watermark_ms: int = 0,
 ) -> DataFrame:
     """The stream's output; ``seed`` (a stream of state rows) joins it at a cut.
 
     ``checkpoint`` lets windowed pipelines route late records to the dead letters
-    (the source tells each row its batch's watermark, at least ``min_watermark_ms``).
+    (the source tells each row its batch's watermark, at least ``min_watermark_ms``)
+    and archive pipelines label their raw files (``archive``: the raw table, epoch).
     """
     raw = read_kafka(
         spark,
@@ -365,7 +369,7 @@ def build(
         starting_offsets_json,
         client_settings,
         hold_until,
-        archive_dir,
+        archive,
         checkpoint,
         min_watermark_ms,
     )

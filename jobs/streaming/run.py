@@ -143,7 +143,7 @@ def _run_locked(
         settings.kafka_client,
         seed=seed,
         hold_until=str(checkpoint / "commits" / str(seed_batches - 1)) if seed else None,
-        archive_dir=str(layout.raw_staging(epoch)) if pipeline.archive else None,
+        archive=(str(layout.table("raw")), epoch) if pipeline.archive else None,
         checkpoint=str(checkpoint),
         min_watermark_ms=cut.watermark_ms,
     )

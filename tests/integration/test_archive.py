@@ -33,9 +33,17 @@ def test_backfill_from_the_archive_after_retention(
     produce(kafka_config, topic, values)
     run_pipeline(spark, load_pipeline(str(path), tmp_path), settings)
 
-    raw = DeltaTable(str(settings.warehouse / "user_clicks" / "raw")).to_pyarrow_table()
+    raw_path = settings.warehouse / "user_clicks" / "raw"
+    raw_table = DeltaTable(str(raw_path))
+    raw = raw_table.to_pyarrow_table()
     assert sorted(raw["offset"].to_pylist()) == list(range(len(values)))  # once each
-    assert not list((settings.warehouse / "user_clicks" / "_raw_staging").rglob("*.parquet"))
+    # The source tasks wrote one file per batch's range; the batches committed them
+    # all (an unfailed run leaves no orphan), each under its batch.
+    batches = sorted(set(raw["batch_id"].to_pylist()))
+    assert len(batches) == 3  # 1001 records, 400 per trigger
+    on_disk = {f.name for f in raw_path.glob("part-*.parquet")}
+    assert on_disk == {Path(uri).name for uri in raw_table.file_uris()}
+    assert len(on_disk) == len(batches)
 
     admin = kafka_admin.admin(kafka_config)
     for future in admin.delete_records([TopicPartition(topic, 0, 600)]).values():
