@@ -12,9 +12,10 @@ planners refuse an older boundary from then on.
 
 Steps per table: compact small files, vacuum, checkpoint the log and drop expired
 log entries (vacuum also removes data files that tasks wrote for batches that
-never committed). Then old epochs' Spark checkpoints and seeds are deleted. ``maintain`` runs next to a live stream without
-its lock (Delta's optimistic commits order the two; a conflict is retried), and
-refuses to run next to an operation.
+never committed). Then old epochs' Spark checkpoints and seeds are deleted.
+``maintain`` runs next to a live stream without its lock (Delta's optimistic
+commits order the two; a conflict is retried), and refuses to run next to an
+operation.
 """
 
 from __future__ import annotations
@@ -87,9 +88,7 @@ class MaintenancePlan:
             lines.append(
                 f"  {name:<12} {live:>6} live file(s), {on_disk:>6} on disk: compact, vacuum"
             )
-        lines.append(
-            f"  delete {len(self.stale)} old epoch folder(s)"
-        )
+        lines.append(f"  delete {len(self.stale)} old epoch folder(s)")
         lines += [f"    {path}" for path in self.stale[:20]]
         if len(self.stale) > 20:
             lines.append(f"    ... and {len(self.stale) - 20} more")
@@ -166,7 +165,12 @@ def plan_maintenance(
         retention_hours=int(retention),
         keep_versions=keep,
         table_files=files,
-        stale=tuple(str(p) for p in stale_paths(layout, epoch)),
+        stale=tuple(
+            str(p)
+            for p in stale_paths(
+                layout, epoch, table_names(pipeline), now, pipeline.reader_grace_hours
+            )
+        ),
     )
 
 
@@ -200,16 +204,25 @@ def vacuum_rule(
     return int(retention), tuple(sorted(keep))
 
 
-def stale_paths(layout: AppLayout, epoch: int) -> list[Path]:
+def stale_paths(
+    layout: AppLayout, epoch: int, names: list[str], now_us: int, grace_hours: int
+) -> list[Path]:
     """Old epochs' Spark checkpoints and seeds (no run or operation reads them again:
-    a new epoch starts from its cut), and the raw staging folder that versions
-    before the tasks wrote raw files into the table left behind."""
+    a new epoch starts from its cut); the temporary files of tasks killed while they
+    wrote a data file (hidden, so vacuum leaves them), once older than the grace
+    period; and the raw staging folder that versions before the tasks wrote raw
+    files into the table left behind."""
+    cutoff_s = (now_us - max(grace_hours, 1) * HOUR_US) / 1_000_000
     found = [
         path
         for older in range(epoch)
         for path in (layout.checkpoint(older), seed_file(layout, older))
         if path.exists()
     ]
+    for name in names:
+        found += sorted(
+            tmp for tmp in layout.table(name).glob(".part-*.tmp") if tmp.stat().st_mtime < cutoff_s
+        )
     legacy_staging = layout.root / "_raw_staging"
     if legacy_staging.exists():
         found.append(legacy_staging)

@@ -3,12 +3,17 @@ and what keeps its state version (and every later one) loadable."""
 
 from __future__ import annotations
 
+import os
+import time
+
+from jobs.delta.layout import AppLayout
 from jobs.ledger import Boundary
 from jobs.operations.maintain import (
     HOUR_US,
     PLAN_MARGIN_US,
     log_retention,
     oldest_kept,
+    stale_paths,
     vacuum_rule,
 )
 
@@ -53,3 +58,19 @@ def test_the_delta_log_reaches_back_as_far_as_the_horizon() -> None:
     assert log_retention(7 * 86400) == "interval 30 days"  # Delta's default covers it
     assert log_retention(60 * 86400) == "interval 61 days"
     assert log_retention(60 * 86400 + 1) == "interval 62 days"
+
+
+def test_temporary_files_of_killed_tasks_go_after_the_grace_period(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    layout = AppLayout(tmp_path, "app")
+    changelog = layout.table("changelog")
+    changelog.mkdir(parents=True)
+    now_s = time.time()
+    old = changelog / ".part-e0-b3-c00001-0123.parquet.tmp"
+    young = changelog / ".part-e0-b4-c00001-4567.parquet.tmp"
+    data = changelog / "part-e0-b3-c00001-89ab.parquet"  # vacuum's business, not this
+    for path in (old, young, data):
+        path.write_bytes(b"x")
+    os.utime(old, (now_s - 3 * 3600, now_s - 3 * 3600))
+    os.utime(data, (now_s - 3 * 3600, now_s - 3 * 3600))
+    found = stale_paths(layout, 0, ["changelog", "state"], int(now_s * 1_000_000), 2)
+    assert found == [old]
