@@ -105,6 +105,11 @@ def stop(cluster: Cluster) -> None:
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             try:
+                # Started by this process: reap it (a zombie still counts as alive).
+                os.waitpid(pgid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+            try:
                 os.killpg(pgid, 0)
             except ProcessLookupError:
                 break
