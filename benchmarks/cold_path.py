@@ -6,7 +6,9 @@ events, Spark start-up included, and one with nothing to do.
 
 Each run starts from a fresh warehouse; where the seconds go comes from the job's
 own log lines (session ready, query started, each batch) and its ledger. Runs with
-the JVM's class-data-sharing archive and without (``PLATFORM_SPARK_CDS=off``).
+the JVM's class-data-sharing archive and without (``PLATFORM_SPARK_CDS=off``), and
+sent to a warm driver (``python -m jobs serve``, ``PLATFORM_DRIVER_URL``): the
+run's process is then a client; the driver's own start-up is reported apart.
 Writes its section of docs/benchmarks.md. Not a test: it asserts nothing.
 """
 
@@ -17,17 +19,21 @@ import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import time
+import urllib.request
 from datetime import datetime
+from pathlib import Path
 
 from deltalake import DeltaTable
 
 from benchmarks.report import machine, scratch_broker, write_section
 from include.sample_data import click_events, encoded
 from jobs import kafka_admin
+from jobs.broker import find_free_port
 from jobs.settings import REPO_ROOT
 
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO (\S+): (.*)$")
@@ -62,11 +68,67 @@ def one_run(env: dict[str, str]) -> dict[str, float]:
     return {"wall": wall, **marks}
 
 
+def batch_seconds(warehouse: Path) -> float:
+    ledger = DeltaTable(str(warehouse / "user_clicks" / "_ledger")).to_pyarrow_table()
+    return float(
+        sum(
+            json.loads(r["details"])["seconds"]
+            for r in ledger.to_pylist()
+            if r["entry_type"] == "batch" and r["records_in"]
+        )
+    )
+
+
+def warm_driver_runs(env: dict[str, str], work: Path, runs: int) -> list[dict[str, float]]:
+    """Start a warm driver, then ``runs`` + 1 client runs, each over a fresh
+    application folder: the first on the new driver (its JIT still cold), then warm."""
+    warehouse = work / "wh-warm"
+    port = find_free_port(46000, 48000)
+    env = {**env, "PLATFORM_WAREHOUSE": str(warehouse)}
+    started = time.time()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "jobs", "serve", "--port", str(port)],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/v1/health", timeout=1):
+                    break
+            except OSError:
+                if server.poll() is not None or time.time() - started > 120:
+                    raise RuntimeError("the warm driver did not start") from None
+                time.sleep(0.2)
+        ready = time.time() - started
+        results = []
+        for _ in range(runs + 1):
+            client = {**env, "PLATFORM_DRIVER_URL": url}
+            run = one_run(client)
+            run["batch"] = batch_seconds(warehouse)
+            run["idle_wall"] = one_run(client)["wall"]
+            run["driver_start"] = ready
+            results.append(run)
+            print("warm driver", {k: round(v, 2) for k, v in run.items()}, flush=True)
+            shutil.rmtree(warehouse / "user_clicks", ignore_errors=True)
+        return results
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=120)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument(
+        "--modes", default="off,on,warm", help="comma list: off, on (CDS), warm (warm driver)"
+    )
     args = parser.parse_args()
     results: dict[str, list[dict[str, float]]] = {}
     with scratch_broker("bench-cold-") as (work, info):
@@ -80,7 +142,12 @@ def main() -> None:
             "SPARK_LOCAL_IP": "127.0.0.1",
             "PLATFORM_BOOTSTRAP_SERVERS": info.bootstrap_servers,
         }
-        for cds in ("off", "on"):
+        modes = [m.strip() for m in args.modes.split(",")]
+        if "warm" in modes:
+            warm = warm_driver_runs(base, work, args.runs)
+            results["warm driver, first run"] = warm[:1]
+            results["warm driver, later runs"] = warm[1:]
+        for cds in [m for m in modes if m in ("off", "on")]:
             env = {**base, "PLATFORM_SPARK_CDS": cds}
             if cds == "on":  # the archive exists from then on
                 one_run({**env, "PLATFORM_WAREHOUSE": str(work / "warmup")})
@@ -89,13 +156,7 @@ def main() -> None:
                 warehouse = work / f"wh-{cds}-{round_}"
                 env["PLATFORM_WAREHOUSE"] = str(warehouse)
                 cold = one_run(env)
-                ledger = DeltaTable(str(warehouse / "user_clicks" / "_ledger")).to_pyarrow_table()
-                batch = [
-                    json.loads(r["details"])["seconds"]
-                    for r in ledger.to_pylist()
-                    if r["entry_type"] == "batch" and r["records_in"]
-                ]
-                cold["batch"] = sum(batch)
+                cold["batch"] = batch_seconds(warehouse)
                 cold["idle_wall"] = one_run(env)["wall"]  # nothing to do
                 results.setdefault(cds, []).append(cold)
                 print(cds, {k: round(v, 2) for k, v in cold.items()}, flush=True)
@@ -119,20 +180,31 @@ def render(args: argparse.Namespace, results: dict[str, list[dict[str, float]]])
         "ready, query started (tables, cut, broker checks, query built), first batch "
         "committed, process exit.",
         "",
-        "| JVM class-data sharing | session s | query s | batch committed s | exit s "
-        "| batch s | events/s (whole process) | events/s (batch) | nothing to do s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "A warm driver (`python -m jobs serve`) started once; its own start-up "
+        "(until it answers) is the last column. The runs sent to it are client processes "
+        "(`PLATFORM_DRIVER_URL`): session and query columns are the driver's business "
+        "there (-).",
+        "",
+        "| driver | session s | query s | batch committed s | exit s "
+        "| batch s | events/s (whole process) | events/s (batch) | nothing to do s "
+        "| driver start-up s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for cds, runs in results.items():
+    for mode, runs in results.items():
 
         def p50(key: str, runs: list[dict[str, float]] = runs) -> float:
             return statistics.median(r.get(key, float("nan")) for r in runs)
 
+        def cell(key: str) -> str:
+            value = p50(key)
+            return "-" if value != value else f"{value:.1f}"  # NaN: not measured
+
+        name = mode if mode.startswith("warm") else f"cold process, CDS {mode}"
         lines.append(
-            f"| {cds} | {p50('session'):.1f} | {p50('query'):.1f} "
-            f"| {p50('first_batch_done'):.1f} | {p50('wall'):.1f} | {p50('batch'):.1f} "
+            f"| {name} | {cell('session')} | {cell('query')} "
+            f"| {cell('first_batch_done')} | {p50('wall'):.1f} | {p50('batch'):.1f} "
             f"| {args.events / p50('wall'):,.0f} | {args.events / p50('batch'):,.0f} "
-            f"| {p50('idle_wall'):.1f} |"
+            f"| {p50('idle_wall'):.1f} | {cell('driver_start')} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -11,6 +11,7 @@ State (pids, logs, the worker's directory) lives under ``.local/spark``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -104,11 +105,9 @@ def stop(cluster: Cluster) -> None:
     for pgid in cluster.pgids:
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
-            try:
-                # Started by this process: reap it (a zombie still counts as alive).
+            # Started by this process: reap it (a zombie still counts as alive).
+            with contextlib.suppress(ChildProcessError):
                 os.waitpid(pgid, os.WNOHANG)
-            except ChildProcessError:
-                pass
             try:
                 os.killpg(pgid, 0)
             except ProcessLookupError:

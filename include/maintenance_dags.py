@@ -149,8 +149,8 @@ def maintenance_tables_dag() -> DAG:
         doc_md="Every hour, `maintain` per application: small files compacted, the Delta log "
         "checkpointed, old files vacuumed except those of state versions a rewind may still "
         "target (the pipeline's `maintenance.rewind_horizon`), old epochs' Spark checkpoints "
-        "and committed staging files deleted. Runs next to the streams; skipped while an "
-        "operation holds the application (the next run catches up).",
+        "and staged files of batches that can no longer commit deleted. Runs next to the "
+        "streams; skipped while an operation holds the application (the next run catches up).",
         schedule=MAINTAIN_EVERY,
         start_date=START,
         catchup=False,

@@ -105,6 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
     _pipeline_args(maintain)
     _operation_args(maintain)
 
+    serve = commands.add_parser(
+        "serve", help="a warm driver: run the available-now runs sent to it (PLATFORM_DRIVER_URL)"
+    )
+    serve.add_argument("--port", type=int, help="default: $PLATFORM_DRIVER_PORT or 18090")
+    serve.add_argument("--bootstrap-servers", help="HOST:PORT[,HOST:PORT]")
+    serve.add_argument("--warehouse", type=Path, help="directory of the Delta tables")
+
     broker = commands.add_parser("broker", help="the embedded Kafka-protocol broker")
     broker.add_argument("action", choices=["start", "stop", "status"])
     broker.add_argument("--port", type=int, help="default: $PLATFORM_BROKER_PORT or 19092")
@@ -155,6 +162,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "broker":
             return _broker(args)
         settings = _settings(args)
+        if args.command == "serve":
+            from jobs.service import serve
+
+            port = args.port or settings.driver_port
+            if not 1 <= port <= 65535:
+                raise ConfigError(f"--port must be 1-65535, got {port}")
+            return serve(settings, port)
         pipeline = load_pipeline(args.pipeline, settings.pipelines_dir)
         if args.command == "status":
             from jobs.status import application_status, format_status
@@ -174,17 +188,23 @@ def main(argv: list[str] | None = None) -> int:
             run_maintain(pipeline, settings, check_reason(args.reason), args.dry_run)
             return 0
         return _run(args, settings, pipeline)
-    except PlatformError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
-    except Exception as exc:  # Spark wraps our errors; unwrap the ones we raised.
-        found = WRAPPED_ERROR.search(str(exc))
-        if found:
-            print(f"error: {found.group(2).strip()}", file=sys.stderr)
-            return EXIT_ERROR
-        traceback.print_exc()
-        print(f"error: {crash_summary(exc)}", file=sys.stderr)
-        return EXIT_CRASH
+    except Exception as exc:
+        code, message = failure(exc)
+        if code == EXIT_CRASH:
+            traceback.print_exc()
+        print(f"error: {message}", file=sys.stderr)
+        return code
+
+
+def failure(exc: BaseException) -> tuple[int, str]:
+    """(exit code, one line) of a failed command: the platform's own errors, also
+    when Spark wraps them, are expected (2); anything else is a crash (1)."""
+    if isinstance(exc, PlatformError):
+        return int(getattr(exc, "exit_code", EXIT_ERROR)), str(exc)
+    found = WRAPPED_ERROR.search(str(exc))
+    if found:
+        return EXIT_ERROR, found.group(2).strip()
+    return EXIT_CRASH, crash_summary(exc)
 
 
 def crash_summary(exc: BaseException) -> str:
@@ -218,6 +238,14 @@ def _run(args: argparse.Namespace, settings: Settings, pipeline: object) -> int:
         raise LockedError(
             f"application {pipeline.application_id} is busy: held by {describe(busy)}"
         )
+    if settings.driver_url and (args.trigger or pipeline.trigger_mode) == "available-now":
+        from jobs.service import run_remote
+
+        # A continuous run is a long-lived process anyway: it always runs here.
+        summary = run_remote(settings, args.pipeline)
+        if not args.quiet:
+            print_run_report(pipeline, settings, summary)
+        return 0
     faults.arm()
     name = f"platform-{pipeline.application_id}"
     spark = get_spark(

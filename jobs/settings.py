@@ -7,6 +7,7 @@ are the embedded local stack (loopback broker, local Spark, local warehouse).
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +36,10 @@ class Settings:
     local_airflow_home: Path
     local_airflow_port: int
     kafka_client: dict[str, str] = field(default_factory=dict)
+    # A warm driver (``python -m jobs serve``) that available-now runs are sent to,
+    # and the port ``serve`` listens on (loopback).
+    driver_url: str | None = None
+    driver_port: int = 18090
 
 
 # Every variable the platform reads (besides PLATFORM_KAFKA_*), for docs and checks.
@@ -53,8 +58,12 @@ ENV_NAMES = tuple(
         "BROKER_PORT",
         "AIRFLOW_HOME",
         "AIRFLOW_PORT",
+        "DRIVER_URL",
+        "DRIVER_PORT",
+        "DRIVER_TOKEN",
     )
 )
+DRIVER_URL = re.compile(r"^http://[A-Za-z0-9.\-]+:\d{1,5}$")
 
 
 def _env(name: str, default: str) -> str:
@@ -96,4 +105,14 @@ def load_settings() -> Settings:
         ).resolve(),
         local_airflow_port=_port(_env("AIRFLOW_PORT", "8085"), "AIRFLOW_PORT"),
         kafka_client=kafka_client,
+        driver_url=_driver_url(_env("DRIVER_URL", "").strip()),
+        driver_port=_port(_env("DRIVER_PORT", "18090"), "DRIVER_PORT"),
     )
+
+
+def _driver_url(raw: str) -> str | None:
+    if not raw:
+        return None
+    if not DRIVER_URL.match(raw):
+        raise ConfigError(f"{ENV_PREFIX}DRIVER_URL must be http://HOST:PORT, got {raw!r}")
+    return raw

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pyarrow as pa
 from deltalake import DeltaTable
+from deltalake import Schema as DeltaSchema
 
 from jobs.pipeline import APPLICATION_ID, Pipeline
 
@@ -179,15 +180,24 @@ def ensure_tables(layout: AppLayout, pipeline: Pipeline) -> None:
     for name, schema in table_schemas(pipeline).items():
         path = layout.table(name)
         if DeltaTable.is_deltatable(str(path)):
-            existing = pa.schema(DeltaTable(str(path)).schema().to_arrow())
-            if existing.names != schema.names:
+            existing = [(f.name, _type(f.type)) for f in DeltaTable(str(path)).schema().fields]
+            needed = [(f.name, _type(f.type)) for f in DeltaSchema.from_arrow(schema).fields]
+            if existing != needed:
                 from jobs.errors import ConfigError
 
                 raise ConfigError(
-                    f"table {path} has columns {existing.names} but pipeline "
-                    f"{pipeline.application_id} v{pipeline.version} needs {schema.names}"
+                    f"table {path} has columns {_columns(existing)} but pipeline "
+                    f"{pipeline.application_id} v{pipeline.version} needs {_columns(needed)}"
                 )
             continue
         path.parent.mkdir(parents=True, exist_ok=True)
         configuration = {"delta.enableChangeDataFeed": "true"} if name == "state" else None
         DeltaTable.create(str(path), schema, configuration=configuration)
+
+
+def _type(kind: object) -> str:
+    return str(getattr(kind, "type", kind))  # PrimitiveType("long") -> long
+
+
+def _columns(fields: list[tuple[str, str]]) -> str:
+    return ", ".join(f"{name} {kind}" for name, kind in fields)

@@ -17,6 +17,7 @@ and we look again at the new snapshot instead of duplicating or overwriting.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,9 +27,10 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, RemoveAction
 
-from jobs.delta.files import DataFile
+from jobs.delta.files import DataFile, publish
 from jobs.errors import ConsistencyError, FencedError
 
+log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 5
 TableOperation = Callable[[DeltaTable, CommitProperties], None]
 
@@ -136,18 +138,24 @@ class BatchWriter:
         schema: pa.Schema,
         metadata: dict[str, str] | None = None,
     ) -> int | None:
-        """Commit data files that tasks wrote into ``path`` (``files.py``) as one
-        append: the rows never pass through this process."""
+        """Commit data files that tasks staged for ``path`` (``files.py``) as one
+        append of batch ``batch_id``: the rows never pass through this process."""
+        publish(path, files, schema)
 
         def run(table: DeltaTable, props: CommitProperties) -> None:
-            actions: list[AddAction | RemoveAction] = [*add_actions(path, files)]
+            actions: list[AddAction | RemoveAction] = [
+                *add_actions(path, files, self.epoch, batch_id)
+            ]
             table.create_write_transaction(actions, "append", schema, commit_properties=props)
 
         committed = self.commit(path, batch_id, run, metadata)
         if committed is None:
             return None
         # The transaction does not move the table object on: find our commit.
-        return find_commit_version(path, self.application_id, self.epoch, batch_id, limit=20)
+        version = find_commit_version(path, self.application_id, self.epoch, batch_id, limit=20)
+        if version is None:
+            log.warning("%s: the commit of batch %d is not among the newest 20", path, batch_id)
+        return version
 
     def merge(
         self,
@@ -178,8 +186,11 @@ class BatchWriter:
         return self.commit(path, batch_id, run, metadata)
 
 
-def add_actions(table: Path, files: list[DataFile]) -> list[AddAction]:
-    """The Delta add actions of data files in ``table`` (row counts as statistics)."""
+def add_actions(table: Path, files: list[DataFile], epoch: int, batch_id: int) -> list[AddAction]:
+    """The Delta add actions of one batch's data files in ``table``. Statistics: row
+    counts, and the batch's epoch and id (the same in every row), so that a reader
+    of one batch skips every other file."""
+    constant = {"epoch": epoch, "batch_id": batch_id}
     return [
         AddAction(
             path=f.name,
@@ -187,7 +198,14 @@ def add_actions(table: Path, files: list[DataFile]) -> list[AddAction]:
             partition_values={},
             modification_time=int((table / f.name).stat().st_mtime * 1000),
             data_change=True,
-            stats=json.dumps({"numRecords": f.num_records}),
+            stats=json.dumps(
+                {
+                    "numRecords": f.num_records,
+                    "minValues": constant,
+                    "maxValues": constant,
+                    "nullCount": {"epoch": 0, "batch_id": 0},
+                }
+            ),
         )
         for f in files
     ]

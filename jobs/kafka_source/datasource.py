@@ -8,6 +8,7 @@ batch therefore reads the same records. Output columns match Spark's Kafka sourc
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 import uuid
@@ -357,7 +358,10 @@ def archive_file_prefix(
     epoch: int, batch_id: int, topic: str, partition: int, start: int, end: int
 ) -> str:
     """The name of a range's archive file up to its random part ("=" never occurs
-    in a topic name, so no two ranges' prefixes overlap)."""
+    in a topic name, so no two ranges' prefixes overlap; a long topic name, up to
+    249 characters in Kafka, is hashed to keep the name within file-system limits)."""
+    if len(topic) > 80:
+        topic = "h" + hashlib.sha256(topic.encode()).hexdigest()[:32]
     return f"part-e{epoch}-b{batch_id}-{topic}={partition}={start}={end}="
 
 

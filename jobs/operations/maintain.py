@@ -11,8 +11,9 @@ The oldest kept version goes into the ledger before anything is removed, and the
 planners refuse an older boundary from then on.
 
 Steps per table: compact small files, vacuum, checkpoint the log and drop expired
-log entries (vacuum also removes data files that tasks wrote for batches that
-never committed). Then old epochs' Spark checkpoints and seeds are deleted.
+log entries (vacuum also removes data files moved in for a commit that a crash
+cut off). Then old epochs' Spark checkpoints and seeds, and staged data files of
+batches that can no longer commit, are deleted.
 ``maintain`` runs next to a live stream without its lock (Delta's optimistic
 commits order the two; a conflict is retried), and refuses to run next to an
 operation.
@@ -34,8 +35,9 @@ from deltalake.exceptions import CommitFailedError
 
 from jobs.cut import seed_file
 from jobs.delta import layout as tables
+from jobs.delta.files import stale_staged_files
 from jobs.delta.layout import AppLayout
-from jobs.delta.writer import MAX_ATTEMPTS
+from jobs.delta.writer import MAX_ATTEMPTS, committed_batch
 from jobs.errors import ConsistencyError
 from jobs.ledger import (
     DONE,
@@ -165,12 +167,7 @@ def plan_maintenance(
         retention_hours=int(retention),
         keep_versions=keep,
         table_files=files,
-        stale=tuple(
-            str(p)
-            for p in stale_paths(
-                layout, epoch, table_names(pipeline), now, pipeline.reader_grace_hours
-            )
-        ),
+        stale=tuple(str(p) for p in stale_paths(layout, epoch, table_names(pipeline))),
     )
 
 
@@ -204,25 +201,25 @@ def vacuum_rule(
     return int(retention), tuple(sorted(keep))
 
 
-def stale_paths(
-    layout: AppLayout, epoch: int, names: list[str], now_us: int, grace_hours: int
-) -> list[Path]:
+def stale_paths(layout: AppLayout, epoch: int, names: list[str]) -> list[Path]:
     """Old epochs' Spark checkpoints and seeds (no run or operation reads them again:
-    a new epoch starts from its cut); the temporary files of tasks killed while they
-    wrote a data file (hidden, so vacuum leaves them), once older than the grace
-    period; and the raw staging folder that versions before the tasks wrote raw
-    files into the table left behind."""
-    cutoff_s = (now_us - max(grace_hours, 1) * HOUR_US) / 1_000_000
+    a new epoch starts from its cut); staged data files of batches that can no
+    longer commit (``jobs/delta/files.py``); and the raw staging folder that
+    versions before tasks staged raw files in the table left behind."""
     found = [
         path
         for older in range(epoch)
         for path in (layout.checkpoint(older), seed_file(layout, older))
         if path.exists()
     ]
+    ledger = layout.table(tables.LEDGER)
+    last = (
+        committed_batch(DeltaTable(str(ledger)), layout.application_id, epoch)
+        if DeltaTable.is_deltatable(str(ledger))
+        else None
+    )
     for name in names:
-        found += sorted(
-            tmp for tmp in layout.table(name).glob(".part-*.tmp") if tmp.stat().st_mtime < cutoff_s
-        )
+        found += stale_staged_files(layout.table(name), epoch, last)
     legacy_staging = layout.root / "_raw_staging"
     if legacy_staging.exists():
         found.append(legacy_staging)

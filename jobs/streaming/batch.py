@@ -42,7 +42,7 @@ from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
 from jobs.delta import layout as tables
-from jobs.delta.files import DataFile, describe
+from jobs.delta.files import DataFile, describe, staging
 from jobs.delta.layout import AppLayout
 from jobs.delta.writer import BatchWriter, committed_batch
 from jobs.errors import ConsistencyError
@@ -74,19 +74,25 @@ class ChangedRows:
         files: list[DataFile] | None = None,
         where: ds.Expression | None = None,
     ) -> None:
+        self.changelog = changelog
         self.state_schema = state_schema
+        self.files = files
         self.where = where
         if files is None:
-            self.dataset = DeltaTable(str(changelog)).to_pyarrow_dataset()
-            self.num_rows = self.dataset.count_rows(filter=where)
+            self.num_rows = DeltaTable(str(changelog)).to_pyarrow_dataset().count_rows(filter=where)
         else:
-            self.dataset = ds.dataset([str(changelog / f.name) for f in files], format="parquet")
             self.num_rows = sum(f.num_records for f in files)
 
     def reader(self) -> pa.RecordBatchReader:
+        """Once the files are committed (they are read from the table's folder)."""
+        if self.files is None:
+            dataset = DeltaTable(str(self.changelog)).to_pyarrow_dataset()
+        else:
+            paths = [str(self.changelog / f.name) for f in self.files]
+            dataset = ds.dataset(paths, format="parquet")
         # The changelog's columns, with commit_time as the state's updated_at.
         names = [*self.state_schema.names[:-1], "commit_time"]
-        batches = self.dataset.to_batches(columns=names, filter=self.where)
+        batches = dataset.to_batches(columns=names, filter=self.where)
         return pa.RecordBatchReader.from_batches(
             self.state_schema,
             (pa.RecordBatch.from_arrays(b.columns, schema=self.state_schema) for b in batches),
@@ -312,14 +318,16 @@ class BatchCommitter:
                     continue
                 prefix = archive_file_prefix(self.epoch, batch_id, topic, int(part), begin, off)
                 # Every attempt writes its own file; this attempt's is the newest.
-                found = sorted(path.glob(f"{prefix}*.parquet"), key=lambda f: f.stat().st_mtime)
+                found = sorted(
+                    staging(path).glob(f"{prefix}*.parquet"), key=lambda f: f.stat().st_mtime
+                )
                 if not found:
                     raise ConsistencyError(
                         f"batch {batch_id}: the raw records of {topic}[{part}] {begin}..{off} "
                         f"were not written to {path} (the batch is not committed; it is "
                         "replayed by the next run)"
                     )
-                files.append(describe(path, found[-1].name))
+                files.append(describe(staging(path), found[-1].name))
         written = [f for f in files if f.num_records]
         if not written:
             return None

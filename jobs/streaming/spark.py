@@ -108,10 +108,15 @@ def get_spark(
     )
     spark.sparkContext.setLogLevel("ERROR")
     ship_package(spark, archive)
-    # After shipping: a registered source captures the Python includes it runs with.
+    register_sources(spark)
+    return spark
+
+
+def register_sources(spark: SparkSession) -> None:
+    """The platform's data sources, in ``spark`` (a new session needs them too).
+    After shipping: a registered source captures the Python includes it runs with."""
     spark.dataSource.register(KafkaDataSource)
     spark.dataSource.register(SeedDataSource)
-    return spark
 
 
 def ship_package(spark: SparkSession, archive: Path) -> None:

@@ -1,5 +1,7 @@
 """Submitting ``python -m jobs ...`` through Spark: the same command a user runs by
-hand with ``spark-submit`` on a worker."""
+hand with ``spark-submit`` on a worker; or, with ``PLATFORM_DRIVER_URL`` set, an
+available-now run sent to the warm driver (``jobs/service.py``), with no JVM
+started for it."""
 
 from __future__ import annotations
 
@@ -8,7 +10,8 @@ from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
-from jobs.settings import REPO_ROOT, load_settings, platform_environment
+from jobs.pipeline import load_pipeline
+from jobs.settings import REPO_ROOT, Settings, load_settings, platform_environment
 from jobs.streaming.jvm import driver_java_options
 from jobs.streaming.spark import package_zip
 
@@ -49,6 +52,9 @@ class PlatformJobOperator(SparkSubmitOperator):
                 *(self.application_args or []),
                 *self.arguments_from_params(dict(context["params"])),
             ]
+        settings = load_settings()
+        if self.goes_to_warm_driver(settings):
+            return self._run_on_warm_driver(settings)
         dag_run = context.get("dag_run")
         user = getattr(dag_run, "triggering_user_name", None) or "scheduler"
         self.env_vars = {
@@ -63,3 +69,31 @@ class PlatformJobOperator(SparkSubmitOperator):
         # on a worker (in client mode the job would add the same zip itself).
         self.py_files = self.py_files or str(package_zip())
         return super().execute(context)
+
+    def goes_to_warm_driver(self, settings: Settings) -> bool:
+        """A ``run`` whose trigger is available-now, with a warm driver configured."""
+        args = list(self.application_args or [])
+        if not settings.driver_url or args[:2] != ["run", "--pipeline"]:
+            return False
+        if "--trigger" in args:
+            trigger = str(args[args.index("--trigger") + 1])
+        else:
+            trigger = str(load_pipeline(args[2], settings.pipelines_dir).trigger_mode)
+        return trigger == "available-now"
+
+    def _run_on_warm_driver(self, settings: Settings) -> dict[str, Any]:
+        from jobs.service import run_remote
+
+        pipeline = list(self.application_args or [])[2]
+        summary = run_remote(settings, pipeline)
+        committed = [b for b in summary.batches if not b.skipped]
+        self.log.info(
+            "%s: %d batches committed, %d records, epoch %d, %.1f s on the warm driver %s",
+            summary.application_id,
+            len(committed),
+            summary.records_in,
+            summary.epoch,
+            summary.seconds,
+            settings.driver_url,
+        )
+        return {"batches": len(committed), "records_in": summary.records_in}

@@ -45,9 +45,10 @@ def test_a_batch_larger_than_the_driver_may_collect(  # type: ignore[no-untyped-
         offsets.setdefault(part, []).append(offset)
     assert sum(map(len, offsets.values())) == EVENTS
     assert all(sorted(found) == list(range(len(found))) for found in offsets.values())
-    # Each table's files on disk are exactly the committed ones: one per task
-    # (the changelog's output partitions, the source's ranges).
+    # Each table's files on disk are exactly the committed ones, one per task (the
+    # changelog's output partitions, the source's ranges), and nothing stays staged.
     for name in ("changelog", "raw"):
         table = DeltaTable(str(app / name))
         on_disk = {f.name for f in (app / name).glob("part-*.parquet")}
         assert on_disk == {Path(uri).name for uri in table.file_uris()}, name
+        assert not list((app / name / "_staging").iterdir()), name

@@ -3,9 +3,7 @@ and what keeps its state version (and every later one) loadable."""
 
 from __future__ import annotations
 
-import os
-import time
-
+from jobs.delta.files import stale_staged_files
 from jobs.delta.layout import AppLayout
 from jobs.ledger import Boundary
 from jobs.operations.maintain import (
@@ -13,7 +11,6 @@ from jobs.operations.maintain import (
     PLAN_MARGIN_US,
     log_retention,
     oldest_kept,
-    stale_paths,
     vacuum_rule,
 )
 
@@ -60,17 +57,23 @@ def test_the_delta_log_reaches_back_as_far_as_the_horizon() -> None:
     assert log_retention(60 * 86400 + 1) == "interval 62 days"
 
 
-def test_temporary_files_of_killed_tasks_go_after_the_grace_period(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_staged_files_go_once_their_batch_can_no_longer_commit(tmp_path) -> None:  # type: ignore[no-untyped-def]
     layout = AppLayout(tmp_path, "app")
-    changelog = layout.table("changelog")
-    changelog.mkdir(parents=True)
-    now_s = time.time()
-    old = changelog / ".part-e0-b3-c00001-0123.parquet.tmp"
-    young = changelog / ".part-e0-b4-c00001-4567.parquet.tmp"
-    data = changelog / "part-e0-b3-c00001-89ab.parquet"  # vacuum's business, not this
-    for path in (old, young, data):
-        path.write_bytes(b"x")
-    os.utime(old, (now_s - 3 * 3600, now_s - 3 * 3600))
-    os.utime(data, (now_s - 3 * 3600, now_s - 3 * 3600))
-    found = stale_paths(layout, 0, ["changelog", "state"], int(now_s * 1_000_000), 2)
-    assert found == [old]
+    staged = layout.table("changelog") / "_staging"
+    staged.mkdir(parents=True)
+    names = {
+        "old_epoch": "part-e1-b9-c00000-aa.parquet",  # fenced: epoch 1 < 2
+        "committed": "part-e2-b3-c00001-bb.parquet",  # the ledger has batch 3
+        "killed_task": ".part-e2-b3-c00002-cc.parquet.tmp",
+        "in_flight": "part-e2-b4-c00000-dd.parquet",  # batch 4 may still commit
+        "in_flight_tmp": ".part-e2-b4-c00001-ee.parquet.tmp",
+        "foreign": "notes.txt",
+    }
+    for name in names.values():
+        (staged / name).write_bytes(b"x")
+    found = {p.name for p in stale_staged_files(layout.table("changelog"), 2, 3)}
+    assert found == {names["old_epoch"], names["committed"], names["killed_task"]}
+    # Before the epoch's first commit, only older epochs' files are stale.
+    assert {p.name for p in stale_staged_files(layout.table("changelog"), 2, None)} == {
+        names["old_epoch"]
+    }

@@ -1,0 +1,131 @@
+"""The warm driver (``python -m jobs serve``): runs sent to it are the same runs,
+exact across runs in one JVM and across the driver's death mid-batch; bad requests
+are refused with one error line."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+
+from jobs.broker import find_free_port
+from jobs.settings import REPO_ROOT, load_settings
+from tests.conftest import pipeline_file, produce, recent_clicks, run_jobs
+from tests.expected import clicks_per_window, state_as_counter
+
+pytestmark = pytest.mark.integration
+
+
+@contextmanager
+def warm_driver(settings, token: str, fault: str | None = None) -> Iterator[str]:  # type: ignore[no-untyped-def]
+    port = find_free_port(46000, 48000)
+    env = {k: v for k, v in os.environ.items() if k != "PLATFORM_FAULT"}
+    env["PLATFORM_DRIVER_TOKEN"] = token
+    if fault:
+        env["PLATFORM_FAULT"] = fault
+    log = open(settings.warehouse.parent / f"driver-{port}.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jobs", "serve", "--port", str(port)]
+        + ["--bootstrap-servers", settings.bootstrap_servers]
+        + ["--warehouse", str(settings.warehouse)],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/v1/health", timeout=1):
+                    break
+            except OSError:
+                assert proc.poll() is None, "the warm driver exited at start"
+                assert time.monotonic() < deadline, "the warm driver did not come up"
+                time.sleep(0.3)
+        yield url
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)  # the driver, not its JVM: a clean stop
+            assert proc.wait(timeout=60) == 0
+        log.close()
+
+
+def test_runs_on_a_warm_driver_are_exact(  # type: ignore[no-untyped-def]
+    settings, kafka_config, new_topic, tmp_path: Path, monkeypatch
+) -> None:
+    topic = new_topic(2)
+    path = pipeline_file(tmp_path, "user_clicks", topic, archive=True)
+    token = secrets.token_hex(16)
+    first, second, third = recent_clicks(900, 0), recent_clicks(700, 3), recent_clicks(500, 5)
+    app = settings.warehouse / "user_clicks"
+
+    def state() -> object:
+        rows = DeltaTable(str(app / "state")).to_pyarrow_table().to_pylist()
+        return state_as_counter(rows, "clicks")
+
+    with warm_driver(settings, token) as url:
+        remote = {"PLATFORM_DRIVER_URL": url, "PLATFORM_DRIVER_TOKEN": token}
+        produce(kafka_config, topic, first)
+        result = run_jobs(path, settings, "run", env=remote)
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert "records in" in result.stdout  # the report, printed by the client
+        assert state() == clicks_per_window([first])[0]
+
+        # The stream DAG's operator sends its run there too (no spark-submit): the
+        # second run in the same JVM carries the state on.
+        from platform_airflow.operators import PlatformJobOperator
+
+        for name, value in {
+            **remote,
+            "PLATFORM_WAREHOUSE": str(settings.warehouse),
+            "PLATFORM_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+        }.items():
+            monkeypatch.setenv(name, value)
+        produce(kafka_config, topic, second)
+        operator = PlatformJobOperator(
+            task_id="run",
+            command="run",
+            pipeline=str(path),
+            arguments=["--trigger", "available-now", "--quiet"],
+        )
+        assert operator.goes_to_warm_driver(load_settings())
+        assert operator.execute({"params": {}})["records_in"] == len(second)
+        assert state() == clicks_per_window([first + second])[0]
+
+        # Refusals: one error line, nothing run.
+        wrong = run_jobs(path, settings, "run", env={**remote, "PLATFORM_DRIVER_TOKEN": "x"})
+        assert wrong.returncode == 2
+        assert wrong.stderr.strip().splitlines()[-1] == "error: missing or wrong token"
+        other = replace(settings, warehouse=tmp_path / "other")
+        elsewhere = run_jobs(path, other, "run", env=remote)
+        assert elsewhere.returncode == 2
+        assert "this warm driver serves the warehouse" in elsewhere.stderr
+
+    # The driver dies after batch 0's changelog commit: the client says so, and a
+    # run in its own process replays the batch exactly.
+    produce(kafka_config, topic, third)
+    with warm_driver(settings, token, fault="after_changelog") as url:
+        remote = {"PLATFORM_DRIVER_URL": url, "PLATFORM_DRIVER_TOKEN": token}
+        died = run_jobs(path, settings, "run", env=remote)
+        assert died.returncode == 2
+        assert "ended during the run" in died.stderr.strip().splitlines()[-1]
+    monkeypatch.delenv("PLATFORM_DRIVER_URL")
+    local = run_jobs(path, settings, "run")
+    assert local.returncode == 0, local.stderr[-2000:]
+    assert state() == clicks_per_window([first + second + third])[0]
+    raw = DeltaTable(str(app / "raw")).to_pyarrow_table()
+    assert raw.num_rows == len(first + second + third)  # archived once each
