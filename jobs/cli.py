@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         return _run(args, settings, pipeline)
     except Exception as exc:
         code, message = failure(exc)
-        if code == EXIT_CRASH:
+        if code == EXIT_CRASH and not isinstance(exc, PlatformError):
             traceback.print_exc()
         print(f"error: {message}", file=sys.stderr)
         return code
@@ -242,7 +242,7 @@ def _run(args: argparse.Namespace, settings: Settings, pipeline: object) -> int:
         from jobs.service import run_remote
 
         # A continuous run is a long-lived process anyway: it always runs here.
-        summary = run_remote(settings, args.pipeline)
+        summary = run_remote(settings, pipeline)
         if not args.quiet:
             print_run_report(pipeline, settings, summary)
         return 0

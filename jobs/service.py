@@ -6,16 +6,21 @@ worker or JIT start-up (most of a cold run's seconds: docs/benchmarks.md).
     PLATFORM_DRIVER_URL=http://127.0.0.1:18090 python -m jobs run --pipeline P
 
 It listens on loopback only. A run sent here is the same run as a local one: the
-same code, commits and errors, in a Spark session of its own (``newSession``: its
-own SQL settings and streams) on a thread of its own; the application lock still
-allows one run per application. If the driver dies during a run, nothing of the
-unfinished batch is committed and the next run, here or anywhere, replays it.
-Continuous runs are long-lived processes of their own and never come here. With
+client sends the pipeline file's path and hash, the hash of its ``jobs`` code and
+of its settings, and the driver refuses any difference (restart it after a
+deploy). Each application has one Spark session here (its own SQL settings and
+streams), reused by its runs; at most ``MAX_RUNS`` run at once, and one per
+application. If the driver dies during a run, nothing of the unfinished batch is
+committed and the next run, here or anywhere, replays it. Continuous runs are
+long-lived processes of their own and never come here. With
 ``PLATFORM_DRIVER_TOKEN`` set, a request must carry it (``Authorization: Bearer``).
+A client that goes away does not stop its run (it commits exactly once anyway):
+the next run of the application waits for the lock or is refused, as locally.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import http.client
 import json
@@ -27,7 +32,6 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -35,7 +39,8 @@ from pyspark.sql import SparkSession
 
 from jobs import faults
 from jobs.errors import ConfigError, PlatformError
-from jobs.pipeline import load_pipeline
+from jobs.lock import LockedError
+from jobs.pipeline import Pipeline, load_pipeline
 from jobs.settings import ENV_PREFIX, Settings
 
 log = logging.getLogger(__name__)
@@ -45,6 +50,9 @@ HEALTH_PATH = "/v1/health"
 TOKEN_ENV = ENV_PREFIX + "DRIVER_TOKEN"
 MAX_BODY = 16 * 1024
 MAX_FIELD = 4096
+MAX_RUNS = 4  # at once: they share the driver's memory and cores
+READ_TIMEOUT_S = 30.0
+FIELDS = ("pipeline", "pipeline_sha256", "code", "settings")
 
 
 class DriverError(PlatformError):
@@ -56,11 +64,26 @@ class DriverError(PlatformError):
         self.exit_code = code
 
 
+def settings_digest(settings: Settings) -> str:
+    """Where a run reads and writes, and how it talks to Kafka (credentials
+    included, hashed): a warm driver runs only for clients that agree."""
+    text = json.dumps(
+        [settings.bootstrap_servers, str(settings.warehouse), sorted(settings.kafka_client.items())]
+    )
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def file_sha256(path: Any) -> str:
+    with open(path, "rb") as handle:
+        return hashlib.sha256(handle.read()).hexdigest()
+
+
 @dataclass(frozen=True)
 class RunRequest:
-    pipeline: str  # a name in the driver's pipelines folder, or a path
-    warehouse: str
-    bootstrap_servers: str
+    pipeline: str  # the pipeline file's absolute path
+    pipeline_sha256: str
+    code: str  # package_digest() of the client's jobs/
+    settings: str  # settings_digest() of the client's settings
 
     @classmethod
     def parse(cls, body: bytes) -> RunRequest:
@@ -68,14 +91,13 @@ class RunRequest:
             data = json.loads(body)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ConfigError(f"the request is not JSON: {exc}") from exc
-        fields = ("pipeline", "warehouse", "bootstrap_servers")
-        if not isinstance(data, dict) or sorted(data) != sorted(fields):
-            raise ConfigError(f"the request must be a JSON object with exactly {list(fields)}")
-        for name in fields:
+        if not isinstance(data, dict) or sorted(data) != sorted(FIELDS):
+            raise ConfigError(f"the request must be a JSON object with exactly {list(FIELDS)}")
+        for name in FIELDS:
             value = data[name]
             if not isinstance(value, str) or not 0 < len(value) <= MAX_FIELD:
                 raise ConfigError(f"{name} must be a non-empty string of at most {MAX_FIELD}")
-        return cls(data["pipeline"], data["warehouse"], data["bootstrap_servers"])
+        return cls(**{name: data[name] for name in FIELDS})
 
 
 def summary_json(summary: Any) -> dict[str, Any]:
@@ -99,33 +121,74 @@ def summary_from_json(data: dict[str, Any]) -> Any:
 
 
 class WarmDriver:
-    """Runs requests in the one SparkSession of this process."""
+    """Runs requests in this process's SparkContext, one session per application."""
 
     def __init__(self, spark: SparkSession, settings: Settings) -> None:
+        from jobs.streaming.spark import package_digest
+
         self.spark = spark
         self.settings = settings
+        # What this process runs: the code imported now (and shipped at start).
+        self.code = package_digest()
+        self.settings_digest = settings_digest(settings)
+        self.slots = threading.BoundedSemaphore(MAX_RUNS)
+        self._guard = threading.Lock()
+        self._sessions: dict[str, SparkSession] = {}
+        self._running: dict[str, threading.Lock] = {}
+
+    def check(self, request: RunRequest) -> Pipeline:
+        if request.code != self.code:
+            raise ConfigError(
+                f"the warm driver runs other code (jobs {self.code}, the client's "
+                f"{request.code}): restart it (python -m jobs serve) after a deploy"
+            )
+        if request.settings != self.settings_digest:
+            raise ConfigError(
+                "the warm driver has other settings (warehouse, bootstrap servers or Kafka "
+                f"client; it serves {self.settings.warehouse} from "
+                f"{self.settings.bootstrap_servers}): start it with the client's "
+                "PLATFORM_* environment"
+            )
+        if file_sha256(request.pipeline) != request.pipeline_sha256:
+            raise ConfigError(f"{request.pipeline} changed while the run was sent: send it again")
+        return load_pipeline(request.pipeline, self.settings.pipelines_dir)
+
+    def _session(self, application_id: str) -> tuple[SparkSession, threading.Lock]:
+        from jobs.streaming.spark import register_sources
+
+        with self._guard:
+            if application_id not in self._sessions:
+                # One session per application, reused: a session per run would leave
+                # a streaming listener behind each time.
+                session = self.spark.newSession()
+                register_sources(session)
+                self._sessions[application_id] = session
+                self._running[application_id] = threading.Lock()
+            return self._sessions[application_id], self._running[application_id]
 
     def run(self, request: RunRequest) -> dict[str, Any]:
         from jobs.streaming.run import run_pipeline
-        from jobs.streaming.spark import register_sources
 
-        # The driver's own settings decide where data goes; a client that believes
-        # otherwise is refused rather than silently redirected.
-        if Path(request.warehouse).resolve() != self.settings.warehouse:
-            raise ConfigError(
-                f"this warm driver serves the warehouse {self.settings.warehouse}, not "
-                f"{request.warehouse}"
+        pipeline = self.check(request)
+        session, running = self._session(pipeline.application_id)
+        # The file lock decides between processes; this one between this driver's
+        # threads (a lock file is per process on some file systems).
+        if not running.acquire(blocking=False):
+            raise LockedError(
+                f"application {pipeline.application_id} is busy: a run on this warm driver"
             )
-        if request.bootstrap_servers != self.settings.bootstrap_servers:
-            raise ConfigError(
-                f"this warm driver reads {self.settings.bootstrap_servers}, not "
-                f"{request.bootstrap_servers}"
-            )
-        pipeline = load_pipeline(request.pipeline, self.settings.pipelines_dir)
-        session = self.spark.newSession()
-        register_sources(session)
-        summary = run_pipeline(session, pipeline, self.settings, "available-now")
-        return summary_json(summary)
+        try:
+            return summary_json(run_pipeline(session, pipeline, self.settings, "available-now"))
+        finally:
+            running.release()
+
+    def stop_runs(self) -> None:
+        """Stop every run's query (between batches: what is committed stays)."""
+        with self._guard:
+            sessions = list(self._sessions.values())
+        for session in sessions:
+            for query in session.streams.active:
+                query.stop()
 
 
 def _handler(driver: WarmDriver, token: str | None) -> type[BaseHTTPRequestHandler]:
@@ -137,11 +200,17 @@ def _handler(driver: WarmDriver, token: str | None) -> type[BaseHTTPRequestHandl
 
         def _reply(self, status: int, body: dict[str, Any]) -> None:
             data = json.dumps(body, default=str).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            except OSError as exc:  # the client went away; the run's outcome stands
+                log.warning("could not answer the client (%s): %s", exc, body.get("error", "ok"))
+
+        def _refuse(self, status: int, message: str) -> None:
+            self._reply(status, {"ok": False, "code": 2, "error": message})
 
         def _authorized(self) -> bool:
             if token is None:
@@ -151,39 +220,50 @@ def _handler(driver: WarmDriver, token: str | None) -> type[BaseHTTPRequestHandl
 
         def do_GET(self) -> None:
             if self.path != HEALTH_PATH:
-                self._reply(404, {"ok": False, "error": f"no such path {self.path}"})
+                self._refuse(404, f"no such path {self.path}")
                 return
-            self._reply(200, {"ok": True, "warehouse": str(driver.settings.warehouse)})
+            self._reply(200, {"ok": True, "code": driver.code})
 
         def do_POST(self) -> None:
             if self.path != RUN_PATH:
-                self._reply(404, {"ok": False, "error": f"no such path {self.path}"})
+                self._refuse(404, f"no such path {self.path}")
                 return
             if not self._authorized():
-                self._reply(401, {"ok": False, "code": 2, "error": "missing or wrong token"})
+                self._refuse(401, "missing or wrong token")
+                return
+            if self.headers.get("Content-Type") != "application/json":
+                self._refuse(415, "the request must be application/json")
                 return
             length = self.headers.get("Content-Length", "")
-            if not length.isdigit() or int(length) > MAX_BODY:
-                self._reply(413, {"ok": False, "code": 2, "error": "body missing or too large"})
+            if not (length.isascii() and length.isdigit()) or int(length) > MAX_BODY:
+                self._refuse(413, "body missing or too large")
+                return
+            if not driver.slots.acquire(blocking=False):
+                self._refuse(503, f"the warm driver is busy with {MAX_RUNS} runs: try again")
                 return
             try:
-                request = RunRequest.parse(self.rfile.read(int(length)))
+                self.connection.settimeout(READ_TIMEOUT_S)
+                body = self.rfile.read(int(length))
+                self.connection.settimeout(None)
+                request = RunRequest.parse(body)
                 log.info("run of %s requested", request.pipeline)
-                self._reply(200, {"ok": True, "summary": driver.run(request)})
+                answer = {"ok": True, "summary": driver.run(request)}
             except Exception as exc:
                 code, message = failure(exc)
                 if code != 2:
                     log.exception("run failed")
-                self._reply(
-                    422 if code == 2 else 500, {"ok": False, "code": code, "error": message}
-                )
+                answer = {"ok": False, "code": code, "error": message}
+            finally:
+                driver.slots.release()
+            self._reply(200 if answer["ok"] else 422 if answer["code"] == 2 else 500, answer)
 
     return Handler
 
 
 def serve(settings: Settings, port: int) -> int:
-    """Start Spark, listen on loopback, run requests until SIGTERM/SIGINT; runs in
-    progress finish before the session stops."""
+    """Start Spark, listen on loopback, run requests until SIGTERM/SIGINT, which
+    stops the runs in progress between batches and then the session."""
+    from jobs.streaming import run  # noqa: F401 (imported now: the code the digest names)
     from jobs.streaming.spark import get_spark
 
     faults.arm()
@@ -194,8 +274,9 @@ def serve(settings: Settings, port: int) -> int:
         settings.spark_python,
     )
     token = os.environ.get(TOKEN_ENV) or None
-    server = ThreadingHTTPServer(("127.0.0.1", port), _handler(WarmDriver(spark, settings), token))
-    server.daemon_threads = False  # close() waits for runs in progress
+    driver = WarmDriver(spark, settings)
+    server = ThreadingHTTPServer(("127.0.0.1", port), _handler(driver, token))
+    server.daemon_threads = False  # close() waits for the runs to return
     stop = threading.Event()
 
     def request_stop(_signum: int, _frame: FrameType | None) -> None:
@@ -205,11 +286,12 @@ def serve(settings: Settings, port: int) -> int:
         signal.signal(sig, request_stop)
     thread = threading.Thread(target=server.serve_forever, name="warm-driver", daemon=True)
     thread.start()
-    print(f"warm driver listening on http://127.0.0.1:{port}", flush=True)
+    print(f"warm driver listening on http://127.0.0.1:{port} (jobs {driver.code})", flush=True)
     try:
         stop.wait()
     finally:
         server.shutdown()
+        driver.stop_runs()
         server.server_close()
         try:
             spark.stop()
@@ -218,40 +300,55 @@ def serve(settings: Settings, port: int) -> int:
     return 0
 
 
-def run_remote(settings: Settings, pipeline: str) -> Any:
-    """Send an available-now run to the warm driver; its summary, or its error."""
-    assert settings.driver_url is not None
-    url = settings.driver_url + RUN_PATH
-    target = Path(pipeline)
+def run_remote(settings: Settings, pipeline: Pipeline) -> Any:
+    """Send an available-now run of ``pipeline`` to the warm driver; its summary."""
+    from jobs.streaming.spark import package_digest
+
+    assert settings.driver_url is not None and pipeline.source_path is not None
+    if os.environ.get(faults.ENV):
+        raise ConfigError(
+            f"{faults.ENV} applies to the process that runs the batch: set it on the warm "
+            "driver, or unset PLATFORM_DRIVER_URL"
+        )
+    path = pipeline.source_path.resolve()
     body = {
-        # A path is the same file for the driver on this machine; a name is looked
-        # up in the driver's pipelines folder.
-        "pipeline": str(target.resolve()) if target.exists() else pipeline,
-        "warehouse": str(settings.warehouse),
-        "bootstrap_servers": settings.bootstrap_servers,
+        "pipeline": str(path),
+        "pipeline_sha256": file_sha256(path),
+        "code": package_digest(),
+        "settings": settings_digest(settings),
     }
     headers = {"Content-Type": "application/json"}
     token = os.environ.get(TOKEN_ENV)
     if token:
         headers["Authorization"] = f"Bearer {token}"
     request = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers=headers, method="POST"
+        settings.driver_url + RUN_PATH, data=json.dumps(body).encode(), headers=headers
     )
+    # Never through a proxy: the request (and its token) stays on loopback.
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
-        with urllib.request.urlopen(request) as response:  # a run takes as long as it takes
-            answer = json.load(response)
+        with opener.open(request) as response:  # a run takes as long as it takes
+            raw = response.read()
     except urllib.error.HTTPError as exc:
-        answer = json.load(exc)
-    except (urllib.error.URLError, ConnectionRefusedError) as exc:
+        raw = exc.read()
+    except urllib.error.URLError as exc:
         raise PlatformError(
-            f"no warm driver answers at {settings.driver_url} ({exc}); start one with "
-            "python -m jobs serve, or unset PLATFORM_DRIVER_URL to run in this process"
+            f"no warm driver answers at {settings.driver_url} ({exc.reason}); start one "
+            "with python -m jobs serve, or unset PLATFORM_DRIVER_URL to run in this process"
         ) from exc
     except (http.client.HTTPException, ConnectionError) as exc:
         raise PlatformError(
             f"the warm driver at {settings.driver_url} ended during the run ({exc!r}); "
             "nothing of an unfinished batch was committed: run again (it replays the batch)"
         ) from exc
+    try:
+        answer = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise PlatformError(
+            f"{settings.driver_url} did not answer as a warm driver: {raw[:200]!r}"
+        ) from exc
     if not answer.get("ok"):
-        raise DriverError(str(answer.get("error")), int(answer.get("code", 2)))
+        code = int(answer.get("code", 2))
+        where = " (the traceback is in the warm driver's log)" if code != 2 else ""
+        raise DriverError(f"{answer.get('error')}{where}", code)
     return summary_from_json(answer["summary"])

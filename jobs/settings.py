@@ -63,7 +63,8 @@ ENV_NAMES = tuple(
         "DRIVER_TOKEN",
     )
 )
-DRIVER_URL = re.compile(r"^http://[A-Za-z0-9.\-]+:\d{1,5}$")
+# Loopback only: runs (and the token) never cross a network in clear text.
+DRIVER_URL = re.compile(r"^http://(127\.0\.0\.1|localhost|\[::1\]):\d{1,5}$")
 
 
 def _env(name: str, default: str) -> str:
@@ -114,5 +115,7 @@ def _driver_url(raw: str) -> str | None:
     if not raw:
         return None
     if not DRIVER_URL.match(raw):
-        raise ConfigError(f"{ENV_PREFIX}DRIVER_URL must be http://HOST:PORT, got {raw!r}")
+        raise ConfigError(
+            f"{ENV_PREFIX}DRIVER_URL must be http://127.0.0.1:PORT (loopback), got {raw!r}"
+        )
     return raw

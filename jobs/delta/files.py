@@ -109,12 +109,14 @@ def publish(table: Path, files: list[DataFile], schema: pa.Schema) -> None:
             found = pq.read_schema(staged)
             if [(x.name, x.type) for x in found] != [(x.name, x.type) for x in schema]:
                 raise ConsistencyError(f"{staged} holds {found}, not the table's columns {schema}")
+            # Stamped before the move: the file never shows in the table's folder with
+            # its (possibly old) write time, where vacuum judges by age.
+            os.utime(staged)
             os.replace(staged, target)
         elif not target.exists():  # an earlier attempt of this commit moved it
             raise ConsistencyError(
                 f"staged data file {staged} is gone; the batch is not committed (a run replays it)"
             )
-        os.utime(target)
 
 
 def stale_staged_files(table: Path, epoch: int, last_committed: int | None) -> list[Path]:

@@ -119,7 +119,11 @@ def table_names(pipeline: Pipeline) -> list[str]:
 
 
 def files_on_disk(path: Path) -> int:
-    return sum(1 for p in path.rglob("*.parquet") if "_delta_log" not in p.parts)
+    return sum(
+        1
+        for p in path.rglob("*.parquet")
+        if "_delta_log" not in p.parts and "_staging" not in p.parts
+    )
 
 
 def plan_maintenance(

@@ -34,14 +34,24 @@ def executor_python(master: str, configured: str | None) -> str:
     return sys.executable if master.startswith("local") else CLUSTER_PYTHON
 
 
+def _sources() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def package_digest() -> str:
+    """What code ``jobs/`` holds (a content hash): the zip's name, and how a warm
+    driver and its client tell that they run the same code."""
+    digest = hashlib.sha256()
+    for path in _sources():
+        digest.update(str(path.relative_to(REPO_ROOT)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def package_zip() -> Path:
     """``jobs/`` as a zip for executors' ``sys.path``, named by its content so a
     changed package never reuses a stale archive (built once per content, atomically)."""
-    sources = sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
-    digest = hashlib.sha256()
-    for path in sources:
-        digest.update(str(path.relative_to(REPO_ROOT)).encode() + b"\0" + path.read_bytes())
-    name = f"jobs-{digest.hexdigest()[:16]}.zip"
+    sources = _sources()
+    name = f"jobs-{package_digest()}.zip"
     target = Path(tempfile.gettempdir()) / "platform-py-files" / name
     if target.exists():
         return target

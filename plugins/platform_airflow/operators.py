@@ -84,7 +84,7 @@ class PlatformJobOperator(SparkSubmitOperator):
     def _run_on_warm_driver(self, settings: Settings) -> dict[str, Any]:
         from jobs.service import run_remote
 
-        pipeline = list(self.application_args or [])[2]
+        pipeline = load_pipeline(list(self.application_args or [])[2], settings.pipelines_dir)
         summary = run_remote(settings, pipeline)
         committed = [b for b in summary.batches if not b.skipped]
         self.log.info(
