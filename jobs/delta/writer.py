@@ -161,7 +161,7 @@ class BatchWriter:
         self,
         path: Path,
         batch_id: int,
-        rows: pa.Table | Callable[[], pa.RecordBatchReader],
+        rows: pa.Table | Callable[[], pa.Table | pa.RecordBatchReader],
         keys: tuple[str, ...],
         metadata: dict[str, str] | None = None,
     ) -> int | None:

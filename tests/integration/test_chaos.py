@@ -147,8 +147,8 @@ def test_chaos_live_producer_kills_broker_restart_and_lost_checkpoint(tmp_path: 
     producer.start()
     stream = start_stream(path, servers, warehouse)
     try:
-        # Several SIGKILLs at random moments of a running stream.
-        for _ in range(2):
+        # A SIGKILL at a random moment of a running stream (more follow below).
+        for _ in range(1):
             wait_for_batches(warehouse, len(ledger_batches(warehouse)))
             time.sleep(rng.uniform(0.5, 4.0))
             kill(stream)

@@ -36,7 +36,7 @@ def test_user_clicks_on_a_standalone_cluster(  # type: ignore[no-untyped-def]
     topic = new_topic(3)
     first = clicks(1800, 0) + BAD
     produce(kafka_config, topic, first)
-    pipeline = pipeline_file(tmp_path, "user_clicks", topic, max_offsets_per_trigger=500)
+    pipeline = pipeline_file(tmp_path, "user_clicks", topic, max_offsets_per_trigger=1000)
     servers, warehouse = broker.bootstrap_servers, settings.warehouse
 
     # Killed after batch 1's changelog commit (driver side), then resumed on the cluster.
