@@ -1,0 +1,199 @@
+"""Where a warm 1,000,000-event batch of ``user_clicks`` spends its CPU: Spark's
+stages from the event log (wall, task time, JVM CPU, GC), and the two costs the
+event log cannot see, measured apart: the Python source (confluent-kafka consume
+and Arrow building) and the broker serving the fetches.
+
+    .venv/bin/python -m benchmarks.batch_profile [--events 1000000] [--runs 2]
+
+One session runs ``runs`` + 1 available-now runs, each into a fresh warehouse; the
+first (JIT cold) is left out. Writes its section of docs/benchmarks.md. Not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from benchmarks.report import machine, scratch_broker, write_section
+from include.sample_data import click_events, encoded
+from jobs import kafka_admin
+from jobs.kafka_source.datasource import SourceOptions, read_range
+from jobs.pipeline import load_pipeline
+from jobs.settings import REPO_ROOT, load_settings
+
+TOPIC = "clicks"
+PARTITIONS = 4
+# What each stage of a windowed available-now run is (Spark names them after the
+# call that started them: "start" for the query's batch, "call" inside foreachBatch).
+STAGE_ROLES = [
+    "Kafka scan (Python source), parse, validate, partial aggregate",
+    "stateful aggregate (RocksDB), changelog files (Python tasks)",
+    "the no-data batch Spark runs to advance the watermark",
+]
+
+
+def cpu_seconds(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return float(times.user + times.system)
+
+
+def source_cost(bootstrap: str, broker: psutil.Process, ends: dict[int, int]) -> dict[str, float]:
+    """Every partition read once by the source's own reader, in this process."""
+    config = SourceOptions(
+        {"subscribe": TOPIC, "kafka.bootstrap.servers": bootstrap, "startingOffsets": "earliest"}
+    ).consumer_config()
+    me = psutil.Process()
+    result: dict[str, float] = {}
+    for attempt in ("first", "repeat"):  # the broker answers a repeated fetch from cache
+        mine, theirs, started = cpu_seconds(me), cpu_seconds(broker), time.monotonic()
+        rows = sum(
+            batch.num_rows
+            for partition, end in ends.items()
+            for batch in read_range(config, TOPIC, partition, 0, end)
+        )
+        result |= {
+            f"{attempt}_rows": rows,
+            f"{attempt}_wall": time.monotonic() - started,
+            f"{attempt}_source_cpu": cpu_seconds(me) - mine,
+            f"{attempt}_broker_cpu": cpu_seconds(broker) - theirs,
+        }
+    print("source read", {k: round(v, 2) for k, v in result.items()}, flush=True)
+    return result
+
+
+def stages(event_log: Path) -> list[dict[str, Any]]:
+    """Completed stages with their tasks' totals, in submission order. ``event_log``
+    is Spark 4's folder of rolled ``events_N_*`` files."""
+    tasks: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    done: list[dict[str, Any]] = []
+    parts = sorted(event_log.glob("events_*"), key=lambda p: int(p.name.split("_")[1]))
+    for line in (line for part in parts for line in part.read_text().splitlines()):
+        event = json.loads(line)
+        if event["Event"] == "SparkListenerTaskEnd":
+            tasks[event["Stage ID"]].append(event["Task Metrics"])
+        elif event["Event"] == "SparkListenerStageCompleted":
+            done.append(event["Stage Info"])
+    rows = []
+    for info in sorted(done, key=lambda s: s["Submission Time"]):
+        metrics = tasks[info["Stage ID"]]
+        rows.append(
+            {
+                "submitted": info["Submission Time"] / 1000,
+                "tasks": len(metrics),
+                "wall": (info["Completion Time"] - info["Submission Time"]) / 1000,
+                "run": sum(m["Executor Run Time"] for m in metrics) / 1000,
+                "jvm_cpu": sum(m["Executor CPU Time"] for m in metrics) / 1e9,
+                "gc": sum(m["JVM GC Time"] for m in metrics) / 1000,
+                "name": info["Stage Name"].split(" at ")[0],
+            }
+        )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--no-write", action="store_true", help="print only")
+    args = parser.parse_args()
+    with scratch_broker("bench-profile-") as (work, info):
+        config = kafka_admin.client_config(info.bootstrap_servers)
+        kafka_admin.create_topic(kafka_admin.admin(config), TOPIC, PARTITIONS)
+        now = int(time.time())
+        events = click_events(args.events, 10_000, 1, now - 3600, 3600)
+        kafka_admin.produce_all(config, TOPIC, encoded(events, [], 0, "user_id"))
+        marks = kafka_admin.watermarks(config, [(TOPIC, p) for p in range(PARTITIONS)])
+        ends = {partition: high for (_topic, partition), (_low, high) in marks.items()}
+        source = source_cost(info.bootstrap_servers, psutil.Process(info.pid), ends)
+
+        log_dir = work / "event-log"
+        log_dir.mkdir()
+        # Read when the JVM starts; get_spark sets none of these keys.
+        os.environ["PYSPARK_SUBMIT_ARGS"] = (
+            f"--conf spark.eventLog.enabled=true --conf spark.eventLog.dir={log_dir} "
+            "--conf spark.eventLog.compress=false pyspark-shell"
+        )
+        os.environ["PLATFORM_BOOTSTRAP_SERVERS"] = info.bootstrap_servers
+        from jobs.streaming.run import run_pipeline
+        from jobs.streaming.spark import get_spark
+
+        spark = get_spark()
+        pipeline = load_pipeline("user_clicks", REPO_ROOT / "include" / "pipelines")
+        windows: list[tuple[float, float]] = []
+        for round_ in range(args.runs + 1):
+            os.environ["PLATFORM_WAREHOUSE"] = str(work / f"wh-{round_}")
+            started = time.time()
+            run_pipeline(spark, pipeline, load_settings(), "available-now")
+            windows.append((started, time.time()))
+            print("run", round_, round(windows[-1][1] - started, 2), flush=True)
+            shutil.rmtree(work / f"wh-{round_}", ignore_errors=True)
+        spark.stop()
+        all_stages = stages(next(log_dir.iterdir()))
+    runs = [[s for s in all_stages if start <= s["submitted"] <= end] for start, end in windows[1:]]
+    report = render(args, source, runs, [end - start for start, end in windows[1:]])
+    print(report)
+    if not args.no_write:
+        write_section(report)
+
+
+def render(
+    args: argparse.Namespace,
+    source: dict[str, float],
+    runs: list[list[dict[str, Any]]],
+    walls: list[float],
+) -> str:
+    lines = [
+        "## Profile: where a warm 1M-event batch's CPU goes",
+        "",
+        f"Command: `.venv/bin/python -m benchmarks.batch_profile --events {args.events} "
+        f"--runs {args.runs}`",
+        "",
+        f"Machine: {machine()}. `user_clicks` over {args.events:,} events (4 partitions, "
+        "10,000 users, one hour, one batch), run available-now in a warm session into a "
+        f"fresh warehouse; median of {len(runs)} runs (a first, JIT-cold run left out). "
+        f"Whole run: {statistics.median(walls):.1f} s wall.",
+        "",
+        "Spark's stages (event log). Task time is the tasks' wall summed over 2 cores; "
+        "JVM CPU is the task threads' CPU only: a Python worker's CPU is not in it.",
+        "",
+        "| stage | tasks | wall s | task time s | JVM CPU s | GC s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for index in range(min(len(r) for r in runs)):
+
+        def p50(key: str, index: int = index) -> float:
+            return float(statistics.median(r[index][key] for r in runs))
+
+        first = runs[0][index]
+        role = STAGE_ROLES[index] if index < len(STAGE_ROLES) else ""
+        lines.append(
+            f"| {index + 1}. `{first['name']}`: {role} | {first['tasks']} | {p50('wall'):.2f} "
+            f"| {p50('run'):.2f} | {p50('jvm_cpu'):.2f} | {p50('gc'):.2f} |"
+        )
+    lines += [
+        "",
+        f"Outside the event log, the same {source['first_rows']:,.0f} records read by the "
+        "source's own reader (`read_range`) in one Python process:",
+        "",
+        "| read | wall s | Python CPU s (confluent-kafka, Arrow) | broker CPU s |",
+        "|---|---|---|---|",
+    ]
+    for attempt in ("first", "repeat"):
+        lines.append(
+            f"| {attempt} | {source[attempt + '_wall']:.2f} "
+            f"| {source[attempt + '_source_cpu']:.2f} | {source[attempt + '_broker_cpu']:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
