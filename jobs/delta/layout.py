@@ -16,6 +16,7 @@ import pyarrow as pa
 from deltalake import DeltaTable
 from deltalake import Schema as DeltaSchema
 
+from jobs.delta.log import TABLE_CONFIGURATION
 from jobs.pipeline import APPLICATION_ID, Pipeline
 
 TIMESTAMP = pa.timestamp("us", tz="UTC")
@@ -191,7 +192,9 @@ def ensure_tables(layout: AppLayout, pipeline: Pipeline) -> None:
                 )
             continue
         path.parent.mkdir(parents=True, exist_ok=True)
-        configuration = {"delta.enableChangeDataFeed": "true"} if name == "state" else None
+        configuration = dict(TABLE_CONFIGURATION)
+        if name == "state":
+            configuration["delta.enableChangeDataFeed"] = "true"
         DeltaTable.create(str(path), schema, configuration=configuration)
 
 

@@ -10,10 +10,11 @@ the horizon those hours do not cover, the files of every boundary's version.
 The oldest kept version goes into the ledger before anything is removed, and the
 planners refuse an older boundary from then on.
 
-Steps per table: compact small files, vacuum, checkpoint the log and drop expired
-log entries (vacuum also removes data files moved in for a commit that a crash
-cut off). Then old epochs' Spark checkpoints and seeds, and staged data files of
-batches that can no longer commit, are deleted.
+Steps per table: compact small files, vacuum (which also removes data files moved
+in for a commit that a crash cut off), then checkpoint the log and drop its entries
+below the oldest version that must stay loadable (``jobs/delta/log.py``). Then old
+epochs' Spark checkpoints and seeds, and staged data files of batches that can no
+longer commit, are deleted.
 ``maintain`` runs next to a live stream without its lock (Delta's optimistic
 commits order the two; a conflict is retried), and refuses to run next to an
 operation.
@@ -37,6 +38,7 @@ from jobs.cut import seed_file
 from jobs.delta import layout as tables
 from jobs.delta.files import stale_staged_files
 from jobs.delta.layout import AppLayout
+from jobs.delta.log import EXPIRED_LOG_CLEANUP, TABLE_CONFIGURATION, keep_loadable_from
 from jobs.delta.writer import MAX_ATTEMPTS, committed_batch
 from jobs.errors import ConsistencyError
 from jobs.ledger import (
@@ -71,6 +73,7 @@ class MaintenancePlan:
     retention_hours: int  # vacuum keeps files removed more recently than this
     keep_versions: tuple[int, ...]  # state versions kept beyond the retention
     table_files: dict[str, tuple[int, int]]  # name -> (live files, parquet files on disk)
+    reader_grace_hours: int  # nothing younger is deleted: a reader may have listed it
     stale: tuple[str, ...] = field(default=())  # old epochs' folders (and legacy staging)
 
     def describe(self) -> str:
@@ -90,6 +93,17 @@ class MaintenancePlan:
             lines.append(
                 f"  {name:<12} {live:>6} live file(s), {on_disk:>6} on disk: compact, vacuum"
             )
+        floor = (
+            "the current version"
+            if self.kept is None
+            else (
+                f"state version {self.kept.state_version} for state, the current one for the others"
+            )
+        )
+        lines.append(
+            f"  log: checkpoint, then drop entries below {floor} (older than "
+            f"{self.reader_grace_hours} h)"
+        )
         lines.append(f"  delete {len(self.stale)} old epoch folder(s)")
         lines += [f"    {path}" for path in self.stale[:20]]
         if len(self.stale) > 20:
@@ -171,6 +185,7 @@ def plan_maintenance(
         retention_hours=int(retention),
         keep_versions=keep,
         table_files=files,
+        reader_grace_hours=pipeline.reader_grace_hours,
         stale=tuple(str(p) for p in stale_paths(layout, epoch, table_names(pipeline))),
     )
 
@@ -290,19 +305,18 @@ def apply_maintenance(
     return result
 
 
-LOG_RETENTION = "delta.logRetentionDuration"
-
-
-def log_retention(horizon_s: int) -> str:
-    """Delta's default (30 days), or the horizon and a day more when it is longer."""
-    return f"interval {max(30, -(-horizon_s // 86400) + 1)} days"
-
-
 def maintain_table(
     path: Path, plan: MaintenancePlan, is_state: bool, props: CommitProperties
 ) -> dict[str, int]:
-    """Compact, vacuum (keeping the plan's versions of ``state``), checkpoint."""
+    """Compact, vacuum (keeping the plan's versions of ``state``), then drop the log
+    entries below the oldest version that must stay loadable."""
     uri = str(path)
+    # Only ``state`` is read at old versions (a rewind's seed); the other tables
+    # stay loadable from the version they had when this began (a writer that loaded
+    # one a moment ago still finds the entries it needs).
+    floor = DeltaTable(uri).version()
+    if is_state and plan.kept is not None:
+        floor = min(floor, plan.kept.state_version)
     compacted = _retrying(
         f"compact {path.name}", lambda: DeltaTable(uri).optimize.compact(commit_properties=props)
     )
@@ -318,24 +332,20 @@ def maintain_table(
             commit_properties=props,
         ),
     )
-    table = DeltaTable(uri)
-    # The log must reach back as far as the horizon: delta-rs drops log entries older
-    # than this on every checkpoint (default 30 days), and time travel needs them.
-    wanted = log_retention(plan.horizon_s)
-    if table.metadata().configuration.get(LOG_RETENTION) != wanted:
+    if DeltaTable(uri).metadata().configuration.get(EXPIRED_LOG_CLEANUP) != "false":
+        # Tables made before the platform turned it off (jobs/delta/log.py says why).
         _retrying(
-            f"log retention of {path.name}",
+            f"log cleanup setting of {path.name}",
             lambda: DeltaTable(uri).alter.set_table_properties(
-                {LOG_RETENTION: wanted}, commit_properties=props
+                dict(TABLE_CONFIGURATION), commit_properties=props
             ),
         )
-    table = DeltaTable(uri)
-    table.create_checkpoint()
-    table.cleanup_metadata()
+    log_entries = keep_loadable_from(path, floor, plan.reader_grace_hours * 3600)
     return {
         "files_compacted": int(compacted.get("numFilesRemoved", 0)),
         "files_added": int(compacted.get("numFilesAdded", 0)),
         "files_vacuumed": len(removed),
+        "log_entries_dropped": log_entries,
         "live_files": len(DeltaTable(uri).file_uris()),
         "files_on_disk": files_on_disk(path),
     }

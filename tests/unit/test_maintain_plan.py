@@ -9,7 +9,6 @@ from jobs.ledger import Boundary
 from jobs.operations.maintain import (
     HOUR_US,
     PLAN_MARGIN_US,
-    log_retention,
     oldest_kept,
     vacuum_rule,
 )
@@ -49,12 +48,6 @@ def test_a_short_horizon_keeps_versions_by_name() -> None:
 def test_grace_is_a_floor_and_nothing_committed_keeps_only_grace() -> None:
     assert vacuum_rule(BOUNDARIES, BOUNDARIES[3], NOW, grace_hours=48) == (48, ())
     assert vacuum_rule([], None, NOW, grace_hours=2) == (2, ())
-
-
-def test_the_delta_log_reaches_back_as_far_as_the_horizon() -> None:
-    assert log_retention(7 * 86400) == "interval 30 days"  # Delta's default covers it
-    assert log_retention(60 * 86400) == "interval 61 days"
-    assert log_retention(60 * 86400 + 1) == "interval 62 days"
 
 
 def test_staged_files_go_once_their_batch_can_no_longer_commit(tmp_path) -> None:  # type: ignore[no-untyped-def]

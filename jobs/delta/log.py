@@ -1,0 +1,59 @@
+"""The Delta log's size: one JSON file per commit, forever, unless something drops
+the old ones. A stream at a 1 s trigger commits 86,400 times a day per table.
+
+Delta's own rule (delta-rs writers run it after their automatic checkpoints) drops
+entries older than ``delta.logRetentionDuration`` below the newest checkpoint. By
+age alone that can break time travel to a version inside the retention: the
+entries between the checkpoint before it and the version may be older than the
+cutoff. So the platform turns that rule off for its tables and ``maintain`` drops
+entries by version instead: it writes a checkpoint at the oldest version that must
+stay loadable (a rewind's oldest state version; the current one for tables nothing
+time-travels), then deletes the entries below it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from pathlib import Path
+
+from deltalake import DeltaTable
+
+log = logging.getLogger(__name__)
+
+# Writers' age-based cleanup of log entries: off (see above).
+EXPIRED_LOG_CLEANUP = "delta.enableExpiredLogCleanup"
+TABLE_CONFIGURATION = {EXPIRED_LOG_CLEANUP: "false"}
+# Commits, checkpoints (single or multi-part) and their checksums, by version.
+ENTRY = re.compile(r"^(\d{20})\.(json|crc|checkpoint\.parquet|checkpoint\.\d+\.\d+\.parquet)$")
+
+
+def checkpoint_file(table: Path, version: int) -> Path:
+    return table / "_delta_log" / f"{version:020d}.checkpoint.parquet"
+
+
+def keep_loadable_from(table: Path, floor: int, grace_s: float, now_s: float | None = None) -> int:
+    """Make every version from ``floor`` on loadable without the entries below it,
+    then delete those modified more than ``grace_s`` ago (a reader that listed the
+    log a moment ago may still read them). Returns the number of files deleted."""
+    uri = str(table)
+    current = DeltaTable(uri).version()
+    if not 0 <= floor <= current:
+        raise ValueError(f"{table}: version {floor} is not between 0 and {current}")
+    if floor < current and not checkpoint_file(table, floor).exists():
+        DeltaTable(uri, version=floor).create_checkpoint()
+    # Last: readers start from the newest checkpoint (_last_checkpoint names it).
+    DeltaTable(uri).create_checkpoint()
+    if not checkpoint_file(table, floor).exists():
+        # A newer commit raced the checkpoint above: nothing is dropped this time.
+        log.warning("%s: no checkpoint at version %d; log entries kept", table.name, floor)
+        return 0
+    cutoff = (time.time() if now_s is None else now_s) - grace_s
+    deleted = 0
+    for entry in (table / "_delta_log").iterdir():
+        found = ENTRY.match(entry.name)
+        if found and int(found.group(1)) < floor and entry.stat().st_mtime < cutoff:
+            entry.unlink(missing_ok=True)
+            deleted += 1
+    return deleted

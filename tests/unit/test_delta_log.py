@@ -1,0 +1,77 @@
+"""The Delta log rule of ``maintain`` (jobs/delta/log.py), on real delta-rs tables."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from jobs.delta.log import TABLE_CONFIGURATION, keep_loadable_from
+
+
+def commits(path: Path, count: int, configuration: dict[str, str] | None = None) -> None:
+    for i in range(count):
+        write_deltalake(
+            str(path),
+            pa.table({"n": [i]}),
+            mode="append",
+            configuration=configuration if i == 0 else None,
+        )
+
+
+def log_versions(path: Path, suffix: str = ".json") -> list[int]:
+    return sorted(int(p.name[:20]) for p in (path / "_delta_log").glob(f"*{suffix}"))
+
+
+def test_every_version_from_the_floor_stays_loadable(tmp_path: Path) -> None:
+    table = tmp_path / "t"
+    commits(table, 12)
+    deleted = keep_loadable_from(table, 5, grace_s=0)
+    assert deleted == 5  # commits 0-4
+    assert log_versions(table) == list(range(5, 12))
+    for version in range(5, 12):
+        assert DeltaTable(str(table), version=version).to_pyarrow_table().num_rows == version + 1
+    with pytest.raises(Exception):  # noqa: B017 - delta-rs raises its own kinds
+        DeltaTable(str(table), version=4)
+    # Readers start from the newest checkpoint.
+    assert '"version":11' in (table / "_delta_log" / "_last_checkpoint").read_text()
+
+
+def test_entries_younger_than_the_grace_stay(tmp_path: Path) -> None:
+    table = tmp_path / "t"
+    commits(table, 6)
+    old = time.time() - 7200
+    for version in (0, 1):
+        os.utime(table / "_delta_log" / f"{version:020d}.json", (old, old))
+    assert keep_loadable_from(table, 4, grace_s=3600) == 2
+    assert log_versions(table) == [2, 3, 4, 5]
+    assert DeltaTable(str(table), version=4).to_pyarrow_table().num_rows == 5
+
+
+def test_a_floor_outside_the_table_is_refused(tmp_path: Path) -> None:
+    table = tmp_path / "t"
+    commits(table, 2)
+    with pytest.raises(ValueError, match="not between 0 and 1"):
+        keep_loadable_from(table, 2, grace_s=0)
+
+
+def test_writers_never_drop_entries_by_age_on_platform_tables(tmp_path: Path) -> None:
+    """delta-rs writers checkpoint every ``checkpointInterval`` commits and then drop
+    entries older than the log retention: with the platform's setting they keep them."""
+    aggressive = {
+        "delta.checkpointInterval": "2",
+        "delta.logRetentionDuration": "interval 1 seconds",
+    }
+    for name, configuration in (
+        ("default", aggressive),
+        ("platform", {**aggressive, **TABLE_CONFIGURATION}),
+    ):
+        commits(tmp_path / name, 1, configuration)
+        time.sleep(1.2)
+        commits(tmp_path / name, 4)
+    assert log_versions(tmp_path / "default")[0] > 0  # the check can fail: Delta's rule ran
+    assert log_versions(tmp_path / "platform") == list(range(5))
