@@ -19,7 +19,8 @@ from pathlib import Path
 
 from jobs import faults
 from jobs.errors import ConfigError, PlatformError
-from jobs.pipeline import load_pipeline
+from jobs.lock import LockedError
+from jobs.pipeline import Pipeline, load_pipeline
 from jobs.settings import Settings, load_settings
 
 EXIT_ERROR = 2
@@ -30,6 +31,7 @@ WRAPPED_ERROR = re.compile(r"jobs\.errors\.(\w+Error): (.+?)(?:\n|$| SQLSTATE)")
 # Spark's own errors start with their class: "[ARITHMETIC_OVERFLOW] long overflow. ..."
 SPARK_ERROR = re.compile(r"\[([A-Z][A-Z0-9_]+(?:\.[A-Z0-9_]+)*)\] ([^\n]{0,300})")
 EXIT_CRASH = 1
+METRICS_EXPORTER_PORT = 9464  # the exporter's default port
 
 
 class _Parser(argparse.ArgumentParser):
@@ -112,6 +114,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--bootstrap-servers", help="HOST:PORT[,HOST:PORT]")
     serve.add_argument("--warehouse", type=Path, help="directory of the Delta tables")
 
+    metrics = commands.add_parser(
+        "metrics", help="every application's metrics from its ledger and the broker"
+    )
+    metrics.add_argument(
+        "--serve", action="store_true", help="serve /metrics (default: print them once)"
+    )
+    metrics.add_argument("--port", type=int, help="default: $PLATFORM_METRICS_PORT or 9464")
+    metrics.add_argument("--bootstrap-servers", help="HOST:PORT[,HOST:PORT]")
+    metrics.add_argument("--warehouse", type=Path, help="directory of the Delta tables")
+
     broker = commands.add_parser("broker", help="the embedded Kafka-protocol broker")
     broker.add_argument("action", choices=["start", "stop", "status"])
     broker.add_argument("--port", type=int, help="default: $PLATFORM_BROKER_PORT or 19092")
@@ -169,6 +181,16 @@ def main(argv: list[str] | None = None) -> int:
             if not 1 <= port <= 65535:
                 raise ConfigError(f"--port must be 1-65535, got {port}")
             return serve(settings, port)
+        if args.command == "metrics":
+            from jobs import metrics_exporter
+
+            if not args.serve:
+                print(metrics_exporter.exposition(settings), end="")
+                return 0
+            port = args.port or settings.metrics_port or METRICS_EXPORTER_PORT
+            if not 1 <= port <= 65535:
+                raise ConfigError(f"--port must be 1-65535, got {port}")
+            return metrics_exporter.serve_forever(settings, port, settings.metrics_address)
         pipeline = load_pipeline(args.pipeline, settings.pipelines_dir)
         if args.command == "status":
             from jobs.status import application_status, format_status
@@ -177,16 +199,8 @@ def main(argv: list[str] | None = None) -> int:
             text = json.dumps(status.to_dict(), indent=2, default=str)
             print(text if args.json else format_status(status))
             return 0
-        if args.command in ("rewind", "rebuild"):
-            return _operation(args, settings, pipeline)
-        if args.command == "backfill":
-            return _backfill(args, settings, pipeline)
-        if args.command == "maintain":
-            from jobs.operations.maintain import run_maintain
-            from jobs.operations.runner import check_reason
-
-            run_maintain(pipeline, settings, check_reason(args.reason), args.dry_run)
-            return 0
+        if args.command in ("rewind", "rebuild", "backfill", "maintain"):
+            return _counted_operation(args, settings, pipeline)
         return _run(args, settings, pipeline)
     except Exception as exc:
         code, message = failure(exc)
@@ -194,6 +208,34 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print(f"error: {message}", file=sys.stderr)
         return code
+
+
+def _counted_operation(args: argparse.Namespace, settings: Settings, pipeline: Pipeline) -> int:
+    """An operation, counted by result in the metrics and pushed when configured."""
+    from jobs.metrics import METRICS, push
+
+    result = "failed"
+    try:
+        if args.command == "backfill":
+            code = _backfill(args, settings, pipeline)
+        elif args.command == "maintain":
+            from jobs.operations.maintain import run_maintain
+            from jobs.operations.runner import check_reason
+
+            run_maintain(pipeline, settings, check_reason(args.reason), args.dry_run)
+            code = 0
+        else:
+            code = _operation(args, settings, pipeline)
+        dry = getattr(args, "dry_run", False) or getattr(args, "preview", False)
+        result = "dry_run" if dry else "applied"
+        return code
+    except LockedError:
+        result = "refused"
+        raise
+    finally:
+        METRICS.operation(pipeline.application_id, pipeline.version, args.command, result)
+        if settings.pushgateway_url:
+            push(settings.pushgateway_url, pipeline.application_id, args.command)
 
 
 def failure(exc: BaseException) -> tuple[int, str]:
@@ -246,6 +288,12 @@ def _run(args: argparse.Namespace, settings: Settings, pipeline: object) -> int:
         if not args.quiet:
             print_run_report(pipeline, settings, summary)
         return 0
+    if settings.metrics_port is not None and (args.trigger or pipeline.trigger_mode) != (
+        "available-now"
+    ):
+        from jobs.metrics import serve
+
+        serve(settings.metrics_port, settings.metrics_address)
     faults.arm()
     name = f"platform-{pipeline.application_id}"
     spark = get_spark(

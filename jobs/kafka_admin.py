@@ -192,3 +192,16 @@ def watermarks(
         return partition_watermarks(consumer, partitions)
     finally:
         consumer.close()
+
+
+def consumer_lag(
+    consumer_config: Mapping[str, str], positions: Mapping[str, Mapping[str, int]]
+) -> dict[tuple[str, int], int]:
+    """Records after ``positions`` (topic -> partition -> next offset, the offset
+    log's shape) in each topic-partition, from the broker's high watermarks."""
+    partitions = [(topic, int(p)) for topic, parts in positions.items() for p in parts]
+    marks = watermarks(consumer_config, partitions)
+    return {
+        (topic, partition): max(0, high - int(positions[topic][str(partition)]))
+        for (topic, partition), (_low, high) in marks.items()
+    }

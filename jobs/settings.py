@@ -6,6 +6,7 @@ are the embedded local stack (loopback broker, local Spark, local warehouse).
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from dataclasses import dataclass, field
@@ -40,6 +41,11 @@ class Settings:
     # and the port ``serve`` listens on (loopback).
     driver_url: str | None = None
     driver_port: int = 18090
+    # Prometheus: a continuous run serves /metrics on this port (None: off), bound
+    # to this address; scheduled runs and operations push to this Pushgateway.
+    metrics_port: int | None = None
+    metrics_address: str = "127.0.0.1"
+    pushgateway_url: str | None = None
 
 
 # Every variable the platform reads (besides PLATFORM_KAFKA_*), for docs and checks.
@@ -61,6 +67,9 @@ ENV_NAMES = tuple(
         "DRIVER_URL",
         "DRIVER_PORT",
         "DRIVER_TOKEN",
+        "METRICS_PORT",
+        "METRICS_ADDRESS",
+        "PUSHGATEWAY_URL",
     )
 )
 # Loopback only: runs (and the token) never cross a network in clear text.
@@ -108,7 +117,36 @@ def load_settings() -> Settings:
         kafka_client=kafka_client,
         driver_url=_driver_url(_env("DRIVER_URL", "").strip()),
         driver_port=_port(_env("DRIVER_PORT", "18090"), "DRIVER_PORT"),
+        metrics_port=_optional_port(_env("METRICS_PORT", "").strip(), "METRICS_PORT"),
+        metrics_address=_address(_env("METRICS_ADDRESS", "127.0.0.1").strip()),
+        pushgateway_url=_pushgateway_url(_env("PUSHGATEWAY_URL", "").strip()),
     )
+
+
+def _optional_port(raw: str, name: str) -> int | None:
+    return _port(raw, name) if raw else None
+
+
+def _address(raw: str) -> str:
+    """An IP address to bind to (0.0.0.0 in a container that Prometheus scrapes)."""
+    try:
+        ipaddress.ip_address(raw)
+    except ValueError:
+        raise ConfigError(
+            f"{ENV_PREFIX}METRICS_ADDRESS must be an IP address, got {raw!r}"
+        ) from None
+    return raw
+
+
+PUSHGATEWAY_URL = re.compile(r"^https?://[A-Za-z0-9.\-\[\]:]+(:\d{1,5})?/?$")
+
+
+def _pushgateway_url(raw: str) -> str | None:
+    if not raw:
+        return None
+    if not PUSHGATEWAY_URL.match(raw):
+        raise ConfigError(f"{ENV_PREFIX}PUSHGATEWAY_URL must be http(s)://HOST[:PORT], got {raw!r}")
+    return raw.rstrip("/")
 
 
 def _driver_url(raw: str) -> str | None:

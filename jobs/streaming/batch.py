@@ -48,6 +48,7 @@ from jobs.delta.writer import BatchWriter, committed_batch
 from jobs.errors import ConsistencyError
 from jobs.faults import maybe_crash
 from jobs.kafka_source.datasource import archive_file_prefix
+from jobs.metrics import METRICS, Metrics
 from jobs.pipeline import Pipeline
 from jobs.streaming import offset_log
 from jobs.streaming.changelog_files import WRITTEN_SCHEMA, ChangelogTask
@@ -127,13 +128,17 @@ class BatchCommitter:
         consumer_config: dict[str, Any],
         seed_path: Path | None = None,
         watermark_floor_ms: int = 0,
+        metrics: Metrics = METRICS,
     ) -> None:
         self.spark = spark
+        self.metrics = metrics
         self.pipeline = pipeline
         self.layout = layout
         self.epoch = epoch
         self.checkpoint = checkpoint
         self.initial_offsets = initial_offsets
+        # Next offset per topic-partition after the last commit (the lag metric's).
+        self.positions: dict[str, Any] = initial_offsets
         self.query_name = query_name
         self.writer = BatchWriter(pipeline.application_id, epoch, pipeline.exactly_once)
         # The ledger is the platform's record: one row per batch under either
@@ -199,6 +204,7 @@ class BatchCommitter:
         metrics = observed_metrics(self.spark, self.query_name, OBSERVATION)
         if done is not None and done >= batch_id:
             log.info("batch %d of epoch %d is already committed: skipped", batch_id, self.epoch)
+            self.metrics.replay_skipped(self.pipeline.application_id, self.pipeline.version)
             self.results.append(BatchResult(batch_id, True, {}))
             return
         offsets = offset_log.read_offsets(self.checkpoint, batch_id)
@@ -281,6 +287,15 @@ class BatchCommitter:
             ledger_path, batch_id, pa.Table.from_pylist([ledger], tables.LEDGER_SCHEMA), meta
         )
         maybe_crash("after_ledger", batch_id)
+        self.positions = offsets.end_offsets
+        self.metrics.batch_committed(
+            self.pipeline.application_id,
+            self.pipeline.version,
+            ledger,
+            [letter["reason"] for letter in letters],
+            metrics.get("oldest_record_us"),
+            time.monotonic() - started,
+        )
         log.info(
             "%s epoch %d batch %d committed: %d in, %d aggregated, %d dead-lettered, "
             "%d state rows changed, %.2f s",

@@ -275,6 +275,8 @@ def observe_input(classified: DataFrame) -> DataFrame:
         F.count(F.lit(1)).alias("records_in"),
         F.count_if(~dead).alias("records_valid"),
         F.count_if(dead).alias("dead_lettered"),
+        # For the event-to-commit latency metric (null on a batch without records).
+        F.min(F.unix_micros("timestamp")).alias("oldest_record_us"),
         F.collect_list(
             F.when(
                 dead,

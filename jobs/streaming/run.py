@@ -21,6 +21,7 @@ from jobs.errors import ConsistencyError, FencedError
 from jobs.kafka_source import offsets as plan
 from jobs.ledger import current_epoch, unfinished_operation
 from jobs.lock import application_lock
+from jobs.metrics import METRICS, push
 from jobs.pipeline import Pipeline
 from jobs.settings import Settings
 from jobs.streaming import offset_log, query
@@ -94,8 +95,18 @@ def run_pipeline(
     """Run until the input available at start is processed (available-now), or until
     stopped (continuous: SIGTERM/SIGINT stop it between batches)."""
     layout = AppLayout(settings.warehouse, pipeline.application_id)
-    with application_lock(layout, f"run --trigger {trigger or pipeline.trigger_mode}"):
-        return _run_locked(spark, pipeline, settings, layout, trigger)
+    mode = trigger or pipeline.trigger_mode
+    try:
+        with application_lock(layout, f"run --trigger {mode}"):
+            return _run_locked(spark, pipeline, settings, layout, trigger)
+    except Exception as exc:
+        # From foreachBatch the fence arrives wrapped in Spark's exception.
+        if isinstance(exc, FencedError) or f"jobs.errors.{FencedError.__name__}" in str(exc):
+            METRICS.fenced_commit(pipeline.application_id, pipeline.version)
+        raise
+    finally:
+        if mode == "available-now" and settings.pushgateway_url:
+            push(settings.pushgateway_url, pipeline.application_id, "run")
 
 
 def _run_locked(
@@ -159,6 +170,11 @@ def _run_locked(
         consumer_config,
         seed_path,
         watermark_floor_ms=cut.watermark_ms if pipeline.window is not None else 0,
+    )
+    METRICS.watch_lag(
+        pipeline.application_id,
+        pipeline.version,
+        lambda: kafka_admin.consumer_lag(consumer_config, committer.positions),
     )
     log.info(
         "%s: epoch %d starts from the %s cut (seeded rows: %s, watermark floor %d ms)",
