@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt constraints.txt | sha1sum | cut -c1-12)
 
-.PHONY: setup demo test lint chromium bench broker-stop clean airflow airflow-stop
+.PHONY: setup demo test lint chromium prometheus bench broker-stop clean airflow airflow-stop
 
 $(STAMP): requirements.txt constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,7 +27,7 @@ lint: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: lint chromium
+test: lint chromium prometheus
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=40
 
 # The browser test drives Debian's chromium (Playwright's own download is offline).
@@ -36,6 +36,14 @@ chromium:
 	  apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 \
 	  || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1; } \
 	  || echo "WARNING: could not install chromium: the browser test will be skipped"; }
+
+# The metrics tests run Debian's Prometheus server and Pushgateway.
+prometheus:
+	@{ command -v prometheus && command -v prometheus-pushgateway; } >/dev/null || { \
+	  echo "installing Debian's prometheus and prometheus-pushgateway for the metrics tests"; \
+	  apt-get install -y -q --no-install-recommends prometheus prometheus-pushgateway >/dev/null 2>&1 \
+	  || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends prometheus prometheus-pushgateway >/dev/null 2>&1; } \
+	  || echo "WARNING: could not install prometheus: the metrics tests will be skipped"; }
 
 bench: setup
 	$(BIN)/python -m benchmarks.throughput

@@ -28,8 +28,8 @@ from prometheus_client.registry import Collector
 
 from jobs import kafka_admin
 from jobs.delta import layout as tables
-from jobs.errors import ConfigError
-from jobs.pipeline import APPLICATION_ID
+from jobs.errors import ConfigError, PlatformError
+from jobs.pipeline import APPLICATION_ID, load_pipeline
 from jobs.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -139,6 +139,13 @@ class LedgerCollector(Collector):
             "Records in the topic-partition after the last committed batch's end offset",
             labels=[*app, "topic", "partition"],
         )
+        interval = GaugeMetricFamily(
+            "platform_pipeline_trigger_interval_seconds",
+            "The pipeline's trigger interval (alerts compare the last commit's age to it)",
+            labels=[*app, "mode"],
+        )
+        for application, (mode, seconds) in sorted(self.triggers().items()):
+            interval.add_metric([application, mode], seconds)
         broker_up = GaugeMetricFamily(
             "platform_exporter_broker_up", "1 when the broker answered this scrape", labels=[]
         )
@@ -171,7 +178,22 @@ class LedgerCollector(Collector):
             for (topic, partition), behind in sorted(lags.items()):
                 lag.add_metric([application, topic, str(partition)], behind)
         broker_up.add_metric([], reachable)
-        yield from (records, batches, operations, epoch, last, age, lag, broker_up)
+        yield from (records, batches, operations, epoch, last, age, lag, interval, broker_up)
+
+    def triggers(self) -> dict[str, tuple[str, float]]:
+        """application -> (trigger mode, interval seconds) of the pipeline files."""
+        found: dict[str, tuple[str, float]] = {}
+        for path in sorted(self.settings.pipelines_dir.glob("*.y*ml")):
+            try:
+                pipeline = load_pipeline(str(path), self.settings.pipelines_dir)
+            except PlatformError as exc:  # one broken file must not hide the others
+                log.warning("pipeline %s not read: %s", path.name, exc)
+                continue
+            found[pipeline.application_id] = (
+                pipeline.trigger_mode,
+                float(pipeline.trigger_interval_seconds),
+            )
+        return found
 
 
 def registry(settings: Settings) -> CollectorRegistry:

@@ -13,7 +13,7 @@ from jobs.settings import ENV_NAMES, ENV_PREFIX, REPO_ROOT
 
 COMPOSE: dict[str, Any] = yaml.safe_load((REPO_ROOT / "docker-compose.yml").read_text())
 SERVICES: dict[str, Any] = COMPOSE["services"]
-PINNED = re.compile(r"^[\w./-]+:\d+(\.\d+)+[\w.-]*$")
+PINNED = re.compile(r"^[\w./-]+:v?\d+(\.\d+)+[\w.-]*$")
 
 
 def test_the_stack_has_every_component() -> None:

@@ -1,0 +1,260 @@
+"""Metrics read by real Prometheus servers (Debian's ``prometheus`` and
+``prometheus-pushgateway``, installed by ``make test``): a continuous run scraped
+over /metrics, a scheduled run and an operation pushed to the Pushgateway, and the
+ledger exporter. Counts are checked against the ledger and against plain Python
+over the produced records."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from deltalake import DeltaTable
+from prometheus_client.parser import text_string_to_metric_families
+
+from jobs.broker import find_free_port
+from jobs.settings import REPO_ROOT
+from tests.conftest import pipeline_file, produce, recent_clicks, run_jobs
+from tests.expected import parse_click
+
+pytestmark = pytest.mark.skipif(
+    not (shutil.which("prometheus") and shutil.which("prometheus-pushgateway")),
+    reason="Debian's prometheus and prometheus-pushgateway are not installed (make test does)",
+)
+BAD = [b"not json", b'{"user_id": "u1"}', b"[1, 2]", None]
+
+
+def records(n: int, salt: int) -> list[bytes | None]:
+    good: list[bytes | None] = list(recent_clicks(n, salt))
+    return good + BAD * 3
+
+
+def http_get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        return bytes(reply.read())
+
+
+def wait_for(what: str, check: Any, seconds: float = 120) -> Any:
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            found = check()
+        except OSError:
+            found = None
+        if found:
+            return found
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.5)
+
+
+def server(args: list[str], port: int, ready_path: str) -> subprocess.Popen[bytes]:
+    process = subprocess.Popen(
+        args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    wait_for(args[0], lambda: http_get(f"http://127.0.0.1:{port}{ready_path}"), 60)
+    return process
+
+
+def stop(process: subprocess.Popen[Any]) -> None:
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+@pytest.fixture
+def prometheus(tmp_path: Path) -> Iterator[tuple[int, int]]:
+    """(Prometheus's port, the port it scrapes every second on loopback)."""
+    port, target = find_free_port(43000, 44000), find_free_port(44000, 45000)
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "global": {"scrape_interval": "1s"},
+                "scrape_configs": [
+                    {"job_name": "stream", "static_configs": [{"targets": [f"127.0.0.1:{target}"]}]}
+                ],
+            }
+        )
+    )
+    process = server(
+        [
+            "prometheus",
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        port,
+        "/-/ready",
+    )
+    try:
+        yield port, target
+    finally:
+        stop(process)
+
+
+def query(port: int, promql: str) -> dict[tuple[tuple[str, str], ...], float]:
+    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+    reply = json.loads(http_get(url))
+    assert reply["status"] == "success", reply
+    return {
+        tuple(sorted(r["metric"].items())): float(r["value"][1]) for r in reply["data"]["result"]
+    }
+
+
+def ledger(warehouse: Path) -> list[dict[str, Any]]:
+    rows = DeltaTable(str(warehouse / "user_clicks" / "_ledger")).to_pyarrow_table().to_pylist()
+    return [r for r in rows if r["entry_type"] == "batch"]
+
+
+def expected_outcomes(produced: list[bytes | None]) -> tuple[int, int]:
+    valid = sum(parse_click(v) is not None for v in produced)
+    return valid, len(produced) - valid
+
+
+def test_prometheus_scrapes_a_continuous_run_and_its_counters_equal_the_ledger(
+    settings, kafka_config, new_topic, tmp_path, prometheus
+) -> None:  # type: ignore[no-untyped-def]
+    prom_port, metrics_port = prometheus
+    topic = new_topic(2)
+    path = pipeline_file(tmp_path, "user_clicks", topic, max_offsets_per_trigger=150)
+    data = yaml.safe_load(path.read_text())
+    data["trigger"] = {"mode": "continuous", "interval": "1 second"}
+    path.write_text(yaml.safe_dump(data))
+    produced = records(400, 0)
+    produce(kafka_config, topic, produced)
+    stream = subprocess.Popen(
+        [sys.executable, "-m", "jobs", "run", "--pipeline", str(path), "--quiet"]
+        + ["--bootstrap-servers", settings.bootstrap_servers]
+        + ["--warehouse", str(settings.warehouse)],
+        cwd=REPO_ROOT,
+        env={**os.environ, "PLATFORM_METRICS_PORT": str(metrics_port)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        total = 'sum(platform_records_total{application="user_clicks"})'
+        wait_for(
+            "Prometheus to see every record",
+            lambda: query(prom_port, total).get((), 0) == len(produced),
+            180,
+        )
+        # One more scrape after the ledger settles: every batch so far is in both.
+        batches = ledger(settings.warehouse)
+        time.sleep(2.5)
+        by_outcome = query(
+            prom_port, 'sum by (outcome, reason) (platform_records_total{job="stream"})'
+        )
+        committed = query(prom_port, "platform_batches_committed_total")
+        epoch = query(prom_port, "platform_epoch")
+        lag = query(prom_port, "sum(platform_consumer_lag_records)")
+        latency = query(prom_port, "platform_event_to_commit_seconds_count")
+    finally:
+        stream.send_signal(signal.SIGTERM)
+        _out, err = stream.communicate(timeout=120)
+    assert stream.returncode == 0, err[-3000:]
+    valid, dead = expected_outcomes(produced)
+    outcomes = {
+        dict(k).get("outcome", "") + "/" + dict(k).get("reason", ""): v
+        for k, v in by_outcome.items()
+    }
+    assert outcomes == {
+        "aggregated/": valid,
+        "dead_lettered/malformed": 9,
+        "dead_lettered/missing_field": 3,
+    }
+    assert dead == 12
+    assert sum(r["records_valid"] for r in batches) == valid
+    assert sum(r["dead_lettered"] for r in batches) == dead
+    assert list(committed.values()) == [len(batches)]
+    assert list(epoch.values()) == [max(r["epoch"] for r in batches)]
+    assert lag == {(): 0.0}
+    with_records = sum(1 for r in batches if r["records_in"])
+    assert list(latency.values()) == [with_records]
+
+
+def test_the_pushgateway_gets_a_scheduled_run_and_an_operation_and_the_exporter_reads_the_ledger(
+    settings, kafka_config, new_topic, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    port = find_free_port(45000, 46000)
+    gateway = server(
+        ["prometheus-pushgateway", f"--web.listen-address=127.0.0.1:{port}"], port, "/-/ready"
+    )
+    try:
+        topic = new_topic(2)
+        path = pipeline_file(tmp_path, "user_clicks", topic)
+        produced = records(300, 1)
+        produce(kafka_config, topic, produced)
+        env = {"PLATFORM_PUSHGATEWAY_URL": f"http://127.0.0.1:{port}"}
+        ran = run_jobs(path, settings, "run", "--quiet", env=env)
+        assert ran.returncode == 0, ran.stderr
+        maintained = run_jobs(path, settings, "maintain", "--reason", "metrics test", env=env)
+        assert maintained.returncode == 0, maintained.stderr
+        pushed = parse(http_get(f"http://127.0.0.1:{port}/metrics").decode())
+    finally:
+        stop(gateway)
+    valid, dead = expected_outcomes(produced)
+    run = {"job": "platform", "kind": "run", "application": "user_clicks"}
+    assert total(pushed, "platform_records_total", run) == len(produced)
+    assert total(pushed, "platform_records_total", {**run, "outcome": "aggregated"}) == valid
+    batches = ledger(settings.warehouse)
+    assert total(pushed, "platform_batches_committed_total", run) == len(batches)
+    operation = {"kind": "maintain", "operation": "maintain", "result": "applied"}
+    assert total(pushed, "platform_operations_total", operation) == 1
+
+    exported = run_exporter(settings)
+    assert total(exported, "platform_ledger_records_total", {"outcome": "valid"}) == valid
+    assert total(exported, "platform_ledger_records_total", {"outcome": "dead_lettered"}) == dead
+    assert total(exported, "platform_ledger_batches_total", {}) == len(batches)
+    assert total(exported, "platform_ledger_consumer_lag_records", {}) == 0
+    assert total(exported, "platform_exporter_broker_up", {}) == 1
+    assert total(exported, "platform_ledger_operations_total", {"operation": "maintain"}) >= 1
+
+
+Samples = list[tuple[str, dict[str, str], float]]
+
+
+def parse(text: str) -> Samples:
+    return [
+        (s.name, s.labels, s.value)
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    ]
+
+
+def total(samples: Samples, name: str, labels: dict[str, str]) -> float:
+    return sum(
+        value
+        for sample, found, value in samples
+        if sample == name and all(found.get(k) == v for k, v in labels.items())
+    )
+
+
+def run_exporter(settings: Any) -> Samples:
+    done = subprocess.run(
+        [sys.executable, "-m", "jobs", "metrics"]
+        + ["--bootstrap-servers", settings.bootstrap_servers]
+        + ["--warehouse", str(settings.warehouse)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return parse(done.stdout)
