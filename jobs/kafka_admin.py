@@ -21,6 +21,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 from jobs.errors import SourceError
 
 REQUEST_TIMEOUT_S = 10.0
+LAG_TIMEOUT_S = 2.0  # per request of a metric's lag (see consumer_lag)
 
 
 # librdkafka logs every failed connection attempt to stderr; the platform reports
@@ -169,14 +170,16 @@ def produce_all(
 
 
 def partition_watermarks(
-    consumer: Consumer, partitions: Iterable[tuple[str, int]]
+    consumer: Consumer,
+    partitions: Iterable[tuple[str, int]],
+    timeout_s: float = REQUEST_TIMEOUT_S,
 ) -> dict[tuple[str, int], tuple[int, int]]:
     """(low, high) watermark per topic-partition, asked of the broker without consuming."""
     result = {}
     for topic, partition in partitions:
         try:
             low, high = consumer.get_watermark_offsets(
-                TopicPartition(topic, partition), timeout=REQUEST_TIMEOUT_S
+                TopicPartition(topic, partition), timeout=timeout_s
             )
         except KafkaException as exc:
             raise SourceError(f"cannot read offsets of {topic}[{partition}]: {exc}") from exc
@@ -185,11 +188,13 @@ def partition_watermarks(
 
 
 def watermarks(
-    consumer_config: Mapping[str, str], partitions: Iterable[tuple[str, int]]
+    consumer_config: Mapping[str, str],
+    partitions: Iterable[tuple[str, int]],
+    timeout_s: float = REQUEST_TIMEOUT_S,
 ) -> dict[tuple[str, int], tuple[int, int]]:
     consumer = Consumer({**consumer_config, "group.id": "platform-watermarks"})
     try:
-        return partition_watermarks(consumer, partitions)
+        return partition_watermarks(consumer, partitions, timeout_s)
     finally:
         consumer.close()
 
@@ -198,9 +203,11 @@ def consumer_lag(
     consumer_config: Mapping[str, str], positions: Mapping[str, Mapping[str, int]]
 ) -> dict[tuple[str, int], int]:
     """Records after ``positions`` (topic -> partition -> next offset, the offset
-    log's shape) in each topic-partition, from the broker's high watermarks."""
+    log's shape) in each topic-partition, from the broker's high watermarks. The
+    first partition that does not answer in 2 s fails it: a scrape must finish
+    within Prometheus's timeout (10 s) even with the broker down."""
     partitions = [(topic, int(p)) for topic, parts in positions.items() for p in parts]
-    marks = watermarks(consumer_config, partitions)
+    marks = watermarks(consumer_config, partitions, LAG_TIMEOUT_S)
     return {
         (topic, partition): max(0, high - int(positions[topic][str(partition)]))
         for (topic, partition), (_low, high) in marks.items()

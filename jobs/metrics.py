@@ -17,6 +17,8 @@ user id, so the number of series stays bounded.
 from __future__ import annotations
 
 import logging
+import threading
+from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -30,8 +32,6 @@ from prometheus_client import (
 )
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-
-from jobs.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +103,9 @@ class Metrics:
             registry=r,
         )
         # Asked of the broker when scraped or pushed, not after every batch.
+        self._lock = threading.Lock()
         self.lag_sources: dict[tuple[str, str], LagSource] = {}
-        r.register(_LagCollector(self.lag_sources))
+        r.register(_LagCollector(self))
         self.last_commit = Gauge(
             "platform_last_commit_timestamp_seconds",
             "Unix time of the last committed batch",
@@ -128,12 +129,29 @@ class Metrics:
         oldest_record_us: int | None,
         seconds: float,
     ) -> None:
-        labels = (application, str(version))
+        """Counts a committed batch. Never raises: a metric must not fail a batch
+        that is committed already (a failure is logged and the batch goes uncounted)."""
+        try:
+            self._batch_committed(
+                (application, str(version)), ledger_row, reasons, oldest_record_us, seconds
+            )
+        except Exception:
+            log.exception("metrics of a committed batch of %s not recorded", application)
+
+    def _batch_committed(
+        self,
+        labels: tuple[str, str],
+        ledger_row: Mapping[str, Any],
+        reasons: Iterable[str],
+        oldest_record_us: int | None,
+        seconds: float,
+    ) -> None:
         self.records.labels(*labels, "aggregated", "").inc(int(ledger_row["records_valid"]))
-        for reason in reasons:
-            kind = reason_class(reason)
-            outcome = "late" if kind == "late" else "dead_lettered"
-            self.records.labels(*labels, outcome, "" if kind == "late" else kind).inc()
+        for kind, count in Tally(reason_class(r) for r in reasons).items():
+            if kind == "late":
+                self.records.labels(*labels, "late", "").inc(count)
+            else:
+                self.records.labels(*labels, "dead_lettered", kind).inc(count)
         self.batches.labels(*labels).inc()
         self.batch_duration.labels(*labels).observe(seconds)
         committed_s = ledger_row["commit_time"].timestamp()
@@ -154,11 +172,15 @@ class Metrics:
         self.operations.labels(application, str(version), kind, result).inc()
 
     def watch_lag(self, application: str, version: int, source: LagSource) -> None:
-        """``source()``: records per (topic, partition) after the last commit."""
-        self.lag_sources[(application, str(version))] = source
+        """``source()``: records per (topic, partition) after the last commit; asked
+        while the run is watched (a warm driver's runs come and go)."""
+        with self._lock:
+            self.lag_sources[(application, str(version))] = source
 
-    def unwatch_lag(self, application: str, version: int) -> None:
-        self.lag_sources.pop((application, str(version)), None)
+    def unwatch_lag(self, application: str) -> None:
+        with self._lock:
+            for key in [k for k in self.lag_sources if k[0] == application]:
+                del self.lag_sources[key]
 
 
 LagSource = Callable[[], Mapping[tuple[str, int], int]]
@@ -167,15 +189,17 @@ LAG_HELP = "Records in the topic-partition after the last committed batch's end 
 
 
 class _LagCollector(Collector):
-    def __init__(self, sources: Mapping[tuple[str, str], LagSource]) -> None:
-        self.sources = sources
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
 
     def describe(self) -> list[Metric]:
         return [GaugeMetricFamily(LAG, LAG_HELP, labels=[*LABELS, "topic", "partition"])]
 
     def collect(self) -> Iterator[Metric]:
         family = GaugeMetricFamily(LAG, LAG_HELP, labels=[*LABELS, "topic", "partition"])
-        for (application, version), source in list(self.sources.items()):
+        with self.metrics._lock:
+            sources = list(self.metrics.lag_sources.items())
+        for (application, version), source in sources:
             try:
                 lags = source()
             except Exception as exc:  # a scrape must not fail for one broker hiccup
@@ -191,14 +215,18 @@ METRICS = Metrics()
 
 
 def serve(port: int, address: str) -> None:
-    """``/metrics`` of this process, from a daemon thread, until it exits."""
+    """``/metrics`` of this process, from a daemon thread, until it exits. A port
+    that is taken costs the endpoint, never the run (it is logged as a warning)."""
     try:
         start_http_server(port, addr=address, registry=METRICS.registry)
     except OSError as exc:
-        raise ConfigError(
-            f"cannot serve metrics on {address}:{port} ({exc.strerror}); set "
-            "PLATFORM_METRICS_PORT to a free port, or unset it"
-        ) from exc
+        log.warning(
+            "metrics NOT served: %s:%d is taken (%s); give this run its own PLATFORM_METRICS_PORT",
+            address,
+            port,
+            exc.strerror,
+        )
+        return
     log.info("metrics on http://%s:%d/metrics", address, port)
 
 
@@ -207,15 +235,18 @@ def push(gateway_url: str, application: str, kind: str) -> None:
     application and kind of job (``run`` or an operation's name); a push replaces
     that group's last one. A gateway that is down costs the push, never the run or
     operation: its result is committed already."""
+    view = _Collected(list(_ApplicationView(METRICS.registry, application).collect()))
+    if not view.families:
+        return  # nothing recorded: keep the group's last push rather than empty it
     try:
         push_to_gateway(
             gateway_url,
             job=PUSH_JOB,
             grouping_key={"application": application, "kind": kind},
-            registry=_ApplicationView(METRICS.registry, application),
+            registry=view,
             timeout=10,
         )
-    except OSError as exc:
+    except Exception as exc:  # whatever the gateway does, the result stands
         log.warning("metrics not pushed to %s: %s", gateway_url, exc)
 
 
@@ -233,3 +264,13 @@ class _ApplicationView(Collector):
                 view = Metric(family.name, family.documentation, family.type, family.unit)
                 view.samples = samples
                 yield view
+
+
+class _Collected(Collector):
+    """Families collected once (the lag in them asked of the broker once)."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.families

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections import Counter as Tally
 from collections.abc import Iterator
@@ -82,6 +83,9 @@ class LedgerCollector(Collector):
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.totals: dict[str, LedgerTotals] = {}
+        # Scrapes run on the HTTP server's threads: two at once must not both add
+        # the same new files.
+        self._lock = threading.Lock()
 
     def applications(self) -> list[tuple[str, Path]]:
         root = self.settings.warehouse
@@ -107,6 +111,11 @@ class LedgerCollector(Collector):
         return totals
 
     def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            families = self._families()
+        yield from families
+
+    def _families(self) -> list[Metric]:
         app = ["application"]
         records = CounterMetricFamily(
             "platform_ledger_records",
@@ -155,7 +164,11 @@ class LedgerCollector(Collector):
         reachable = 1
         now = time.time()
         for application, ledger in self.applications():
-            totals = self.read(application, ledger)
+            try:
+                totals = self.read(application, ledger)
+            except Exception as exc:  # one unreadable ledger must not hide the others
+                log.warning("ledger of %s not read: %s", application, exc)
+                continue
             for (version, outcome), count in sorted(totals.records.items()):
                 records.add_metric([application, version, outcome], count)
             for version, count in sorted(totals.batches.items()):
@@ -178,7 +191,7 @@ class LedgerCollector(Collector):
             for (topic, partition), behind in sorted(lags.items()):
                 lag.add_metric([application, topic, str(partition)], behind)
         broker_up.add_metric([], reachable)
-        yield from (records, batches, operations, epoch, last, age, lag, interval, broker_up)
+        return [records, batches, operations, epoch, last, age, lag, interval, broker_up]
 
     def triggers(self) -> dict[str, tuple[str, float]]:
         """application -> (trigger mode, interval seconds) of the pipeline files."""

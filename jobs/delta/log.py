@@ -35,8 +35,11 @@ def checkpoint_file(table: Path, version: int) -> Path:
 
 def keep_loadable_from(table: Path, floor: int, grace_s: float, now_s: float | None = None) -> int:
     """Make every version from ``floor`` on loadable without the entries below it,
-    then delete those modified more than ``grace_s`` ago (a reader that listed the
-    log a moment ago may still read them). Returns the number of files deleted."""
+    then delete the entries below the newest checkpoint at or under ``floor`` that
+    is older than ``grace_s`` (and older than that themselves): a reader or writer
+    that loaded the table a moment ago still finds the checkpoint it started from
+    and every entry after it. A checkpoint written now serves the next maintain.
+    Returns the number of files deleted."""
     uri = str(table)
     current = DeltaTable(uri).version()
     if not 0 <= floor <= current:
@@ -45,15 +48,24 @@ def keep_loadable_from(table: Path, floor: int, grace_s: float, now_s: float | N
         DeltaTable(uri, version=floor).create_checkpoint()
     # Last: readers start from the newest checkpoint (_last_checkpoint names it).
     DeltaTable(uri).create_checkpoint()
-    if not checkpoint_file(table, floor).exists():
-        # A newer commit raced the checkpoint above: nothing is dropped this time.
-        log.warning("%s: no checkpoint at version %d; log entries kept", table.name, floor)
-        return 0
     cutoff = (time.time() if now_s is None else now_s) - grace_s
+    entries = [
+        (int(found.group(1)), found.group(2), path)
+        for path in (table / "_delta_log").iterdir()
+        if (found := ENTRY.match(path.name))
+    ]
+    settled = [
+        version
+        for version, kind, path in entries
+        if kind.startswith("checkpoint") and version <= floor and path.stat().st_mtime <= cutoff
+    ]
+    if not settled:
+        log.info("%s: no checkpoint at or below version %d is settled yet", table.name, floor)
+        return 0
+    below = max(settled)
     deleted = 0
-    for entry in (table / "_delta_log").iterdir():
-        found = ENTRY.match(entry.name)
-        if found and int(found.group(1)) < floor and entry.stat().st_mtime < cutoff:
-            entry.unlink(missing_ok=True)
+    for version, _kind, path in entries:
+        if version < below and path.stat().st_mtime <= cutoff:
+            path.unlink(missing_ok=True)
             deleted += 1
     return deleted

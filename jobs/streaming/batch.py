@@ -137,8 +137,12 @@ class BatchCommitter:
         self.epoch = epoch
         self.checkpoint = checkpoint
         self.initial_offsets = initial_offsets
-        # Next offset per topic-partition after the last commit (the lag metric's).
-        self.positions: dict[str, Any] = initial_offsets
+        # Next offset per topic-partition after the last commit (the lag metric's):
+        # a restarted run starts from its checkpoint's last committed batch.
+        done = offset_log.committed_batches(checkpoint)
+        self.positions: dict[str, Any] = (
+            offset_log.read_offsets(checkpoint, done[-1]).end_offsets if done else initial_offsets
+        )
         self.query_name = query_name
         self.writer = BatchWriter(pipeline.application_id, epoch, pipeline.exactly_once)
         # The ledger is the platform's record: one row per batch under either
@@ -204,6 +208,7 @@ class BatchCommitter:
         metrics = observed_metrics(self.spark, self.query_name, OBSERVATION)
         if done is not None and done >= batch_id:
             log.info("batch %d of epoch %d is already committed: skipped", batch_id, self.epoch)
+            self.positions = offset_log.read_offsets(self.checkpoint, batch_id).end_offsets
             self.metrics.replay_skipped(self.pipeline.application_id, self.pipeline.version)
             self.results.append(BatchResult(batch_id, True, {}))
             return
@@ -295,7 +300,7 @@ class BatchCommitter:
             [letter["reason"] for letter in letters],
             metrics.get("oldest_record_us"),
             time.monotonic() - started,
-        )
+        )  # never raises: the batch is committed already
         log.info(
             "%s epoch %d batch %d committed: %d in, %d aggregated, %d dead-lettered, "
             "%d state rows changed, %.2f s",

@@ -95,9 +95,8 @@ def run_pipeline(
     """Run until the input available at start is processed (available-now), or until
     stopped (continuous: SIGTERM/SIGINT stop it between batches)."""
     layout = AppLayout(settings.warehouse, pipeline.application_id)
-    mode = trigger or pipeline.trigger_mode
     try:
-        with application_lock(layout, f"run --trigger {mode}"):
+        with application_lock(layout, f"run --trigger {trigger or pipeline.trigger_mode}"):
             return _run_locked(spark, pipeline, settings, layout, trigger)
     except Exception as exc:
         # From foreachBatch the fence arrives wrapped in Spark's exception.
@@ -105,8 +104,11 @@ def run_pipeline(
             METRICS.fenced_commit(pipeline.application_id, pipeline.version)
         raise
     finally:
-        if mode == "available-now" and settings.pushgateway_url:
+        # Scheduled runs report this way; a continuous one too when it ends (a fence
+        # that stopped it would otherwise never be seen).
+        if settings.pushgateway_url:
             push(settings.pushgateway_url, pipeline.application_id, "run")
+        METRICS.unwatch_lag(pipeline.application_id)
 
 
 def _run_locked(
