@@ -81,6 +81,18 @@ def test_a_rewind_to_the_oldest_kept_boundary_works_after_maintain(  # type: ign
         "batch_id": last_of_run_one["batch_id"],
     }
     assert len(list(state_dir.glob("*.parquet"))) < on_disk_before
+    # The log is cut at the kept boundary's state version, which stays loadable
+    # from its new checkpoint (the rewind below loads it); the other tables' logs
+    # are cut at their version when maintain began.
+    kept_version = json.loads(last_of_run_one["delta_versions"])["state_after"]
+
+    def first_entry(table: str) -> int:
+        log = settings.warehouse / "user_clicks" / table / "_delta_log"
+        return min(int(p.name[:20]) for p in log.glob("*.json"))
+
+    assert first_entry("state") == kept_version > 0
+    assert (state_dir / "_delta_log" / f"{kept_version:020d}.checkpoint.parquet").exists()
+    assert first_entry("changelog") > len(run_one)
     # The first boundary's state is gone: rewinding there is refused, not half-done.
     oldest_version = json.loads(run_one[0]["delta_versions"])["state_after"]
     with pytest.raises(Exception):  # noqa: B017 - delta-rs reports a missing file
