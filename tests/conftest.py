@@ -22,11 +22,9 @@ from jobs.broker import BrokerInfo
 from jobs.settings import REPO_ROOT, Settings, load_settings
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-# Airflow: a private home (SQLite, logs) per test process: pytest-xdist's workers
-# inherit the controller's environment, and two must not share one database. The
-# plugins folder is importable as it is inside Airflow.
-if "PYTEST_XDIST_WORKER" in os.environ or "AIRFLOW_HOME" not in os.environ:
-    os.environ["AIRFLOW_HOME"] = tempfile.mkdtemp(prefix="airflow-home-")
+# Airflow: a private home (SQLite, logs) per test session; the plugins folder is
+# importable as it is inside Airflow.
+os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="airflow-home-"))
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(REPO_ROOT / "dags"))
 os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "True")

@@ -214,13 +214,14 @@ def test_a_backfill_keeps_the_streams_late_decisions(
     from jobs.operations.targets import TargetSpec
 
     topic = new_topic(1)
-    # Event time at most 1 s ahead of the batch's time: a record 8 s ahead is a dead
-    # letter for the stream, and would not be for a backfill run 8 s later that
-    # judged it by its own clock.
+    # Event time at most 1 s ahead of the batch's time: a record 20 s ahead is a dead
+    # letter for the stream (whose batch starts well within 19 s, even on a loaded
+    # machine), and would not be for a backfill run 20 s later that judged it by
+    # its own clock.
     pipeline = clicks_pipeline(topic, max_offsets_per_trigger=100, max_ahead_seconds=1)
     now = int(time.time()) // 60 * 60
     first = [click(f"u{i % 3}", now - 60 + i % 50) for i in range(250)]
-    ahead_at = int(time.time()) + 8
+    ahead_at = int(time.time()) + 20
     ahead = [click("ahead", ahead_at)]
     produce(kafka_config, topic, first + ahead)
     run_pipeline(spark, pipeline, settings)
