@@ -121,6 +121,33 @@ def run_jobs(
     )
 
 
+def continuous_pipeline(directory: Path, name: str, topic: str, **source: object) -> Path:
+    """``pipeline_file`` with a continuous 1 s trigger."""
+    path = pipeline_file(directory, name, topic, **source)
+    data = yaml.safe_load(path.read_text())
+    data["trigger"] = {"mode": "continuous", "interval": "1 second"}
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def start_stream(
+    pipeline: Path, settings: Settings, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
+    """``python -m jobs run`` of ``pipeline`` in its own session (the caller stops it
+    with SIGTERM and reads its output)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "jobs", "run", "--pipeline", str(pipeline), "--quiet"]
+        + ["--bootstrap-servers", settings.bootstrap_servers]
+        + ["--warehouse", str(settings.warehouse)],
+        cwd=REPO_ROOT,
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
 def run_with_fault(
     pipeline: Path,
     servers: str,

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -16,9 +14,9 @@ import yaml
 from deltalake import DeltaTable
 
 from jobs.pipeline import load_pipeline
-from jobs.settings import REPO_ROOT, Settings
+from jobs.settings import Settings
 from jobs.streaming.run import run_pipeline
-from tests.conftest import pipeline_file, produce, run_jobs
+from tests.conftest import continuous_pipeline, pipeline_file, produce, run_jobs, start_stream
 from tests.conftest import recent_clicks as clicks
 from tests.expected import clicks_per_window, state_as_counter
 
@@ -126,22 +124,11 @@ def test_maintain_next_to_a_running_stream(  # type: ignore[no-untyped-def]
     spark, settings, kafka_config, new_topic, tmp_path
 ) -> None:
     topic = new_topic(2)
-    path = pipeline_file(tmp_path, "user_clicks", topic, max_offsets_per_trigger=300)
+    path = continuous_pipeline(tmp_path, "user_clicks", topic, max_offsets_per_trigger=300)
     data = yaml.safe_load(path.read_text())
-    data["trigger"] = {"mode": "continuous", "interval": "1 second"}
-    path.write_text(yaml.safe_dump(data))
     produced = clicks(600, 0)
     produce(kafka_config, topic, produced)
-    stream = subprocess.Popen(
-        [sys.executable, "-m", "jobs", "run", "--pipeline", str(path), "--quiet"]
-        + ["--bootstrap-servers", settings.bootstrap_servers]
-        + ["--warehouse", str(settings.warehouse)],
-        cwd=REPO_ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    stream = start_stream(path, settings)
     try:
         deadline = time.monotonic() + 120
         while not (settings.warehouse / "user_clicks" / "_ledger").exists() or not boundaries(

@@ -7,7 +7,6 @@ over the produced records."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -26,7 +25,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from jobs.broker import find_free_port
 from jobs.settings import REPO_ROOT
-from tests.conftest import pipeline_file, produce, recent_clicks, run_jobs
+from tests.conftest import (
+    continuous_pipeline,
+    pipeline_file,
+    produce,
+    recent_clicks,
+    run_jobs,
+    start_stream,
+)
 from tests.expected import parse_click
 
 pytestmark = pytest.mark.skipif(
@@ -131,23 +137,10 @@ def test_prometheus_scrapes_a_continuous_run_and_its_counters_equal_the_ledger(
 ) -> None:  # type: ignore[no-untyped-def]
     prom_port, metrics_port = prometheus
     topic = new_topic(2)
-    path = pipeline_file(tmp_path, "user_clicks", topic, max_offsets_per_trigger=150)
-    data = yaml.safe_load(path.read_text())
-    data["trigger"] = {"mode": "continuous", "interval": "1 second"}
-    path.write_text(yaml.safe_dump(data))
+    path = continuous_pipeline(tmp_path, "user_clicks", topic, max_offsets_per_trigger=150)
     produced = records(400, 0)
     produce(kafka_config, topic, produced)
-    stream = subprocess.Popen(
-        [sys.executable, "-m", "jobs", "run", "--pipeline", str(path), "--quiet"]
-        + ["--bootstrap-servers", settings.bootstrap_servers]
-        + ["--warehouse", str(settings.warehouse)],
-        cwd=REPO_ROOT,
-        env={**os.environ, "PLATFORM_METRICS_PORT": str(metrics_port)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    stream = start_stream(path, settings, {"PLATFORM_METRICS_PORT": str(metrics_port)})
 
     def agreed() -> tuple[Any, ...] | None:
         """Prometheus's view and the ledger, once they agree on every record and
