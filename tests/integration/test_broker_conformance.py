@@ -77,6 +77,36 @@ def test_transactions_read_committed_hides_aborted(kafka_config: dict[str, str],
     assert consume_all(kafka_config, topic, 0, "read_committed") == [b"committed-1", b"committed-2"]
 
 
+def test_offsets_committed_in_a_transaction_and_zombie_fencing(  # type: ignore[no-untyped-def]
+    kafka_config: dict[str, str], new_topic
+) -> None:
+    """What an exactly-once output topic relies on (as Kafka Streams does): a
+    position committed atomically with the records, and an older producer of the
+    same transactional.id fenced by a newer one."""
+    from confluent_kafka import KafkaException
+
+    topic = new_topic(1)
+    group = Consumer({**kafka_config, "group.id": f"out-{topic}", "enable.auto.commit": False})
+    producer = Producer({**kafka_config, "transactional.id": f"out-{topic}"})
+    producer.init_transactions(10)
+    for position in (5, 6):
+        producer.begin_transaction()
+        producer.produce(topic, value=b"v%d" % position)
+        producer.send_offsets_to_transaction(
+            [TopicPartition(topic, 0, position + 1)], group.consumer_group_metadata(), 10
+        )
+        producer.commit_transaction(10)
+    newer = Producer({**kafka_config, "transactional.id": f"out-{topic}"})
+    newer.init_transactions(10)
+    with pytest.raises(KafkaException):
+        producer.begin_transaction()
+        producer.produce(topic, value=b"zombie")
+        producer.commit_transaction(10)
+    assert group.committed([TopicPartition(topic, 0)], 10)[0].offset == 7
+    group.close()
+    assert consume_all(kafka_config, topic, 0, "read_committed") == [b"v5", b"v6"]
+
+
 def test_delete_records_moves_the_log_start(kafka_config: dict[str, str], new_topic) -> None:  # type: ignore[no-untyped-def]
     topic = new_topic(1)
     produce(kafka_config, topic, [b"%d" % i for i in range(10)])
