@@ -107,6 +107,18 @@ def build_parser() -> argparse.ArgumentParser:
     _pipeline_args(maintain)
     _operation_args(maintain)
 
+    publish = commands.add_parser(
+        "publish",
+        help="bring the output topic up to date, or republish the whole state (audited)",
+    )
+    _pipeline_args(publish)
+    publish.add_argument(
+        "--snapshot",
+        action="store_true",
+        help="publish the whole state, marked snapshot (the repair for an untrusted topic)",
+    )
+    _operation_args(publish)
+
     serve = commands.add_parser(
         "serve", help="a warm driver: run the available-now runs sent to it (PLATFORM_DRIVER_URL)"
     )
@@ -199,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
             text = json.dumps(status.to_dict(), indent=2, default=str)
             print(text if args.json else format_status(status))
             return 0
-        if args.command in ("rewind", "rebuild", "backfill", "maintain"):
+        if args.command in ("rewind", "rebuild", "backfill", "maintain", "publish"):
             return _counted_operation(args, settings, pipeline)
         return _run(args, settings, pipeline)
     except Exception as exc:
@@ -223,6 +235,12 @@ def _counted_operation(args: argparse.Namespace, settings: Settings, pipeline: P
             from jobs.operations.runner import check_reason
 
             run_maintain(pipeline, settings, check_reason(args.reason), args.dry_run)
+            code = 0
+        elif args.command == "publish":
+            from jobs.operations.publish import run_publish
+            from jobs.operations.runner import check_reason
+
+            run_publish(pipeline, settings, check_reason(args.reason), args.snapshot, args.dry_run)
             code = 0
         else:
             code = _operation(args, settings, pipeline)

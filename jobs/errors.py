@@ -29,3 +29,7 @@ class FencedError(PlatformError):
 
 class ConsistencyError(PlatformError):
     """A batch's bookkeeping does not add up; nothing of it was published."""
+
+
+class OutputError(PlatformError):
+    """The output topic cannot be brought up to date exactly; nothing half-published."""

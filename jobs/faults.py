@@ -13,7 +13,15 @@ import signal
 
 ENV = "PLATFORM_FAULT"
 GROUP_ENV = "PLATFORM_FAULT_PGID"
-POINTS = ("after_dead_letter", "after_changelog", "after_state", "after_ledger", "during_read")
+POINTS = (
+    "after_dead_letter",
+    "after_changelog",
+    "after_state",
+    "after_ledger",
+    "during_read",
+    "during_output",  # the output transaction's records sent, not committed
+    "after_output",  # the output transaction committed
+)
 
 
 def arm() -> None:

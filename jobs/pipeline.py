@@ -88,6 +88,15 @@ class Window:
 
 
 @dataclass(frozen=True)
+class Output:
+    """Where the state's changes are published, exactly once (``jobs/output/``)."""
+
+    topic: str
+    # Only used when the platform creates the topic (it does when it is missing).
+    partitions: int = 1
+
+
+@dataclass(frozen=True)
 class Pipeline:
     application_id: str
     version: int
@@ -119,6 +128,7 @@ class Pipeline:
     reader_grace_hours: int = 1
     source_path: Path | None = None
     description: str = ""
+    output: Output | None = None
 
     @property
     def exactly_once(self) -> bool:
@@ -376,6 +386,7 @@ def parse_pipeline(data: Any, origin: str) -> Pipeline:
     if not 0 <= grace <= 24 * 30:
         raise maintenance.error("must be between 0 and 720", "reader_grace_hours")
     maintenance.finish()
+    output = _parse_output(top, topics)
     top.finish()
     return Pipeline(
         application_id=app_id,
@@ -402,7 +413,26 @@ def parse_pipeline(data: Any, origin: str) -> Pipeline:
         rewind_horizon_seconds=horizon,
         reader_grace_hours=grace,
         description=description,
+        output=output,
     )
+
+
+def _parse_output(top: _Reader, source_topics: list[str]) -> Output | None:
+    out = top.sub("output", None)
+    if out is None:
+        return None
+    topic = out.get("topic", str)
+    if not TOPIC_NAME.match(topic):
+        raise out.error(f"must be a Kafka topic name, got {topic!r}", "topic")
+    if topic in source_topics:
+        raise out.error(
+            f"{topic!r} is a source topic: the stream would read its own output", "topic"
+        )
+    partitions = out.get("partitions", int, 1)
+    if not 1 <= partitions <= 10000:
+        raise out.error("must be between 1 and 10000", "partitions")
+    out.finish()
+    return Output(topic, partitions)
 
 
 def _parse_instant(text: str, origin: str) -> int:

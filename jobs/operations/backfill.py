@@ -29,6 +29,7 @@ from pyspark.sql import functions as F
 
 from jobs.cut import StateAction, fill_from_first, replay_from_origin
 from jobs.delta import layout as tables
+from jobs.delta.cdf import AFTER, rows_of, version_changes
 from jobs.delta.layout import AppLayout
 from jobs.delta.writer import fenced_properties
 from jobs.errors import ConfigError
@@ -302,16 +303,8 @@ def publish(
         .execute()
     )
     state_version = DeltaTable(str(layout.table("state"))).version()
-    corrections = (
-        DeltaTable(str(layout.table("state")))
-        .load_cdf(starting_version=state_version, ending_version=state_version)
-        .read_all()
-    )
-    corrections_table = _plain_strings(pa.table(corrections))
-    changelog_rows = corrections_table.filter(
-        pc.is_in(corrections_table["_change_type"], pa.array(["update_postimage", "insert"]))
-    )
-    changelog = changelog_rows.select(list(tables.aggregate_schema(pipeline).names))
+    corrections = version_changes(layout.table("state"), state_version)
+    changelog = rows_of(corrections, AFTER, list(tables.aggregate_schema(pipeline).names))
     changelog = changelog.append_column("epoch", pa.array([epoch] * changelog.num_rows, pa.int64()))
     changelog = changelog.append_column("batch_id", pa.array([-1] * changelog.num_rows, pa.int64()))
     changelog = changelog.append_column(
@@ -329,17 +322,6 @@ def publish(
         "rows_deleted": metrics.get("num_target_rows_deleted"),
         "changelog_rows": changelog.num_rows,
     }
-
-
-def _plain_strings(table: pa.Table) -> pa.Table:
-    """The change data feed reads strings as string_view, which few kernels take."""
-    schema = pa.schema(
-        [
-            pa.field(f.name, pa.string(), f.nullable) if pa.types.is_string_view(f.type) else f
-            for f in table.schema
-        ]
-    )
-    return table.cast(schema)
 
 
 def run_backfill(

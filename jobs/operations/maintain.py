@@ -34,13 +34,14 @@ from typing import Any
 from deltalake import CommitProperties, DeltaTable
 from deltalake.exceptions import CommitFailedError
 
+from jobs import kafka_admin
 from jobs.cut import seed_file
 from jobs.delta import layout as tables
 from jobs.delta.files import stale_staged_files
 from jobs.delta.layout import AppLayout
 from jobs.delta.log import EXPIRED_LOG_CLEANUP, TABLE_CONFIGURATION, keep_loadable_from
 from jobs.delta.writer import MAX_ATTEMPTS, committed_batch
-from jobs.errors import ConsistencyError
+from jobs.errors import ConsistencyError, OutputError, PlatformError
 from jobs.ledger import (
     DONE,
     MAINTAIN,
@@ -52,6 +53,7 @@ from jobs.ledger import (
 )
 from jobs.lock import LockedError, describe, holder
 from jobs.operations.audit import append_audit, audit_row
+from jobs.output.publisher import read_bookmark, versions_needed
 from jobs.pipeline import Pipeline
 from jobs.settings import Settings
 
@@ -75,6 +77,8 @@ class MaintenancePlan:
     table_files: dict[str, tuple[int, int]]  # name -> (live files, parquet files on disk)
     reader_grace_hours: int  # nothing younger is deleted: a reader may have listed it
     stale: tuple[str, ...] = field(default=())  # old epochs' folders (and legacy staging)
+    # The first state version the output topic still has to read (None: no output).
+    output_from: int | None = None
 
     def describe(self) -> str:
         kept = (
@@ -104,6 +108,11 @@ class MaintenancePlan:
             f"  log: checkpoint, then drop entries below {floor} (older than "
             f"{self.reader_grace_hours} h)"
         )
+        if self.output_from is not None:
+            lines.append(
+                f"  output: state versions from {self.output_from} are not all in the topic "
+                "yet; they stay loadable"
+            )
         lines.append(f"  delete {len(self.stale)} old epoch folder(s)")
         lines += [f"    {path}" for path in self.stale[:20]]
         if len(self.stale) > 20:
@@ -121,6 +130,7 @@ class MaintenancePlan:
             "retention_hours": self.retention_hours,
             "keep_versions": len(self.keep_versions),
             "stale_paths": len(self.stale),
+            "output_from": self.output_from,
         }
 
 
@@ -175,6 +185,18 @@ def plan_maintenance(
         for name in table_names(pipeline)
         if DeltaTable.is_deltatable(str(layout.table(name)))
     }
+    output_from = None
+    if pipeline.output is not None:
+        config = kafka_admin.client_config(settings.bootstrap_servers, settings.kafka_client)
+        try:
+            needed = versions_needed(layout, read_bookmark(config, pipeline))
+        except PlatformError as exc:
+            raise OutputError(
+                f"{pipeline.application_id}: cannot tell which state versions output topic "
+                f"{pipeline.output.topic!r} still needs ({exc}); maintain would remove them; "
+                "run it again when the broker answers"
+            ) from exc
+        output_from = needed.start
     return MaintenancePlan(
         application_id=pipeline.application_id,
         epoch=epoch,
@@ -187,6 +209,7 @@ def plan_maintenance(
         table_files=files,
         reader_grace_hours=pipeline.reader_grace_hours,
         stale=tuple(str(p) for p in stale_paths(layout, epoch, table_names(pipeline))),
+        output_from=output_from,
     )
 
 
@@ -314,13 +337,19 @@ def maintain_table(
     # Only ``state`` is read at old versions (a rewind's seed); the other tables
     # stay loadable from the version they had when this began (a writer that loaded
     # one a moment ago still finds the entries it needs).
-    floor = DeltaTable(uri).version()
+    current = DeltaTable(uri).version()
+    floor = current
     if is_state and plan.kept is not None:
         floor = min(floor, plan.kept.state_version)
+    if is_state and plan.output_from is not None:
+        floor = min(floor, plan.output_from)
     compacted = _retrying(
         f"compact {path.name}", lambda: DeltaTable(uri).optimize.compact(commit_properties=props)
     )
-    keep = list(plan.keep_versions) if is_state and plan.keep_versions else None
+    kept = set(plan.keep_versions) if is_state else set()
+    if is_state and plan.output_from is not None:
+        kept |= set(range(plan.output_from, current + 1))
+    keep = sorted(kept) or None
     removed = _retrying(
         f"vacuum {path.name}",
         lambda: DeltaTable(uri).vacuum(

@@ -7,16 +7,18 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from jobs import kafka_admin
 from jobs.cut import fenced_tables
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
 from jobs.delta.writer import bump_epoch
-from jobs.errors import ConfigError
+from jobs.errors import ConfigError, PlatformError
 from jobs.ledger import current_epoch
 from jobs.lock import LockedError, application_lock, describe, holder
 from jobs.operations.audit import audit_row
 from jobs.operations.plan import Plan
 from jobs.operations.restart import apply_plan, audit_dry_run
+from jobs.output.publisher import OutputPublisher
 from jobs.pipeline import Pipeline
 from jobs.settings import Settings
 
@@ -62,9 +64,33 @@ def run_operation(
         plan = make_plan()  # again: the stream may have committed more before the fence
         echo(f"plan under the lock:\n{plan.describe()}")
         result = apply(plan) if apply is not None else apply_plan(pipeline, settings, plan)
-    echo(f"applied: {result}; epoch {plan.epoch_before} -> {plan.epoch_after}")
+        echo(f"applied: {result}; epoch {plan.epoch_before} -> {plan.epoch_after}")
+        publish_corrections(pipeline, settings, echo)
     echo(f"next: python -m jobs run --pipeline {pipeline.application_id} resumes from the cut")
     return plan
+
+
+def publish_corrections(
+    pipeline: Pipeline, settings: Settings, echo: Callable[[str], None]
+) -> None:
+    """The operation's state changes to the output topic, as corrections. They are
+    applied already: if the topic cannot take them now, the next run publishes them
+    (nothing is lost; the reason is printed)."""
+    if pipeline.output is None:
+        return
+    layout = AppLayout(settings.warehouse, pipeline.application_id)
+    config = kafka_admin.client_config(settings.bootstrap_servers, settings.kafka_client)
+    try:
+        with OutputPublisher(pipeline, layout, config) as output:
+            done = output.publish_pending()
+    except PlatformError as exc:
+        echo(f"output: not published yet ({exc}); the next run publishes it")
+        return
+    records = sum(p.records for p in done)
+    echo(
+        f"output: {records} record(s) of {len(done)} state version(s) published to "
+        f"{pipeline.output.topic}"
+    )
 
 
 def fence_running_stream(

@@ -8,7 +8,9 @@ For batch ``b`` of epoch ``e``, in this order, each commit idempotent and fenced
 3. ``changelog``: every (key, window) whose aggregate changed, with its new value;
 4. ``state``: the same rows merged in (current value per key and window);
 5. ``_ledger``: one row: offsets, counts, versions. It is written last and marks
-   the batch committed.
+   the batch committed;
+6. the output topic, if the pipeline has one: the state versions not yet in it,
+   each in one Kafka transaction (``jobs/output/publisher.py``).
 
 The driver holds no batch's rows: Spark's tasks write the data files of ``raw``
 (the source, per offset range) and of ``changelog`` (``changelog_files.py``, per
@@ -49,6 +51,7 @@ from jobs.errors import ConsistencyError
 from jobs.faults import maybe_crash
 from jobs.kafka_source.datasource import archive_file_prefix
 from jobs.metrics import METRICS, Metrics
+from jobs.output.publisher import OutputPublisher
 from jobs.pipeline import Pipeline
 from jobs.streaming import offset_log
 from jobs.streaming.changelog_files import WRITTEN_SCHEMA, ChangelogTask
@@ -129,8 +132,10 @@ class BatchCommitter:
         seed_path: Path | None = None,
         watermark_floor_ms: int = 0,
         metrics: Metrics = METRICS,
+        output: OutputPublisher | None = None,
     ) -> None:
         self.spark = spark
+        self.output = output
         self.metrics = metrics
         self.pipeline = pipeline
         self.layout = layout
@@ -211,6 +216,7 @@ class BatchCommitter:
             self.positions = offset_log.read_offsets(self.checkpoint, batch_id).end_offsets
             self.metrics.replay_skipped(self.pipeline.application_id, self.pipeline.version)
             self.results.append(BatchResult(batch_id, True, {}))
+            self._publish()
             return
         offsets = offset_log.read_offsets(self.checkpoint, batch_id)
         start = (
@@ -292,6 +298,7 @@ class BatchCommitter:
             ledger_path, batch_id, pa.Table.from_pylist([ledger], tables.LEDGER_SCHEMA), meta
         )
         maybe_crash("after_ledger", batch_id)
+        self._publish()
         self.positions = offsets.end_offsets
         self.metrics.batch_committed(
             self.pipeline.application_id,
@@ -314,6 +321,13 @@ class BatchCommitter:
             time.monotonic() - started,
         )
         self.results.append(BatchResult(batch_id, False, ledger))
+
+    def _publish(self) -> None:
+        """The state versions not yet in the output topic (this batch's, and any a
+        crash left behind), each in one Kafka transaction. A failure fails the
+        batch in Spark: the replay skips the committed tables and publishes again."""
+        if self.output is not None:
+            self.output.publish_pending()
 
     def _committed(self, path: Path, batch_id: int) -> bool:
         if not self.pipeline.exactly_once:

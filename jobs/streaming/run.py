@@ -22,6 +22,7 @@ from jobs.kafka_source import offsets as plan
 from jobs.ledger import current_epoch, unfinished_operation
 from jobs.lock import application_lock
 from jobs.metrics import METRICS, push
+from jobs.output.publisher import OutputPublisher, open_publisher
 from jobs.pipeline import Pipeline
 from jobs.settings import Settings
 from jobs.streaming import offset_log, query
@@ -130,6 +131,30 @@ def _run_locked(
     epoch = current_epoch(layout)
     cut = epoch_cut(layout, pipeline, settings)
     config = kafka_admin.client_config(settings.bootstrap_servers, settings.kafka_client)
+    # Opening the publisher fences an older one; what an operation or a crash left
+    # unpublished goes out before the first batch.
+    output = open_publisher(pipeline, layout, config)
+    try:
+        if output is not None:
+            output.publish_pending()
+        return _stream(spark, pipeline, settings, layout, trigger, epoch, cut, output, started)
+    finally:
+        if output is not None:
+            output.close()
+
+
+def _stream(
+    spark: SparkSession,
+    pipeline: Pipeline,
+    settings: Settings,
+    layout: AppLayout,
+    trigger: str | None,
+    epoch: int,
+    cut: Cut,
+    output: OutputPublisher | None,
+    started: float,
+) -> RunSummary:
+    config = kafka_admin.client_config(settings.bootstrap_servers, settings.kafka_client)
     kafka_admin.check_same_topics(
         cut.topic_ids, kafka_admin.topic_ids(kafka_admin.admin(config), pipeline.topics)
     )
@@ -172,6 +197,7 @@ def _run_locked(
         consumer_config,
         seed_path,
         watermark_floor_ms=cut.watermark_ms if pipeline.window is not None else 0,
+        output=output,
     )
     METRICS.watch_lag(
         pipeline.application_id,

@@ -1,0 +1,1 @@
+"""Exactly-once publishing of an application's state changes to a Kafka topic."""
