@@ -53,6 +53,7 @@ from jobs.ledger import (
 )
 from jobs.lock import LockedError, describe, holder
 from jobs.operations.audit import append_audit, audit_row
+from jobs.output.changes import commit_infos
 from jobs.output.publisher import read_bookmark, versions_needed
 from jobs.pipeline import Pipeline
 from jobs.settings import Settings
@@ -77,8 +78,11 @@ class MaintenancePlan:
     table_files: dict[str, tuple[int, int]]  # name -> (live files, parquet files on disk)
     reader_grace_hours: int  # nothing younger is deleted: a reader may have listed it
     stale: tuple[str, ...] = field(default=())  # old epochs' folders (and legacy staging)
-    # The first state version the output topic still has to read (None: no output).
+    # The first state version the output topic still has to read (None: no output),
+    # and the vacuum retention of ``state`` that keeps its files (and change files,
+    # which no snapshot lists) while it is unpublished.
     output_from: int | None = None
+    output_retention_hours: int = 0
 
     def describe(self) -> str:
         kept = (
@@ -111,7 +115,7 @@ class MaintenancePlan:
         if self.output_from is not None:
             lines.append(
                 f"  output: state versions from {self.output_from} are not all in the topic "
-                "yet; they stay loadable"
+                f"yet; they stay loadable (state vacuum keeps {self.output_retention_hours} h)"
             )
         lines.append(f"  delete {len(self.stale)} old epoch folder(s)")
         lines += [f"    {path}" for path in self.stale[:20]]
@@ -186,6 +190,7 @@ def plan_maintenance(
         if DeltaTable.is_deltatable(str(layout.table(name)))
     }
     output_from = None
+    output_retention = 0
     if pipeline.output is not None:
         config = kafka_admin.client_config(settings.bootstrap_servers, settings.kafka_client)
         try:
@@ -197,6 +202,11 @@ def plan_maintenance(
                 "run it again when the broker answers"
             ) from exc
         output_from = needed.start
+        written_us = (
+            commit_infos(layout.table("state"), output_from, output_from)[output_from]["timestamp"]
+            * 1000
+        )
+        output_retention = -(-(now - written_us) // HOUR_US) + 1  # whole hours, rounded up
     return MaintenancePlan(
         application_id=pipeline.application_id,
         epoch=epoch,
@@ -210,6 +220,7 @@ def plan_maintenance(
         reader_grace_hours=pipeline.reader_grace_hours,
         stale=tuple(str(p) for p in stale_paths(layout, epoch, table_names(pipeline))),
         output_from=output_from,
+        output_retention_hours=int(output_retention),
     )
 
 
@@ -346,14 +357,14 @@ def maintain_table(
     compacted = _retrying(
         f"compact {path.name}", lambda: DeltaTable(uri).optimize.compact(commit_properties=props)
     )
-    kept = set(plan.keep_versions) if is_state else set()
-    if is_state and plan.output_from is not None:
-        kept |= set(range(plan.output_from, current + 1))
-    keep = sorted(kept) or None
+    keep = list(plan.keep_versions) if is_state and plan.keep_versions else None
+    retention = plan.retention_hours
+    if is_state:
+        retention = max(retention, plan.output_retention_hours)
     removed = _retrying(
         f"vacuum {path.name}",
         lambda: DeltaTable(uri).vacuum(
-            retention_hours=plan.retention_hours,
+            retention_hours=retention,
             dry_run=False,
             enforce_retention_duration=False,
             keep_versions=keep,

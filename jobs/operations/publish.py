@@ -60,11 +60,13 @@ def run_publish(
         append_audit(layout, audit_row(pipeline, PUBLISH, epoch, {**details, "dry_run": True}))
         echo("dry run: nothing was published (the plan is recorded in the ledger)")
         return {}
-    with (
-        application_lock(layout, f"{PUBLISH} --reason {reason!r}"),
-        OutputPublisher(pipeline, layout, config) as output,
-    ):
-        done = [output.publish_snapshot()] if snapshot else output.publish_pending()
+    with application_lock(layout, f"{PUBLISH} --reason {reason!r}"):
+        output = OutputPublisher(pipeline, layout, config)
+        output.open(republish=snapshot)
+        try:
+            done = [output.publish_snapshot()] if snapshot else output.publish_pending()
+        finally:
+            output.close()
     result = {
         "versions": [p.version for p in done],
         "records": sum(p.records for p in done),

@@ -146,7 +146,9 @@ class OutputPublisher:
     ) -> None:
         self.close()
 
-    def open(self) -> None:
+    def open(self, republish: bool = False) -> None:
+        """Take over the topic. ``republish``: the caller publishes a snapshot next,
+        so an untrusted bookmark is not an error (it is the repair)."""
         self._ensure_topic()
         self.producer = Producer(
             {
@@ -165,15 +167,16 @@ class OutputPublisher:
             ) from exc
         self.consumer = _group_consumer(self.config, self.pipeline.application_id)
         self.bookmark = _read_bookmark(self.consumer, self.output)
-        self._check_bookmark()
+        if not republish:
+            self._check_bookmark()
 
     def close(self) -> None:
         if self.consumer is not None:
             self.consumer.close()
             self.consumer = None
-        if self.producer is not None:
-            self.producer.flush(TIMEOUT_S)
-            self.producer = None
+        # Every transaction is committed or aborted before this: nothing is waiting
+        # to be sent (a fenced producer's queue never drains; it is dropped).
+        self.producer = None
 
     def _ensure_topic(self) -> None:
         client = kafka_admin.admin(self.config)

@@ -18,6 +18,7 @@ from jobs.pipeline import load_pipeline
 from jobs.settings import REPO_ROOT
 from jobs.streaming.run import run_pipeline
 from tests.conftest import produce, run_jobs
+from tests.integration.test_output_topic import read_output
 
 pytestmark = pytest.mark.integration
 SIGNS = {1: {"receipt": 1, "sale": -1, "return": -1}, 2: {"receipt": 1, "sale": -1, "return": 1}}
@@ -48,11 +49,23 @@ def pipeline_file(tmp_path: Path, topic: str, version: int) -> Path:
     data["source"]["topics"] = [topic]
     data["version"] = version
     data["derived"][0]["signs"] = SIGNS[version]
+    data["output"] = {"topic": f"out_{topic}", "partitions": 2}
     directory = tmp_path / f"v{version}"
     directory.mkdir()
     path = directory / "inventory.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
+
+
+def topic_table(records: list[dict[str, Any]]) -> dict[str, int]:
+    """The output topic read as a table: the last quantity per SKU."""
+    last: dict[str, int] = {}
+    for record in records:
+        if record["value"] is None:
+            last.pop(record["key"]["sku"], None)
+        else:
+            last[record["key"]["sku"]] = record["value"]["aggregates"]["quantity"]
+    return last
 
 
 def state(warehouse: Path, version: int | None = None) -> dict[str, int]:
@@ -121,12 +134,25 @@ def test_backfill_publishes_the_fix_atomically(
         pre[k] == expected(first, 1)[k] and post[k] == expected(first, 2)[k] for k in changed
     )
 
+    # The output topic got the fix as corrections, in one transaction: the changed
+    # keys, each once, with the fixed value.
+    records = read_output(kafka_config, f"out_{topic}")
+    corrections = [r for r in records if r["headers"]["platform.kind"] == "correction"]
+    assert {r["headers"]["platform.operation"] for r in corrections} == {"backfill"}
+    assert sorted(r["key"]["sku"] for r in corrections) == sorted(changed)
+    assert all(
+        r["value"]["aggregates"]["quantity"] == expected(first, 2)[r["key"]["sku"]]
+        for r in corrections
+    )
+    assert topic_table(records) == expected(first, 2)
+
     # The stream resumes from the backfill's end offsets with the corrected state.
     later = movements(300, 2)
     produce(kafka_config, topic, [json.dumps(e).encode() for e in later])
     summary = run_pipeline(spark, load_pipeline(str(v2), tmp_path), settings)
     assert summary.epoch == 1
     assert state(settings.warehouse) == expected(first + later, 2)
+    assert topic_table(read_output(kafka_config, f"out_{topic}")) == expected(first + later, 2)
     ledger = DeltaTable(str(settings.warehouse / "inventory" / "_ledger")).to_pyarrow_table()
     entries = [r for r in ledger.to_pylist() if r["entry_type"] == "backfill"]
     details = [json.loads(r["details"]) for r in entries]

@@ -51,9 +51,9 @@ def read_output(
             }
         )
         consumer.assign([TopicPartition(topic, partition, 0)])
-        _low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), 10)
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), 10)
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+        while low < high and time.monotonic() < deadline:
             if consumer.position([TopicPartition(topic, partition)])[0].offset >= high:
                 break
             for msg in consumer.consume(1000, 0.2):

@@ -84,6 +84,11 @@ def test_load_by_path(tmp_path: Path) -> None:
         ({"maintenance": {"rewind_horizon": "400 days"}}, "at most 365 days"),
         ({"maintenance": {"reader_grace_hours": -1}}, "maintenance.reader_grace_hours"),
         ({"maintenance": {"vacuum": True}}, "unknown field(s) vacuum"),
+        ({"output": {"topic": "bad topic!"}}, "output.topic: must be a Kafka topic name"),
+        ({"output": {"topic": "clicks"}}, "output.topic: 'clicks' is a source topic"),
+        ({"output": {"topic": "out", "partitions": 0}}, "output.partitions"),
+        ({"output": {"topic": "out", "key": "x"}}, "unknown field(s) key"),
+        ({"output": "user_counts"}, "output: must be a mapping"),
         ({"aggregations": [{"name": "updated_at", "function": "count"}]}, "reserved"),
         ({"aggregations": [{"name": "Epoch", "function": "count"}]}, "reserved"),
         ({"aggregations": [{"name": "Window_Start", "function": "count"}]}, "reserved"),
@@ -145,3 +150,9 @@ def test_event_time_bounds_default_to_one_day_ahead_and_parse_dates() -> None:
     pipeline = parse_pipeline(bounded, "p.yaml")
     assert pipeline.max_ahead_seconds == 300
     assert pipeline.not_before_us == 1577836800 * 1_000_000
+
+
+def test_output_topic_is_optional() -> None:
+    assert parse_pipeline(variant(), "p.yaml").output is None
+    output = parse_pipeline(variant(output={"topic": "user_counts"}), "p.yaml").output
+    assert output is not None and (output.topic, output.partitions) == ("user_counts", 1)
