@@ -24,6 +24,7 @@ from jobs.ledger import (
     read_ledger,
     unfinished_operation,
 )
+from jobs.output.publisher import read_bookmark, repair
 from jobs.pipeline import Pipeline
 from jobs.settings import Settings
 from jobs.streaming import offset_log
@@ -55,6 +56,8 @@ class Status:
     oldest_rewind_target: dict[str, Any] | None = None
     problems: list[str] = field(default_factory=list)
     repair: str | None = None  # the operation that fits what was found
+    # The output topic: what it holds of the state's versions (None: no output).
+    output: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -131,7 +134,32 @@ def application_status(
         oldest_rewind_target=_oldest_rewind_target(layout) if audit else None,
         problems=problems,
         repair=repair,
+        output=_output(pipeline, settings, layout, problems) if with_broker else None,
     )
+
+
+def _output(
+    pipeline: Pipeline, settings: Settings, layout: AppLayout, problems: list[str]
+) -> dict[str, Any] | None:
+    if pipeline.output is None:
+        return None
+    current = DeltaTable(str(layout.table("state"))).version()
+    found: dict[str, Any] = {"topic": pipeline.output.topic, "state_version": current}
+    config = kafka_admin.client_config(settings.bootstrap_servers, settings.kafka_client)
+    try:
+        mark = read_bookmark(config, pipeline)
+    except PlatformError as exc:
+        problems.append(f"output: {exc}")
+        return found
+    found["published_through"] = None if mark is None else mark.next_version - 1
+    found["unpublished_versions"] = current + 1 - (0 if mark is None else mark.next_version)
+    if mark is not None and mark.next_version > current + 1:
+        problems.append(
+            f"output topic {pipeline.output.topic!r} holds state versions up to "
+            f"{mark.next_version - 1}, past the state table's {current}; "
+            + repair(layout.application_id)
+        )
+    return found
 
 
 def _oldest_rewind_target(layout: AppLayout) -> dict[str, Any] | None:
@@ -281,6 +309,18 @@ def format_status(status: Status) -> str:
             lag = "-" if p.lag is None else str(p.lag)
             name = f"{p.topic}[{p.partition}]"
             lines.append(f"  {name:<20} {committed:>9} {p.log_end:>10} {lag:>8}")
+    if status.output is not None:
+        out = status.output
+        through = out.get("published_through")
+        lines.append(
+            f"  output topic {out['topic']}: state versions published through "
+            f"{'none' if through is None else through} of {out['state_version']}"
+            + (
+                f" ({out['unpublished_versions']} to publish: the next run or `publish` does)"
+                if out.get("unpublished_versions", 0) > 0
+                else ""
+            )
+        )
     if status.problems:
         lines.append("  problems:")
         lines += [f"    - {p}" for p in status.problems]
