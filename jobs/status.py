@@ -24,7 +24,8 @@ from jobs.ledger import (
     read_ledger,
     unfinished_operation,
 )
-from jobs.output.publisher import read_bookmark, repair
+from jobs.output.bookmark import repair
+from jobs.output.publisher import read_bookmark
 from jobs.pipeline import Pipeline
 from jobs.settings import Settings
 from jobs.streaming import offset_log

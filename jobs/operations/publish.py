@@ -17,7 +17,7 @@ from deltalake import DeltaTable
 from jobs import kafka_admin
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
-from jobs.errors import ConfigError
+from jobs.errors import ConfigError, OutputError
 from jobs.ledger import current_epoch
 from jobs.lock import application_lock
 from jobs.operations.audit import append_audit, audit_row
@@ -45,7 +45,12 @@ def run_publish(
     config = kafka_admin.client_config(settings.bootstrap_servers, settings.kafka_client)
     topic = pipeline.output.topic
     current = DeltaTable(str(layout.table("state"))).version()
-    mark = read_bookmark(config, pipeline)
+    try:
+        mark = read_bookmark(config, pipeline)
+    except OutputError:
+        if not snapshot:
+            raise
+        mark = None  # untrusted: the snapshot is the repair
     if snapshot:
         echo(f"plan: publish the whole state at version {current} to {topic} as a snapshot")
     elif mark is None:

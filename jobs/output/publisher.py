@@ -1,14 +1,13 @@
 """Publishing an application's ``state`` versions to its output topic, exactly once.
 
-Each state version with changes goes out in one Kafka transaction (records of a
-batch, or an operation's corrections, all or nothing for a ``read_committed``
-consumer). How a replay knows what is already in the topic: the **bookmark**.
-The same transaction commits, as the offset of partition 0 of the output topic
-for the consumer group ``platform-output.<application>``, the next state version
-to publish (``send_offsets_to_transaction``, the way Kafka Streams commits its
-input offsets with its output). Records and bookmark commit together or not at
-all, so after a crash anywhere the next publisher starts from the first version
-whose transaction did not commit.
+Each state version with changes goes out in one Kafka transaction (a batch's
+records, or an operation's corrections: all or nothing for a ``read_committed``
+consumer). How a replay knows what is already in the topic: the same
+transaction commits the bookmark, the next state version to publish
+(``bookmark.py``), the way Kafka Streams commits its input offsets with its
+output. Records and bookmark commit together or not at all, so after a crash
+anywhere the next publisher starts from the first version whose transaction did
+not commit.
 
 Zombies: the ``transactional.id`` is ``platform-output.<application>``. Opening a
 publisher (``init_transactions``) aborts a transaction a killed one left open and
@@ -16,21 +15,21 @@ fences every older producer of the application: a stream that an operation
 fenced in Delta cannot publish either. The bookmark is read after that, so no
 other publisher can move it while this one runs.
 
-A pipeline whose topic has no bookmark yet (new, or output just configured)
-starts with a snapshot of the whole state. A bookmark that cannot be trusted (a
-topic recreated, a state table newer than it, versions no longer readable) stops
-publishing with one error naming the repair: ``python -m jobs publish --snapshot``.
+A topic without a bookmark and without records (new, or output just configured)
+starts with a snapshot of the whole state. A bookmark that cannot be trusted (the
+topic or the state table replaced, the partition count changed, versions no
+longer readable) stops publishing with one error naming the repair.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
+import functools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from deltalake import DeltaTable
@@ -40,20 +39,25 @@ from jobs.delta.layout import AppLayout
 from jobs.errors import ConsistencyError, FencedError, OutputError, SourceError
 from jobs.faults import maybe_crash
 from jobs.ledger import current_epoch
+from jobs.output import bookmark
+from jobs.output.bookmark import Bookmark, repair
 from jobs.output.changes import VersionChanges, commit_infos, net_changes, snapshot
 from jobs.output.records import encode, headers
 from jobs.pipeline import Output, Pipeline
 
 log = logging.getLogger(__name__)
-NAME_PREFIX = "platform-output."
+T = TypeVar("T")
 TIMEOUT_S = 30.0
-TRANSACTION_TIMEOUT_MS = 120_000
-
-
-@dataclass(frozen=True)
-class Bookmark:
-    next_version: int  # the first state version not in the topic
-    topic_id: str | None  # of the topic it was written to, when the broker has ids
+# Kafka's default ceiling (transaction.max.timeout.ms): a snapshot or a correction
+# of millions of rows is one transaction and must fit in it.
+TRANSACTION_TIMEOUT_MS = 900_000
+# A topic the platform creates keeps the last value of every key and window.
+CREATED_TOPIC_CONFIG = {"cleanup.policy": "compact"}
+FENCED_CODES = {
+    KafkaError._FENCED,
+    KafkaError.PRODUCER_FENCED,
+    KafkaError.INVALID_PRODUCER_EPOCH,
+}
 
 
 @dataclass(frozen=True)
@@ -64,57 +68,27 @@ class Published:
 
 
 def transactional_id(application_id: str) -> str:
-    return NAME_PREFIX + application_id
-
-
-def bookmark_group(application_id: str) -> str:
-    return NAME_PREFIX + application_id
-
-
-def repair(application_id: str) -> str:
-    return (
-        f"repair: python -m jobs publish --pipeline {application_id} --snapshot "
-        "(publishes the whole state, marked snapshot, and starts from it)"
-    )
-
-
-def _group_consumer(config: dict[str, Any], application_id: str) -> Consumer:
-    return Consumer(
-        {
-            **config,
-            "group.id": bookmark_group(application_id),
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-        }
-    )
-
-
-def _read_bookmark(consumer: Consumer, output: Output) -> Bookmark | None:
-    try:
-        found = consumer.committed([TopicPartition(output.topic, 0)], TIMEOUT_S)[0]
-    except KafkaException as exc:
-        raise OutputError(f"cannot read the output bookmark of {output.topic!r}: {exc}") from exc
-    if found.error is not None:
-        raise OutputError(f"cannot read the output bookmark of {output.topic!r}: {found.error}")
-    if found.offset < 0:
-        return None
-    meta: dict[str, Any] = {}
-    if found.metadata:
-        try:
-            meta = json.loads(found.metadata)
-        except ValueError:
-            meta = {}
-    return Bookmark(found.offset, meta.get("topic_id"))
+    return bookmark.NAME_PREFIX + application_id
 
 
 def read_bookmark(config: dict[str, Any], pipeline: Pipeline) -> Bookmark | None:
     """What the output topic holds (read-only: ``maintain`` and ``status`` use it)."""
     assert pipeline.output is not None
-    consumer = _group_consumer(config, pipeline.application_id)
+    consumer = bookmark.group_consumer(config, pipeline.application_id)
     try:
-        return _read_bookmark(consumer, pipeline.output)
+        return bookmark.read(consumer, pipeline.application_id, pipeline.output.topic)
     finally:
         consumer.close()
+
+
+def versions_needed(layout: AppLayout, mark: Bookmark | None) -> range:
+    """State versions the output still has to read (``maintain`` keeps them): from
+    the one before the bookmark (a restore's deletes come from its files) on; with
+    no bookmark, only the current one (a snapshot)."""
+    current = DeltaTable(str(layout.table("state"))).version()
+    if mark is None or mark.next_version > current:
+        return range(current, current + 1)
+    return range(max(0, mark.next_version - 1), current + 1)
 
 
 class OutputPublisher:
@@ -124,6 +98,7 @@ class OutputPublisher:
         if pipeline.output is None:
             raise ValueError(f"{pipeline.application_id} has no output topic")
         self.pipeline = pipeline
+        self.app = pipeline.application_id
         self.output: Output = pipeline.output
         self.layout = layout
         self.state = layout.table("state")
@@ -132,28 +107,25 @@ class OutputPublisher:
         self.consumer: Consumer | None = None
         self.partitions = 0
         self.topic_id: str | None = None
+        self.table_id: str | None = None
         self.bookmark: Bookmark | None = None
 
     def __enter__(self) -> OutputPublisher:
         self.open()
         return self
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *_exc: object) -> None:
         self.close()
 
     def open(self, republish: bool = False) -> None:
         """Take over the topic. ``republish``: the caller publishes a snapshot next,
-        so an untrusted bookmark is not an error (it is the repair)."""
+        so an untrusted bookmark is not an error (the snapshot is the repair)."""
         self._ensure_topic()
+        self.table_id = str(DeltaTable(str(self.state)).metadata().id)
         self.producer = Producer(
             {
                 **self.config,
-                "transactional.id": transactional_id(self.pipeline.application_id),
+                "transactional.id": transactional_id(self.app),
                 "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
                 "linger.ms": 5,
             }
@@ -165,69 +137,84 @@ class OutputPublisher:
             raise OutputError(
                 f"cannot start publishing to output topic {self.output.topic!r}: {exc}"
             ) from exc
-        self.consumer = _group_consumer(self.config, self.pipeline.application_id)
-        self.bookmark = _read_bookmark(self.consumer, self.output)
-        if not republish:
-            self._check_bookmark()
+        self.consumer = bookmark.group_consumer(self.config, self.app)
+        if republish:
+            self.bookmark = None
+            return
+        self.bookmark = bookmark.read(self.consumer, self.app, self.output.topic)
+        self._check_bookmark()
+        if self.bookmark is not None and self.bookmark.recovered:
+            log.warning(
+                "%s: the bookmark of output topic %s had expired; recovered from its records: "
+                "state version %d is the next to publish",
+                self.app,
+                self.output.topic,
+                self.bookmark.next_version,
+            )
 
     def close(self) -> None:
         if self.consumer is not None:
             self.consumer.close()
             self.consumer = None
-        # Every transaction is committed or aborted before this: nothing is waiting
-        # to be sent (a fenced producer's queue never drains; it is dropped).
+        # Every transaction was committed or aborted: nothing waits to be sent (a
+        # fenced producer's queue never drains, so it is not flushed).
         self.producer = None
 
     def _ensure_topic(self) -> None:
         client = kafka_admin.admin(self.config)
+        topic = self.output.topic
         try:
             metadata = client.list_topics(timeout=TIMEOUT_S)
         except KafkaException as exc:
             raise OutputError(f"cannot reach the Kafka broker for the output: {exc}") from exc
-        topic = metadata.topics.get(self.output.topic)
-        if topic is None or topic.error is not None or not topic.partitions:
-            log.info(
-                "creating output topic %s (%d partition(s))",
-                self.output.topic,
-                self.output.partitions,
-            )
-            try:
-                kafka_admin.create_topic(client, self.output.topic, self.output.partitions)
-                self.partitions = len(
-                    kafka_admin.topic_partitions(client, [self.output.topic])[self.output.topic]
+        found = metadata.topics.get(topic)
+        try:
+            if found is None or found.error is not None or not found.partitions:
+                log.info(
+                    "creating output topic %s (%d partition(s))", topic, self.output.partitions
                 )
-            except SourceError as exc:
-                raise OutputError(str(exc)) from exc
-        else:
-            self.partitions = len(topic.partitions)
-        self.topic_id = kafka_admin.topic_ids(client, [self.output.topic]).get(self.output.topic)
+                kafka_admin.create_topic(
+                    client, topic, self.output.partitions, CREATED_TOPIC_CONFIG
+                )
+            self.partitions = len(kafka_admin.topic_partitions(client, [topic])[topic])
+            self.topic_id = kafka_admin.topic_ids(client, [topic]).get(topic)
+        except SourceError as exc:
+            raise OutputError(str(exc)) from exc
 
     def _check_bookmark(self) -> None:
-        app, topic = self.pipeline.application_id, self.output.topic
-        current = DeltaTable(str(self.state)).version()
-        mark = self.bookmark
+        app, topic, mark = self.app, self.output.topic, self.bookmark
         if mark is None:
+            return  # no records either (bookmark.read): a snapshot starts it
+        current = DeltaTable(str(self.state)).version()
+        problem = None
+        if mark.topic_id and self.topic_id and mark.topic_id != self.topic_id:
+            problem = f"was deleted and recreated (topic id {mark.topic_id}, now {self.topic_id})"
+        elif mark.table_id and mark.table_id != self.table_id:
+            problem = (
+                f"holds the versions of another state table (id {mark.table_id}; "
+                f"{self.state} is {self.table_id})"
+            )
+        elif mark.records:
             marks = kafka_admin.watermarks(
                 self.config, [(topic, p) for p in range(self.partitions)]
             )
-            if any(high > 0 for _low, high in marks.values()):
-                raise OutputError(
-                    f"output topic {topic!r} has records but no bookmark of what {app} "
-                    f"published (consumer group {bookmark_group(app)}): another writer, or "
-                    f"the group was deleted; {repair(app)}"
-                )
-            return
-        if mark.topic_id and self.topic_id and mark.topic_id != self.topic_id:
-            raise OutputError(
-                f"output topic {topic!r} was deleted and recreated since {app} last published "
-                f"to it (topic id {mark.topic_id}, now {self.topic_id}); {repair(app)}"
+            if all(high == 0 for _low, high in marks.values()):
+                problem = f"is empty, but {mark.records} record(s) were published to it"
+        if problem is None and mark.next_version > current + 1:
+            problem = (
+                f"holds state versions up to {mark.next_version - 1}, but the state table "
+                f"is only at version {current}: the table was replaced"
             )
-        if mark.next_version > current + 1:
+        if problem is None and mark.partitions and mark.partitions != self.partitions:
             raise OutputError(
-                f"output topic {topic!r} holds {app}'s state up to version "
-                f"{mark.next_version - 1}, but the state table is only at version {current}: "
-                f"the table was replaced; {repair(app)}"
+                f"output topic {topic!r} has {self.partitions} partitions, but {app} spread "
+                f"its keys over {mark.partitions}: a key's new records would land in another "
+                f"partition than its old ones; repair: recreate the topic with "
+                f"{mark.partitions} partitions, or recreate it with the new count and run "
+                f"python -m jobs publish --pipeline {app} --snapshot --reason ..."
             )
+        if problem is not None:
+            raise OutputError(f"output topic {topic!r} {problem}; {repair(app)}")
 
     # -- publishing -------------------------------------------------------------
 
@@ -240,23 +227,33 @@ class OutputPublisher:
         first = self.bookmark.next_version
         if first > current:
             return []
-        try:
-            infos = commit_infos(self.state, first, current)
-            published = []
-            for version in range(first, current + 1):
-                changes = net_changes(self.pipeline, self.state, version, infos[version])
-                if changes.num_records or version == current:
-                    # An empty version needs no transaction of its own: the next one's
-                    # bookmark moves past it, and the newest always gets one.
-                    published.append(self._transaction(changes))
-        except (ConsistencyError, OSError) as exc:
-            if isinstance(exc, ConsistencyError) and "damaged" in str(exc):
-                raise
-            raise OutputError(
-                f"state versions {first}..{current} of {self.pipeline.application_id} cannot "
-                f"be read for the output topic ({exc}); {repair(self.pipeline.application_id)}"
-            ) from exc
+        infos = self._read(lambda: commit_infos(self.state, first, current), first, current)
+        published = []
+        for version in range(first, current + 1):
+            changes = self._read(
+                functools.partial(net_changes, self.pipeline, self.state, version, infos[version]),
+                version,
+                current,
+            )
+            if changes.num_records or version == current:
+                # An empty version needs no transaction of its own: the next one's
+                # bookmark moves past it, and the newest always gets one.
+                published.append(self._transaction(changes))
         return [p for p in published if p.records]
+
+    def _read(self, read: Callable[[], T], first: int, last: int) -> T:
+        try:
+            return read()
+        except ConsistencyError as exc:
+            if "damaged" in str(exc):
+                raise
+            problem: Exception = exc
+        except Exception as exc:  # delta-rs and Arrow raise their own types
+            problem = exc
+        raise OutputError(
+            f"state versions {first}..{last} of {self.app} cannot be read for output topic "
+            f"{self.output.topic!r} ({problem}); {repair(self.app)}"
+        ) from problem
 
     def publish_snapshot(self) -> Published:
         return self._snapshot(DeltaTable(str(self.state)).version())
@@ -270,27 +267,41 @@ class OutputPublisher:
         aim their faults at the batch whose changes these are.)"""
         producer = self.producer
         assert producer is not None and self.consumer is not None
-        next_version = changes.version + 1
-        meta = json.dumps({"topic_id": self.topic_id, "state_version": next_version - 1})
+        records = (self.bookmark.records or 0) if self.bookmark is not None else 0
+        mark = Bookmark(
+            changes.version + 1,
+            topic_id=self.topic_id,
+            table_id=self.table_id,
+            partitions=self.partitions,
+            records=records + changes.num_records,
+        )
         started = time.monotonic()
+        stage = "sending"
         try:
             producer.begin_transaction()
             self._produce(producer, changes)
             producer.flush(TIMEOUT_S)
             maybe_crash("during_output", changes.batch_id)
             producer.send_offsets_to_transaction(
-                [TopicPartition(self.output.topic, 0, next_version, metadata=meta)],
+                [TopicPartition(self.output.topic, 0, mark.next_version, mark.metadata())],
                 self.consumer.consumer_group_metadata(),
                 TIMEOUT_S,
             )
+            stage = "committing"
             producer.commit_transaction(TIMEOUT_S)
         except KafkaException as exc:
-            self._failed(producer, exc, changes)
+            self._failed(producer, exc, changes, stage)
+        except BaseException:
+            # Not Kafka's (an encoding error, an interrupt): nothing of it may stay
+            # open holding back read_committed consumers.
+            with contextlib.suppress(KafkaException):
+                producer.abort_transaction(TIMEOUT_S)
+            raise
         maybe_crash("after_output", changes.batch_id)
-        self.bookmark = Bookmark(next_version, self.topic_id)
+        self.bookmark = mark
         log.info(
             "%s: state version %d (%s, %s) published to %s: %d record(s) in %.2f s",
-            self.pipeline.application_id,
+            self.app,
             changes.version,
             changes.kind,
             changes.operation,
@@ -301,7 +312,7 @@ class OutputPublisher:
         return Published(changes.version, changes.kind, changes.num_records)
 
     def _produce(self, producer: Producer, changes: VersionChanges) -> None:
-        record_headers = headers(self.pipeline.application_id, changes)
+        record_headers = headers(self.app, changes)
         for key, value, partition in encode(self.pipeline, changes, self.partitions):
             while True:
                 try:
@@ -316,21 +327,30 @@ class OutputPublisher:
                 except BufferError:  # the local queue is full: let it drain
                     producer.poll(0.1)
 
-    def _failed(self, producer: Producer, exc: KafkaException, changes: VersionChanges) -> None:
+    def _failed(
+        self, producer: Producer, exc: KafkaException, changes: VersionChanges, stage: str
+    ) -> None:
         error = exc.args[0] if exc.args else None
-        app, topic = self.pipeline.application_id, self.output.topic
-        if isinstance(error, KafkaError) and (error.code() == KafkaError._FENCED or error.fatal()):
+        app, topic, version = self.app, self.output.topic, changes.version
+        if isinstance(error, KafkaError) and error.code() in FENCED_CODES:
             raise FencedError(
                 f"another publisher of {app} took over output topic {topic!r} (transactional "
-                f"id {transactional_id(app)}); this one stops, state version "
-                f"{changes.version} is left to it"
+                f"id {transactional_id(app)}); this one stops, state version {version} is "
+                "left to it"
             ) from exc
-        if isinstance(error, KafkaError) and error.txn_requires_abort():
-            with contextlib.suppress(KafkaException):  # else the next init_transactions does
-                producer.abort_transaction(TIMEOUT_S)
+        if stage == "committing" and not (
+            isinstance(error, KafkaError) and error.txn_requires_abort()
+        ):
+            raise OutputError(
+                f"the commit of state version {version} of {app} to {topic!r} did not "
+                f"answer ({exc}): whether it is in the topic is unknown until the next "
+                "publisher reads the bookmark (it publishes it then if it is not)"
+            ) from exc
+        with contextlib.suppress(KafkaException):  # else the next init_transactions does
+            producer.abort_transaction(TIMEOUT_S)
         raise OutputError(
-            f"could not publish state version {changes.version} of {app} to {topic!r} "
-            f"(nothing of it is visible; the next run publishes it): {exc}"
+            f"could not publish state version {version} of {app} to {topic!r} (nothing of "
+            f"it is visible; the next run publishes it): {exc}"
         ) from exc
 
 
@@ -343,11 +363,3 @@ def open_publisher(
     publisher = OutputPublisher(pipeline, layout, config)
     publisher.open()
     return publisher
-
-
-def versions_needed(layout: AppLayout, bookmark: Bookmark | None) -> range:
-    """State versions the output still has to read (``maintain`` keeps them): from
-    the one before the bookmark (a restore's deletes come from its files) on."""
-    current = DeltaTable(str(layout.table("state"))).version()
-    first = 0 if bookmark is None else max(0, bookmark.next_version - 1)
-    return range(first, current + 1)

@@ -10,7 +10,8 @@
 * headers: application, epoch, batch, pipeline version, state version, and the
   kind: ``change`` (a batch's), ``correction`` (an operation's), ``snapshot``.
 
-Times are ISO 8601 in UTC. A non-finite number cannot be JSON: it is an error.
+Times are ISO 8601 in UTC, to the microsecond (``2026-11-23T10:00:00.000000Z``).
+A non-finite number cannot be JSON: it is an error.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from __future__ import annotations
 import json
 import zlib
 from collections.abc import Iterator
-from datetime import datetime
 from typing import Any
 
 import pyarrow as pa
@@ -30,6 +30,7 @@ from jobs.pipeline import Pipeline
 
 HEADER_PREFIX = "platform."
 CHUNK_ROWS = 10_000
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"  # Arrow's %S has the microseconds: ...T10:00:00.000000Z
 
 Record = tuple[bytes, bytes | None, int]  # key, value, partition
 
@@ -49,14 +50,12 @@ def headers(application_id: str, changes: VersionChanges) -> list[tuple[str, str
     ]
 
 
-def _json_value(value: Any) -> Any:
-    if isinstance(value, datetime):
-        return value.isoformat().replace("+00:00", "Z")
-    return value
+# One encoder: json.dumps with options builds a new one per call (a third of the time).
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
 
 def _dumps(data: dict[str, Any]) -> bytes:
-    return json.dumps(data, separators=(",", ":"), allow_nan=False).encode()
+    return _ENCODER.encode(data).encode()
 
 
 def partition_of(pipeline: Pipeline, row: dict[str, Any], partitions: int) -> int:
@@ -81,25 +80,44 @@ def check_finite(pipeline: Pipeline, changes: VersionChanges) -> None:
             )
 
 
+def _columns(batch: pa.RecordBatch, names: list[str]) -> dict[str, list[Any]]:
+    """Columns as Python lists; times as fixed-width ISO 8601 UTC text, formatted
+    by Arrow (a datetime per value cost most of the encoding)."""
+    found = {}
+    for name in names:
+        column = batch.column(name)
+        if pa.types.is_timestamp(column.type):
+            column = pc.strftime(column, format=TIME_FORMAT)
+        found[name] = column.to_pylist()
+    return found
+
+
 def encode(pipeline: Pipeline, changes: VersionChanges, partitions: int) -> Iterator[Record]:
     """The version's records: new rows, then removed keys (tombstones)."""
     check_finite(pipeline, changes)
     public = [a.name for a in pipeline.aggregations]
     state_keys = list(pipeline.state_keys)
     windowed = pipeline.window is not None
+    partition: dict[tuple[Any, ...], int] = {}  # per key: its windows repeat it
     for table, removed in ((changes.upserts, False), (changes.deletes, True)):
+        names = state_keys if removed else [*state_keys, *public, "updated_at"]
         for batch in table.to_batches(max_chunksize=CHUNK_ROWS):
-            for row in batch.to_pylist():
-                key = {k: _json_value(row[k]) for k in state_keys}
+            columns = _columns(batch, names)
+            for i in range(batch.num_rows):
+                row = {name: columns[name][i] for name in names}
+                key = {k: row[k] for k in state_keys}
                 value = None
                 if not removed:
                     data: dict[str, Any] = {}
                     if windowed:
-                        data["window"] = {"start": key["window_start"], "end": key["window_end"]}
+                        data["window"] = {"start": row["window_start"], "end": row["window_end"]}
                     data["aggregates"] = {name: row[name] for name in public}
-                    data["updated_at"] = _json_value(row["updated_at"])
+                    data["updated_at"] = row["updated_at"]
                     value = _dumps(data)
-                yield _dumps(key), value, partition_of(pipeline, row, partitions)
+                identity = tuple(row[k] for k in pipeline.keys)
+                if identity not in partition:
+                    partition[identity] = partition_of(pipeline, row, partitions)
+                yield _dumps(key), value, partition[identity]
 
 
 def row_key(pipeline: Pipeline, row: dict[str, Any]) -> str:

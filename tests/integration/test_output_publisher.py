@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+import time
 
 import pytest
+from confluent_kafka.admin import NewPartitions
 from deltalake import DeltaTable
 
 from jobs import kafka_admin
 from jobs.errors import FencedError, OutputError
 from jobs.operations.maintain import plan_maintenance, run_maintain
 from jobs.operations.publish import run_publish
+from jobs.output import publisher as publisher_module
 from jobs.output.publisher import OutputPublisher, read_bookmark
 from jobs.settings import Settings
 from tests.integration.test_output_topic import read_output
@@ -70,19 +73,106 @@ def test_untrusted_bookmarks_stop_publishing_until_a_snapshot(  # type: ignore[n
     # Someone else wrote to the topic: what is in it is unknown.
     kafka_admin.create_topic(kafka_admin.admin(kafka_config), out, 3)
     kafka_admin.produce_all(kafka_config, out, [(b"x", b"foreign", None)])
-    with pytest.raises(OutputError, match=r"has records but no bookmark.*--snapshot"):
+    with pytest.raises(OutputError, match=r"records of another writer.*--snapshot"):
         publisher(writer, kafka_config)
     run_publish(writer.pipeline, settings, "topic reused", snapshot=True, dry_run=False)
     assert read_bookmark(kafka_config, writer.pipeline) is not None
     writer.batch({"b": 4})
     with publisher(writer, kafka_config) as output:
         assert [p.records for p in output.publish_pending()] == [1]
-    # The state table replaced by an older one: the topic is ahead of it.
+    # The state table replaced by another one, even one with more versions.
     shutil.rmtree(writer.path)
     replaced = StateWriter(settings.warehouse, writer.pipeline)
-    replaced.batch({"c": 1})
-    with pytest.raises(OutputError, match="state table is only at version"):
+    for i in range(6):
+        replaced.batch({"c": i})
+    with pytest.raises(OutputError, match=r"versions of another state table.*--snapshot"):
         publisher(replaced, kafka_config)
+    # More partitions: a key's new records would land away from its old ones.
+    run_publish(writer.pipeline, settings, "table replaced", snapshot=True, dry_run=False)
+    admin = kafka_admin.admin(kafka_config)
+    for future in admin.create_partitions([NewPartitions(out, 5)]).values():
+        future.result()
+    with pytest.raises(
+        OutputError, match="has 5 partitions, but user_clicks spread its keys over 3"
+    ):
+        publisher(replaced, kafka_config)
+
+
+def test_an_expired_bookmark_is_recovered_from_the_records(  # type: ignore[no-untyped-def]
+    settings: Settings, kafka_config, new_topic
+) -> None:
+    out = f"out_{new_topic(1)}"
+    writer = StateWriter(settings.warehouse, clicks_pipeline(out))
+    writer.batch({"a": 1, "b": 1})
+    with publisher(writer, kafka_config) as output:
+        output.publish_pending()
+    writer.batch({"a": 2})
+    with publisher(writer, kafka_config) as output:
+        output.publish_pending()
+    # Kafka drops an idle group's offsets after offsets.retention.minutes.
+    admin = kafka_admin.admin(kafka_config)
+    for future in admin.delete_consumer_groups(["platform-output.user_clicks"]).values():
+        future.result()
+    writer.batch({"b": 7})
+    writer.batch({})  # a version without changes
+    with publisher(writer, kafka_config) as output:
+        assert output.bookmark is not None and output.bookmark.recovered
+        assert [p.records for p in output.publish_pending()] == [1]
+    records = read_output(kafka_config, out)
+    assert len(records) == 4  # snapshot a, b; a=2; b=7: nothing twice
+    assert topic_table(kafka_config, out) == state_table(writer) == {"a": 2, "b": 7}
+
+
+def test_a_recreated_topic_gets_the_whole_state_again(  # type: ignore[no-untyped-def]
+    settings: Settings, kafka_config, new_topic
+) -> None:
+    out = f"out_{new_topic(1)}"
+    writer = StateWriter(settings.warehouse, clicks_pipeline(out))
+    writer.batch({"a": 1, "b": 1})
+    with publisher(writer, kafka_config) as output:
+        output.publish_pending()
+    admin = kafka_admin.admin(kafka_config)
+    for future in admin.delete_topics([out]).values():
+        future.result()
+    kafka_admin.create_topic(admin, out, 3)
+    writer.batch({"c": 1})
+    try:
+        with publisher(writer, kafka_config) as output:
+            output.publish_pending()  # the bookmark went with the topic: a snapshot
+    except OutputError as exc:  # the bookmark outlived the topic: refused, named
+        assert "is empty, but 2 record(s) were published" in str(exc)
+        run_publish(writer.pipeline, settings, "recreated", snapshot=True, dry_run=False)
+    assert topic_table(kafka_config, out) == state_table(writer) == {"a": 1, "b": 1, "c": 1}
+
+
+def test_a_failure_while_sending_leaves_no_transaction_open(  # type: ignore[no-untyped-def]
+    settings: Settings, kafka_config, new_topic, monkeypatch
+) -> None:
+    out = f"out_{new_topic(1)}"
+    writer = StateWriter(settings.warehouse, clicks_pipeline(out))
+    writer.batch({"a": 1})
+    with publisher(writer, kafka_config) as output:
+        output.publish_pending()
+    writer.batch({"a": 2, "b": 2, "c": 2})
+    real_encode = publisher_module.encode
+
+    def failing(*args, **kwargs):  # type: ignore[no-untyped-def]
+        for i, record in enumerate(real_encode(*args, **kwargs)):
+            if i == 2:
+                raise ValueError("encoding broke")
+            yield record
+
+    monkeypatch.setattr(publisher_module, "encode", failing)
+    with publisher(writer, kafka_config) as output, pytest.raises(ValueError):
+        output.publish_pending()
+    monkeypatch.undo()
+    started = time.monotonic()
+    # Aborted at once: a read_committed reader is not held back by it.
+    assert topic_table(kafka_config, out) == {"a": 1}
+    assert time.monotonic() - started < 10
+    with publisher(writer, kafka_config) as output:
+        assert [p.records for p in output.publish_pending()] == [3]
+    assert topic_table(kafka_config, out) == state_table(writer)
 
 
 def test_maintain_keeps_the_versions_not_yet_published(  # type: ignore[no-untyped-def]

@@ -5,6 +5,7 @@ the last value per key and window equals the ``state`` table and plain Python.""
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections import Counter
 from pathlib import Path
@@ -71,6 +72,15 @@ def read_output(
     return found
 
 
+def assert_each_change_once(records: list[dict[str, Any]]) -> None:
+    """No state version published a key twice (a replayed transaction would)."""
+    seen = Counter(
+        (r["headers"]["platform.state_version"], json.dumps(r["key"], sort_keys=True))
+        for r in records
+    )
+    assert max(seen.values(), default=1) == 1, [k for k, n in seen.items() if n > 1][:5]
+
+
 def identity(key: dict[str, Any]) -> tuple[str, str]:
     return key["user_id"], key["window_start"]
 
@@ -88,7 +98,7 @@ def last_values(records: list[dict[str, Any]]) -> dict[tuple[str, str], int]:
 
 
 def iso(moment: Any) -> str:
-    return str(moment.isoformat().replace("+00:00", "Z"))
+    return str(moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ"))
 
 
 def state_table(warehouse: Path) -> dict[tuple[str, str], int]:
@@ -100,7 +110,7 @@ def expected_counts(*batches: list[bytes]) -> dict[tuple[str, str], int]:
     counts, _dead, late = clicks_per_window(list(batches))
     assert late == 0
     return {
-        (user, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start))): n
+        (user, time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime(start))): n
         for (user, start), n in counts.items()
     }
 
@@ -121,6 +131,7 @@ def test_every_change_once_across_crashes_around_the_kafka_transaction(  # type:
     assert run_with_fault(pipeline, broker.bootstrap_servers, warehouse, None) == 0
 
     records = read_output(kafka_config, output)
+    assert_each_change_once(records)
     changes = [r for r in records if r["headers"]["platform.kind"] == "change"]
     assert {r["headers"]["platform.kind"] for r in records} == {"change"}  # first snapshot: empty
     changelog = DeltaTable(str(warehouse / "user_clicks" / "changelog")).to_pyarrow_table()
@@ -170,8 +181,9 @@ def test_operations_publish_corrections(  # type: ignore[no-untyped-def]
     spec = json.dumps({topic: {"0": 400}})
     rewound = run_jobs(path, settings, "rewind", "--to-offset", spec, "--reason", "replay")
     assert rewound.returncode == 0, rewound.stderr
-    assert "output: " in rewound.stdout and "published" in rewound.stdout
+    assert re.search(r"output: \d+ record\(s\) of \d+ state version\(s\) published", rewound.stdout)
     records = read_output(kafka_config, output)
+    assert_each_change_once(records)
     corrections = [r for r in records if r["headers"]["platform.kind"] == "correction"]
     assert corrections and {r["headers"]["platform.operation"] for r in corrections} == {"rewind"}
     assert last_values(records) == state_table(warehouse) == expected_counts(first[:400])
@@ -186,6 +198,7 @@ def test_operations_publish_corrections(  # type: ignore[no-untyped-def]
     assert last_values(records) == state_table(warehouse) == {}
     run_pipeline(spark, pipeline, settings)
     records = read_output(kafka_config, output)
+    assert_each_change_once(records)
     assert last_values(records) == state_table(warehouse) == expected_counts(first, second)
 
     dry = run_jobs(path, settings, "publish", "--reason", "check", "--dry-run")

@@ -65,14 +65,14 @@ def test_records_carry_the_key_window_aggregates_and_headers(tmp_path: Path) -> 
     [(key, value, partition)] = list(encode(pipeline, changes_of(writer, first), 3))
     assert json.loads(key) == {
         "user_id": "a",
-        "window_start": "2026-11-23T10:00:00Z",
-        "window_end": "2026-11-23T10:01:00Z",
+        "window_start": "2026-11-23T10:00:00.000000Z",
+        "window_end": "2026-11-23T10:01:00.000000Z",
     }
     assert value is not None
     assert json.loads(value) == {
-        "window": {"start": "2026-11-23T10:00:00Z", "end": "2026-11-23T10:01:00Z"},
+        "window": {"start": "2026-11-23T10:00:00.000000Z", "end": "2026-11-23T10:01:00.000000Z"},
         "aggregates": {"clicks": 3},
-        "updated_at": "2026-11-23T10:00:00Z",
+        "updated_at": "2026-11-23T10:00:00.000000Z",
     }
     [(tomb_key, tomb_value, tomb_partition)] = list(
         encode(pipeline, changes_of(writer, deleted), 3)
