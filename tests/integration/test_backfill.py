@@ -18,7 +18,7 @@ from jobs.pipeline import load_pipeline
 from jobs.settings import REPO_ROOT
 from jobs.streaming.run import run_pipeline
 from tests.conftest import produce, run_jobs
-from tests.integration.test_output_topic import read_output
+from tests.output_topic import read_output
 
 pytestmark = pytest.mark.integration
 SIGNS = {1: {"receipt": 1, "sale": -1, "return": -1}, 2: {"receipt": 1, "sale": -1, "return": 1}}

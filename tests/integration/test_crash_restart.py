@@ -14,6 +14,14 @@ from deltalake import DeltaTable
 from jobs.settings import REPO_ROOT
 from tests.conftest import pipeline_file, produce, run_with_fault
 from tests.expected import clicks_per_window, state_as_counter
+from tests.output_topic import (
+    assert_published_like_the_changelog,
+    expected_counts,
+    last_values,
+    read_output,
+    state_table,
+    with_output,
+)
 
 pytestmark = pytest.mark.integration
 BAD = [b"broken", b'{"user_id": "z"}']
@@ -23,11 +31,12 @@ BAD = [b"broken", b'{"user_id": "z"}']
     "faults",
     [
         # a source task half-way through its range; then, on the replay, the
-        # changelog committed and the state merge not yet
-        ("during_read", "after_changelog@1"),
-        # dead letters committed; then every table committed and Spark's own batch
-        # commit not yet
-        ("after_dead_letter@0", "after_ledger@1"),
+        # changelog committed and the state merge not yet; then the output
+        # transaction committed and Spark's own batch commit not yet
+        ("during_read", "after_changelog@1", "after_output@2"),
+        # dead letters committed; then every table committed and no output
+        # transaction begun; then the output records sent, the transaction open
+        ("after_dead_letter@0", "after_ledger@1", "during_output@2"),
     ],
 )
 def test_crash_and_restart_is_exact(broker, kafka_config, new_topic, tmp_path, faults) -> None:  # type: ignore[no-untyped-def]
@@ -39,7 +48,10 @@ def test_crash_and_restart_is_exact(broker, kafka_config, new_topic, tmp_path, f
     ] + BAD
     produce(kafka_config, topic, values)
     # At most 700 records per batch: several batches per run.
-    pipeline = pipeline_file(tmp_path, "user_clicks", topic, max_offsets_per_trigger=700)
+    output = f"out_{topic}"
+    pipeline = with_output(
+        pipeline_file(tmp_path, "user_clicks", topic, max_offsets_per_trigger=700), output
+    )
     warehouse = tmp_path / "warehouse"
 
     for fault in faults:  # each run is killed at its point; the next one recovers
@@ -51,6 +63,16 @@ def test_crash_and_restart_is_exact(broker, kafka_config, new_topic, tmp_path, f
     assert late == 0
     state = DeltaTable(str(root / "state")).to_pyarrow_table().to_pylist()
     assert state_as_counter(state, "clicks") == expected
+
+    # The output topic, read_committed: every changelog row once, and read as a
+    # table it is the state table and the plain-Python expectation.
+    records = read_output(kafka_config, output)
+    assert_published_like_the_changelog(records, warehouse)
+    assert last_values(records) == state_table(warehouse) == expected_counts(values)
+    if "during_output@2" in faults:  # the killed transaction's records: there, unseen
+        everything = read_output(kafka_config, output, "read_uncommitted")
+        batch_2 = [r for r in records if r["headers"]["platform.batch"] == "2"]
+        assert len(everything) - len(records) == len(batch_2) > 0
 
     changelog = DeltaTable(str(root / "changelog")).to_pyarrow_table().to_pylist()
     keys = [(r["user_id"], r["window_start"], r["epoch"], r["batch_id"]) for r in changelog]

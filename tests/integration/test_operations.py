@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 from deltalake import DeltaTable
 
+from jobs import kafka_admin
 from jobs.pipeline import Pipeline, load_pipeline
 from jobs.settings import REPO_ROOT, Settings
 from jobs.status import application_status
@@ -24,13 +26,33 @@ from jobs.streaming.run import run_pipeline
 from tests.conftest import pipeline_file, produce, run_jobs
 from tests.conftest import recent_clicks as clicks
 from tests.expected import clicks_per_window, state_as_counter
+from tests.output_topic import (
+    assert_each_change_once,
+    expected_counts,
+    last_values,
+    read_output,
+    state_table,
+    with_output,
+)
 
 pytestmark = pytest.mark.integration
 
 
 def setup_pipeline(tmp_path: Path, topic: str) -> tuple[Pipeline, Path]:
+    """``user_clicks`` reading ``topic``, publishing to ``out_<topic>``."""
     path = pipeline_file(tmp_path, "user_clicks", topic, max_offsets_per_trigger=400)
+    with_output(path, f"out_{topic}")
     return load_pipeline(str(path), tmp_path), path
+
+
+def assert_topic_is_the_state(settings: Settings, topic: str, *batches: list[bytes]) -> None:
+    """The output topic read as a table equals the state table (and, with
+    ``batches``, plain Python over them); no state version published a key twice."""
+    records = read_output(kafka_admin.client_config(settings.bootstrap_servers), f"out_{topic}")
+    assert_each_change_once(records)
+    assert last_values(records) == state_table(settings.warehouse)
+    if batches:
+        assert last_values(records) == expected_counts(*batches)
 
 
 def cli(path: Path, settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
@@ -110,8 +132,13 @@ def test_rebuild_from_source(spark, settings, kafka_config, new_topic, tmp_path)
     applied = cli(path, settings, "rebuild", "--reason", "distrust delta", "--from-source")
     assert applied.returncode == 0, applied.stderr
     assert "published state table: empty" in applied.stdout
+    # Emptied: every key's tombstone went out as a correction of the rebuild.
+    assert re.search(r"output: \d+ record\(s\) of 1 state version\(s\) published", applied.stdout)
+    assert_topic_is_the_state(settings, topic)
+    assert state_table(settings.warehouse) == {}
     run_pipeline(spark, pipeline, settings)
     assert_state(settings, first)
+    assert_topic_is_the_state(settings, topic, first)
 
 
 def test_rewind_reprocess_counts_every_event_once(
@@ -129,10 +156,23 @@ def test_rewind_reprocess_counts_every_event_once(
     assert "records to replay: 600" in dry.stdout
     applied = cli(path, settings, "rewind", "--to-offset", spec, "--reason", "replay")
     assert applied.returncode == 0, applied.stderr
-    # The published state went back to the boundary (offset 400) in one commit.
+    # The published state went back to the boundary (offset 400) in one commit,
+    # and to the output topic as corrections of the rewind.
     assert sum(r["_records"] for r in table(settings, "state")) == 400
+    assert_topic_is_the_state(settings, topic, first[:400])
+    records = read_output(kafka_admin.client_config(settings.bootstrap_servers), f"out_{topic}")
+    corrections = {
+        r["headers"]["platform.operation"]
+        for r in records
+        if r["headers"]["platform.kind"] == "correction"
+    }
+    assert corrections == {"rewind"}
     run_pipeline(spark, pipeline, settings)
     assert_state(settings, first)
+    assert_topic_is_the_state(settings, topic, first)
+    status = json.loads(cli(path, settings, "status", "--json").stdout)["output"]
+    assert status["unpublished_versions"] == 0
+    assert status["published_through"] == status["state_version"]
 
 
 def test_rewind_skip_leaves_out_exactly_the_skipped_records(

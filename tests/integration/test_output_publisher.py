@@ -18,8 +18,8 @@ from jobs.operations.publish import run_publish
 from jobs.output import publisher as publisher_module
 from jobs.output.publisher import OutputPublisher, read_bookmark
 from jobs.settings import Settings
-from tests.integration.test_output_topic import read_output
 from tests.output_tables import StateWriter, clicks_pipeline
+from tests.output_topic import read_output
 
 pytestmark = pytest.mark.integration
 
