@@ -23,6 +23,8 @@ import yaml
 from deltalake import DeltaTable
 from prometheus_client.parser import text_string_to_metric_families
 
+from include.dashboard_preview import CHROMIUM, preview
+from include.dashboard_preview import panels as dashboard_panels
 from jobs.broker import find_free_port
 from jobs.settings import REPO_ROOT
 from tests.conftest import (
@@ -36,9 +38,12 @@ from tests.conftest import (
 from tests.expected import parse_click
 
 pytestmark = pytest.mark.skipif(
-    not (shutil.which("prometheus") and shutil.which("prometheus-pushgateway")),
-    reason="Debian's prometheus and prometheus-pushgateway are not installed (make test does)",
+    not (shutil.which("prometheus") and shutil.which("prometheus-pushgateway"))
+    or not CHROMIUM.exists(),
+    reason="Debian's prometheus, prometheus-pushgateway and chromium are not installed "
+    "(make test does)",
 )
+ARTIFACTS = REPO_ROOT / "test-artifacts"
 BAD = [b"not json", b'{"user_id": "u1"}', b"[1, 2]", None]
 
 
@@ -83,16 +88,25 @@ def stop(process: subprocess.Popen[Any]) -> None:
 
 
 @pytest.fixture
-def prometheus(tmp_path: Path) -> Iterator[tuple[int, int]]:
-    """(Prometheus's port, the port it scrapes every second on loopback)."""
+def prometheus(tmp_path: Path) -> Iterator[tuple[int, int, int]]:
+    """(Prometheus's port, the stream's and the exporter's ports it scrapes every
+    second on loopback)."""
     port, target = find_free_port(43000, 44000), find_free_port(44000, 45000)
+    exporter = find_free_port(45000, 46000)
     config = tmp_path / "prometheus.yml"
     config.write_text(
         yaml.safe_dump(
             {
                 "global": {"scrape_interval": "1s"},
                 "scrape_configs": [
-                    {"job_name": "stream", "static_configs": [{"targets": [f"127.0.0.1:{target}"]}]}
+                    {
+                        "job_name": "stream",
+                        "static_configs": [{"targets": [f"127.0.0.1:{target}"]}],
+                    },
+                    {
+                        "job_name": "platform-ledger",
+                        "static_configs": [{"targets": [f"127.0.0.1:{exporter}"]}],
+                    },
                 ],
             }
         )
@@ -108,7 +122,7 @@ def prometheus(tmp_path: Path) -> Iterator[tuple[int, int]]:
         "/-/ready",
     )
     try:
-        yield port, target
+        yield port, target, exporter
     finally:
         stop(process)
 
@@ -135,12 +149,26 @@ def expected_outcomes(produced: list[bytes | None]) -> tuple[int, int]:
 def test_prometheus_scrapes_a_continuous_run_and_its_counters_equal_the_ledger(
     settings, kafka_config, new_topic, tmp_path, prometheus
 ) -> None:  # type: ignore[no-untyped-def]
-    prom_port, metrics_port = prometheus
+    prom_port, metrics_port, exporter_port = prometheus
+    started = time.time()
     topic = new_topic(2)
     path = continuous_pipeline(tmp_path, "user_clicks", topic, max_offsets_per_trigger=150)
     produced = records(400, 0)
     produce(kafka_config, topic, produced)
     stream = start_stream(path, settings, {"PLATFORM_METRICS_PORT": str(metrics_port)})
+    exporter = subprocess.Popen(
+        [sys.executable, "-m", "jobs", "metrics", "--serve", "--port", str(exporter_port)]
+        + [
+            "--bootstrap-servers",
+            settings.bootstrap_servers,
+            "--warehouse",
+            str(settings.warehouse),
+        ],
+        cwd=REPO_ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
     def agreed() -> tuple[Any, ...] | None:
         """Prometheus's view and the ledger, once they agree on every record and
@@ -163,7 +191,23 @@ def test_prometheus_scrapes_a_continuous_run_and_its_counters_equal_the_ledger(
         by_outcome, batches, epoch, lag, latency = wait_for(
             "Prometheus to agree with the ledger on every record", agreed, 180
         )
+        # An operation for the dashboard's operations panel (allowed next to a stream).
+        dry = run_jobs(path, settings, "maintain", "--reason", "dashboard", "--dry-run")
+        assert dry.returncode == 0, dry.stderr
+        # Every panel of the Grafana dashboard, its queries run against this
+        # Prometheus, shows data (a rate needs a few scrapes after the last change).
+        ARTIFACTS.mkdir(exist_ok=True)
+
+        def every_panel_has_data() -> list[Any] | None:
+            panels = dashboard_panels(f"http://127.0.0.1:{prom_port}", started, time.time())
+            return panels if all(p.series for p in panels) else None
+
+        found = wait_for("every dashboard panel to have data", every_panel_has_data, 60)
+        assert len(found) == 9
+        end = time.time()
+        preview(f"http://127.0.0.1:{prom_port}", started, end, ARTIFACTS / "grafana-dashboard.png")
     finally:
+        stop(exporter)
         stream.send_signal(signal.SIGTERM)
         _out, err = stream.communicate(timeout=120)
     assert stream.returncode == 0, err[-3000:]
