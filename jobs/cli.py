@@ -16,6 +16,7 @@ import sys
 import traceback
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from jobs import faults
 from jobs.errors import ConfigError, PlatformError
@@ -57,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _pipeline_args(rewind)
     target = rewind.add_mutually_exclusive_group(required=True)
+    target.add_argument("--plan", metavar="ID", help="apply exactly a plan a --dry-run saved")
     target.add_argument("--to-earliest", action="store_true", help="the log start")
     target.add_argument("--to-latest", action="store_true", help="the log end")
     target.add_argument("--to-offset", metavar="SPEC", help="N, or JSON topic->partition->offset")
@@ -79,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     rebuild.add_argument(
         "--from-source", action="store_true", help="recompute from the earliest offsets"
     )
+    rebuild.add_argument("--plan", metavar="ID", help="apply exactly a plan a --dry-run saved")
     _operation_args(rebuild)
 
     backfill = commands.add_parser(
@@ -86,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _pipeline_args(backfill)
     start = backfill.add_mutually_exclusive_group(required=True)
+    start.add_argument("--plan", metavar="ID", help="apply exactly a plan a --preview saved")
     start.add_argument("--from-earliest", action="store_true", help="the application's start")
     start.add_argument("--from-datetime", metavar="ISO", help="first record at/after a time")
     start.add_argument("--from-offset", metavar="SPEC", help="N, or JSON topic->partition->offset")
@@ -287,10 +291,11 @@ def _run(args: argparse.Namespace, settings: Settings, pipeline: object) -> int:
     from jobs.lock import LockedError, describe, holder
     from jobs.pipeline import Pipeline
     from jobs.report import print_run_report
-    from jobs.streaming.run import run_pipeline
+    from jobs.streaming.run import preflight, run_pipeline
     from jobs.streaming.spark import get_spark
 
     assert isinstance(pipeline, Pipeline)
+    preflight(pipeline, settings)
     # Refuse before Spark starts if the application is busy; the lock that decides
     # is taken inside run_pipeline.
     busy = holder(AppLayout(settings.warehouse, pipeline.application_id))
@@ -340,6 +345,13 @@ def _operation(args: argparse.Namespace, settings: Settings, pipeline: object) -
             settings,
             lambda: plan_rebuild(pipeline, settings, reason, args.from_source),
             args.dry_run,
+            plan_id=args.plan,
+            operation="rebuild",
+        )
+        return 0
+    if args.plan:
+        run_operation(
+            pipeline, settings, _saved_only, args.dry_run, plan_id=args.plan, operation="rewind"
         )
         return 0
     kinds: dict[str, TargetKind] = {
@@ -359,8 +371,13 @@ def _operation(args: argparse.Namespace, settings: Settings, pipeline: object) -
         settings,
         lambda: plan_rewind(pipeline, settings, reason, spec, args.mode, topics),
         args.dry_run,
+        operation="rewind",
     )
     return 0
+
+
+def _saved_only() -> Any:
+    raise ConfigError("--plan applies a saved plan; it makes none")
 
 
 def _backfill(args: argparse.Namespace, settings: Settings, pipeline: object) -> int:
@@ -372,7 +389,9 @@ def _backfill(args: argparse.Namespace, settings: Settings, pipeline: object) ->
 
     assert isinstance(pipeline, Pipeline)
     reason = check_reason(args.reason)
-    if args.from_earliest:
+    if args.plan:
+        spec = TargetSpec("earliest")  # unused: the saved plan has the offsets
+    elif args.from_earliest:
         spec = TargetSpec("earliest")
     elif args.from_datetime:
         spec = TargetSpec("datetime", args.from_datetime)
@@ -382,7 +401,9 @@ def _backfill(args: argparse.Namespace, settings: Settings, pipeline: object) ->
         settings.spark_master, "backfill", settings.spark_driver_memory, settings.spark_python
     )
     try:
-        run_backfill(spark, pipeline, settings, reason, spec, args.source, args.preview)
+        run_backfill(
+            spark, pipeline, settings, reason, spec, args.source, args.preview, plan_id=args.plan
+        )
     finally:
         spark.stop()
     return 0

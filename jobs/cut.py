@@ -36,7 +36,7 @@ from jobs.delta.writer import bump_epoch
 from jobs.errors import ConfigError, ConsistencyError, SourceError
 from jobs.kafka_source import offsets as kafka_offsets
 from jobs.ledger import BOUNDARY_COLUMNS, IS_BATCH, batch_rows, last_batches, read_ledger
-from jobs.pipeline import Pipeline
+from jobs.pipeline import Pipeline, shape_changes
 
 log = logging.getLogger(__name__)
 Offsets = kafka_offsets.Offsets
@@ -73,6 +73,9 @@ class Cut:
     # The broker's topic ids when the cut was made: a topic deleted and recreated
     # since gets a new id, even when its new log is already longer than the old.
     topic_ids: dict[str, str] = field(default_factory=dict)
+    # The pipeline's ``state_shape`` the epoch's Spark state has (None: a cut made
+    # before it was recorded).
+    state_shape: dict[str, Any] | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -102,6 +105,7 @@ def read_cut(layout: AppLayout, epoch: int) -> Cut | None:
             seed_rows=None if data.get("seed_rows") is None else int(data["seed_rows"]),
             watermark_ms=int(data.get("watermark_ms", 0)),
             topic_ids={str(k): str(v) for k, v in dict(data.get("topic_ids") or {}).items()},
+            state_shape=None if data.get("state_shape") is None else dict(data["state_shape"]),
         )
         cut.offsets()  # validates the shape
     except (OSError, ValueError, KeyError, TypeError, AttributeError, ConfigError) as exc:
@@ -112,6 +116,32 @@ def read_cut(layout: AppLayout, epoch: int) -> Cut | None:
     if cut.epoch != epoch:
         raise ConsistencyError(f"cut file {path} is for epoch {cut.epoch}, not {epoch}")
     return cut
+
+
+def latest_cut(layout: AppLayout, epoch: int) -> Cut | None:
+    """The cut of ``epoch``, or of the newest epoch before it that has one (a
+    fence epoch never gets a cut)."""
+    for older in range(epoch, -1, -1):
+        found = read_cut(layout, older)
+        if found is not None:
+            return found
+    return None
+
+
+def check_state_shape(layout: AppLayout, pipeline: Pipeline, cut: Cut) -> None:
+    """Refuse, before Spark starts, a pipeline whose state does not fit the epoch's."""
+    if cut.state_shape is None:
+        return
+    changes = shape_changes(cut.state_shape, pipeline.state_shape)
+    if changes:
+        raise ConfigError(
+            f"pipeline {pipeline.application_id} v{pipeline.version} changes what Spark's state "
+            f"holds since epoch {cut.epoch} began ({'; '.join(changes)}): its checkpoint cannot "
+            f"continue; repair: python -m jobs backfill --pipeline {pipeline.application_id} "
+            "--from-earliest --reason ... (republishes the state with the new definition), or "
+            f"python -m jobs rebuild --pipeline {pipeline.application_id} --from-source "
+            "--reason ... (recomputes it from the source)"
+        )
 
 
 def write_cut(layout: AppLayout, cut: Cut) -> None:

@@ -140,6 +140,20 @@ class Pipeline:
         return self.keys + (("window_start", "window_end") if self.window else ())
 
     @property
+    def state_shape(self) -> dict[str, Any]:
+        """What Spark's state for this pipeline is made of: a checkpoint of one shape
+        cannot continue under another (Spark fails deep in a batch, or a window
+        change silently counts into the wrong windows). JSON-safe; cuts record it."""
+        return {
+            "keys": list(self.keys),
+            "window": None
+            if self.window is None
+            else [self.window.size_seconds, self.window.slide_seconds],
+            "aggregations": [[a.name, a.function, a.field] for a in self.aggregations],
+            "shuffle_partitions": self.shuffle_partitions,
+        }
+
+    @property
     def value_columns(self) -> tuple[str, ...]:
         """Aggregate output columns in state/changelog, internal ones last."""
         hidden = tuple(f"_sum_{a.name}" for a in self.aggregations if a.function == "avg")
@@ -473,6 +487,21 @@ def _check_output_names(
             raise top.error(
                 f"{name!r} is the hidden sum column of an average; rename it", "aggregations"
             )
+
+
+def shape_changes(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """What differs between two ``state_shape``s, in words."""
+    names = {
+        "keys": "keys",
+        "window": "window [size, slide] (seconds)",
+        "aggregations": "aggregations [name, function, field]",
+        "shuffle_partitions": "shuffle_partitions",
+    }
+    return [
+        f"{label} {before.get(key)} -> {now.get(key)}"
+        for key, label in names.items()
+        if before.get(key) != now.get(key)
+    ]
 
 
 def load_pipeline(name_or_path: str, pipelines_dir: Path) -> Pipeline:

@@ -333,6 +333,7 @@ def run_backfill(
     source: str = "kafka",
     preview_only: bool = False,
     echo: Callable[[str], None] = print,
+    plan_id: str | None = None,
 ) -> Plan:
     """Plan; with ``preview_only`` recompute and report; else fence, recompute,
     publish and restart (see ``runner.run_operation``)."""
@@ -341,7 +342,7 @@ def run_backfill(
 
     layout = AppLayout(settings.warehouse, pipeline.application_id)
 
-    def corrected_and_preview(plan: Plan) -> pa.Table:
+    def corrected_and_preview(plan: Plan) -> tuple[pa.Table, dict[str, Any]]:
         tables.ensure_tables(layout, pipeline)
         corrected = recompute(spark, pipeline, settings, plan)
         columns = list(tables.aggregate_schema(pipeline).names)
@@ -350,13 +351,13 @@ def run_backfill(
         path = write_preview(layout, plan, report)
         echo(summary(report))
         echo(f"preview written to {path}")
-        return corrected
+        return corrected, report
 
-    def show(plan: Plan) -> None:
-        corrected_and_preview(plan)
+    def show(plan: Plan) -> dict[str, Any]:
+        return {"preview": corrected_and_preview(plan)[1]}
 
     def apply(plan: Plan) -> dict[str, Any]:
-        corrected = corrected_and_preview(plan)
+        corrected, _report = corrected_and_preview(plan)
         return apply_plan(
             pipeline,
             settings,
@@ -373,4 +374,6 @@ def run_backfill(
         echo,
         apply=apply,
         inspect=show,
+        plan_id=plan_id,
+        operation="backfill",
     )

@@ -38,6 +38,21 @@ class Plan:
     # Topics a rewind points at their current log: they may have been recreated.
     reset_topics: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    plan_id: str | None = None  # a saved plan's id (``saved.py``), when it was reviewed
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Plan:
+        """The inverse of ``to_dict`` (a saved plan, applied exactly)."""
+        fields = dict(data)
+        fields.pop("records_skipped", None)
+        for name in ("current_offsets", "target_offsets", "read_from"):
+            fields[name] = kafka_offsets.from_json_dict(fields.get(name) or {})
+        fields["state_action"] = StateAction(fields["state_action"])
+        if fields.get("boundary") is not None:
+            boundary = dict(fields["boundary"])
+            boundary["end_offsets"] = kafka_offsets.from_json_dict(boundary["end_offsets"])
+            fields["boundary"] = Boundary(**boundary)
+        return cls(**fields)
 
     @property
     def records_skipped(self) -> int:

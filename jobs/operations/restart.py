@@ -21,6 +21,8 @@ from jobs.cut import (
     Cut,
     StateAction,
     apply_cut,
+    check_state_shape,
+    latest_cut,
     orphan_state_version,
     read_cut,
     replay_from_origin,
@@ -235,6 +237,11 @@ def apply_plan(
     if current_epoch(layout) != plan.epoch_before:
         raise ConfigError("the application moved to another epoch since the plan was made")
     new = plan.epoch_after
+    if plan.state_action is not StateAction.PUBLISH and plan.seed_state_version is not None:
+        # Seeded from the published state: it must have the shape Spark is given.
+        last = latest_cut(layout, plan.epoch_before)
+        if last is not None:
+            check_state_shape(layout, pipeline, last)
     state_path = layout.table("state")
     snapshot = seed_override
     if snapshot is None and plan.seed_state_version is not None:
@@ -256,6 +263,7 @@ def apply_plan(
         seed_rows=None if seed is None else seed.num_rows,
         watermark_ms=watermark_floor(layout, plan),
         topic_ids=checked_topic_ids(pipeline, settings, layout, plan),
+        state_shape=pipeline.state_shape,
     )
     offsets = (
         kafka_offsets.to_json_dict(plan.current_offsets),

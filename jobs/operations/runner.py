@@ -15,6 +15,7 @@ from jobs.delta.writer import bump_epoch
 from jobs.errors import ConfigError
 from jobs.ledger import current_epoch
 from jobs.lock import LockedError, application_lock, describe, holder
+from jobs.operations import saved
 from jobs.operations.audit import audit_row
 from jobs.operations.plan import Plan
 from jobs.operations.restart import apply_plan, audit_dry_run
@@ -39,11 +40,21 @@ def run_operation(
     dry_run: bool,
     echo: Callable[[str], None] = print,
     apply: Callable[[Plan], dict[str, Any]] | None = None,
-    inspect: Callable[[Plan], None] | None = None,
+    inspect: Callable[[Plan], dict[str, Any] | None] | None = None,
+    plan_id: str | None = None,
+    operation: str = "",
 ) -> Plan:
-    """``inspect`` adds to a dry run (a backfill's preview); ``apply`` replaces the
-    plain restart (a backfill publishes before it restarts)."""
+    """``inspect`` adds to a dry run (a backfill's preview, saved with the plan);
+    ``apply`` replaces the plain restart (a backfill publishes before it restarts).
+    A dry run saves its plan (``saved.py``) and prints its id; ``plan_id`` applies
+    exactly that plan, or refuses when the application moved since."""
     layout = AppLayout(settings.warehouse, pipeline.application_id)
+    if plan_id is not None:
+        if dry_run:
+            raise ConfigError("--plan applies a saved plan: leave out --dry-run/--preview")
+        return _apply_saved(
+            pipeline, settings, layout, saved.load(layout, plan_id, operation), echo, apply
+        )
     busy = None if dry_run else holder(layout)
     if busy is not None and not str(busy.get("purpose", "")).startswith("run"):
         # Another operation: refuse. A stream is fenced instead (below).
@@ -53,16 +64,51 @@ def run_operation(
     plan = make_plan()
     echo(plan.describe())
     if dry_run:
-        if inspect is not None:
-            inspect(plan)
+        extra = inspect(plan) if inspect is not None else None
+        saved_id = saved.save(layout, pipeline, plan, extra)
+        plan.plan_id = saved_id
         audit_dry_run(pipeline, settings, plan)
-        echo("dry run: nothing was changed (the plan is recorded in the ledger)")
+        echo(f"plan: {saved_id}")
+        echo(
+            "dry run: nothing was changed (the plan is recorded in the ledger); apply exactly "
+            f"it with --plan {saved_id}"
+        )
         return plan
     if busy is not None:
         fence_running_stream(pipeline, layout, plan, busy, echo)
     with application_lock(layout, f"{plan.operation} --reason {plan.reason!r}"):
         plan = make_plan()  # again: the stream may have committed more before the fence
         echo(f"plan under the lock:\n{plan.describe()}")
+        result = apply(plan) if apply is not None else apply_plan(pipeline, settings, plan)
+        echo(f"applied: {result}; epoch {plan.epoch_before} -> {plan.epoch_after}")
+        publish_corrections(pipeline, settings, echo)
+    echo(f"next: python -m jobs run --pipeline {pipeline.application_id} resumes from the cut")
+    return plan
+
+
+def _apply_saved(
+    pipeline: Pipeline,
+    settings: Settings,
+    layout: AppLayout,
+    reviewed: saved.SavedPlan,
+    echo: Callable[[str], None],
+    apply: Callable[[Plan], dict[str, Any]] | None,
+) -> Plan:
+    """The reviewed plan, as it was saved: never recomputed. A running stream is
+    not fenced for it (that would move the application away from the plan)."""
+    plan_id = reviewed.plan_id
+    busy = holder(layout)
+    if busy is not None:
+        raise LockedError(
+            f"application {pipeline.application_id} is busy: held by {describe(busy)}; a "
+            "saved plan applies to a stopped application (stop the stream, or apply without "
+            "--plan, which fences it and plans again)"
+        )
+    plan = reviewed.plan
+    echo(f"applying plan {plan_id} (made {reviewed.created_at} by {reviewed.created_by}):")
+    echo(plan.describe())
+    with application_lock(layout, f"{plan.operation} --plan {plan_id}"):
+        saved.check_unmoved(reviewed, saved.position(layout, pipeline))
         result = apply(plan) if apply is not None else apply_plan(pipeline, settings, plan)
         echo(f"applied: {result}; epoch {plan.epoch_before} -> {plan.epoch_after}")
         publish_corrections(pipeline, settings, echo)

@@ -13,7 +13,15 @@ from types import FrameType
 from pyspark.sql import SparkSession
 
 from jobs import kafka_admin
-from jobs.cut import Cut, Origin, read_cut, seed_file, write_cut
+from jobs.cut import (
+    Cut,
+    Origin,
+    check_state_shape,
+    latest_cut,
+    read_cut,
+    seed_file,
+    write_cut,
+)
 from jobs.cut import starting_offsets as start_of
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
@@ -74,9 +82,22 @@ def epoch_cut(layout: AppLayout, pipeline: Pipeline, settings: Settings) -> Cut:
         starting_offsets=plan.to_json_dict(start),
         origin=Origin.PIPELINE.value,
         topic_ids=kafka_admin.topic_ids(kafka_admin.admin(config), pipeline.topics),
+        state_shape=pipeline.state_shape,
     )
     write_cut(layout, cut)
     return cut
+
+
+def preflight(pipeline: Pipeline, settings: Settings) -> None:
+    """Checks that need no Spark, made before it starts (seconds saved, and no
+    half-started run): the pipeline's state shape against the current epoch's.
+    ``_run_locked`` checks again under the lock."""
+    layout = AppLayout(settings.warehouse, pipeline.application_id)
+    if not layout.table(tables.LEDGER).exists():
+        return
+    cut = latest_cut(layout, current_epoch(layout))
+    if cut is not None:
+        check_state_shape(layout, pipeline, cut)
 
 
 def broker_watermarks(pipeline: Pipeline, settings: Settings) -> plan.Watermarks:
@@ -130,6 +151,7 @@ def _run_locked(
         )
     epoch = current_epoch(layout)
     cut = epoch_cut(layout, pipeline, settings)
+    check_state_shape(layout, pipeline, cut)
     config = kafka_admin.client_config(settings.bootstrap_servers, settings.kafka_client)
     # Opening the publisher fences an older one; what an operation or a crash left
     # unpublished goes out before the first batch.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import threading
 from collections import Counter
@@ -91,6 +92,12 @@ def test_backfill_publishes_the_fix_atomically(
     preview = backfill("--preview")
     assert preview.returncode == 0, preview.stderr
     assert "preview:" in preview.stdout and "keys changed" in preview.stdout
+    plan_id = re.search(r"^plan: (\S+)$", preview.stdout, re.MULTILINE)
+    assert plan_id, preview.stdout
+    saved_plan = json.loads(
+        (settings.warehouse / "inventory" / "_plans" / f"{plan_id.group(1)}.json").read_text()
+    )
+    assert saved_plan["extra"]["preview"]["keys_changed"] > 0
     files = list((settings.warehouse / "inventory" / "_backfill").glob("preview-*.json"))
     report = json.loads(files[0].read_text())["preview"]
     changed = {k for k in expected(first, 1) if expected(first, 1)[k] != expected(first, 2)[k]}
@@ -112,7 +119,9 @@ def test_backfill_publishes_the_fix_atomically(
     poller = threading.Thread(target=poll)
     poller.start()
     try:
-        applied = backfill()
+        # Exactly the reviewed plan (its offsets; nothing recomputed but the state).
+        reason = ["--reason", "returns were subtracted"]
+        applied = run_jobs(v2, settings, "backfill", "--plan", plan_id.group(1), *reason)
     finally:
         done.set()
         poller.join()

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from deltalake import DeltaTable
 
 from jobs import kafka_admin
@@ -173,6 +174,73 @@ def test_rewind_reprocess_counts_every_event_once(
     status = json.loads(cli(path, settings, "status", "--json").stdout)["output"]
     assert status["unpublished_versions"] == 0
     assert status["published_through"] == status["state_version"]
+
+
+def test_a_reviewed_plan_is_applied_exactly_or_refused(
+    spark, settings, kafka_config, new_topic, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    topic = new_topic(1)
+    pipeline, path = setup_pipeline(tmp_path, topic)
+    first, second = clicks(800, 8), clicks(300, 9)
+    produce(kafka_config, topic, first)
+    run_pipeline(spark, pipeline, settings)  # batches end at 400, 800
+    spec = json.dumps({topic: {"0": 400}})
+
+    def dry_run() -> str:
+        dry = cli(path, settings, "rewind", "--to-offset", spec, "--reason", "replay", "--dry-run")
+        assert dry.returncode == 0, dry.stderr
+        found = re.search(r"^plan: (\S+)$", dry.stdout, re.MULTILINE)
+        assert found, dry.stdout
+        return found.group(1)
+
+    stale = dry_run()
+    produce(kafka_config, topic, second)
+    run_pipeline(spark, pipeline, settings)  # the application moves on: batch 2
+    refused = cli(path, settings, "rewind", "--plan", stale, "--reason", "replay")
+    assert refused.returncode == 2
+    assert f"error: plan {stale}" in refused.stderr
+    assert "the last committed batch was epoch 0 batch 1, now epoch 0 batch 2" in refused.stderr
+    assert audits(settings, "rewind")[-1]["details"]["dry_run"]  # nothing was applied
+
+    reviewed = dry_run()
+    applied = cli(path, settings, "rewind", "--plan", reviewed, "--reason", "replay")
+    assert applied.returncode == 0, applied.stderr
+    assert f"applying plan {reviewed}" in applied.stdout
+    done = audits(settings, "rewind")[-1]["details"]
+    assert done["phase"] == "done" and done["plan"]["plan_id"] == reviewed
+    assert done["plan"]["target_offsets"] == {topic: {"0": 400}}
+    run_pipeline(spark, pipeline, settings)
+    assert_state(settings, first, second)
+    assert_topic_is_the_state(settings, topic, first, second)
+
+
+def test_a_changed_window_is_refused_before_spark_and_rebuilt_from_source(
+    spark, settings, kafka_config, new_topic, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    topic = new_topic(1)
+    pipeline, path = setup_pipeline(tmp_path, topic)
+    first = clicks(600, 10)
+    produce(kafka_config, topic, first)
+    run_pipeline(spark, pipeline, settings)
+    data = yaml.safe_load(path.read_text())
+    data["version"], data["window"]["size"] = 2, "2 minutes"
+    path.write_text(yaml.safe_dump(data))
+    change = "window [size, slide] (seconds) [60, 60] -> [120, 120]"
+
+    refused = cli(path, settings, "run")
+    assert refused.returncode == 2
+    assert f"changes what Spark's state holds since epoch 0 began ({change})" in refused.stderr
+    assert "rebuild --pipeline user_clicks --from-source" in refused.stderr
+    # Seeding the new definition from the old state is refused the same way.
+    seeded = cli(path, settings, "rebuild", "--reason", "new window")
+    assert seeded.returncode == 2 and change in seeded.stderr
+
+    rebuilt = cli(path, settings, "rebuild", "--from-source", "--reason", "new window")
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    run_pipeline(spark, load_pipeline(str(path), tmp_path), settings)
+    expected, _dead, late = clicks_per_window([first], window_s=120)
+    assert late == 0
+    assert state_as_counter(table(settings, "state"), "clicks") == expected
 
 
 def test_rewind_skip_leaves_out_exactly_the_skipped_records(

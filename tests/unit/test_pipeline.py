@@ -156,3 +156,20 @@ def test_output_topic_is_optional() -> None:
     assert parse_pipeline(variant(), "p.yaml").output is None
     output = parse_pipeline(variant(output={"topic": "user_counts"}), "p.yaml").output
     assert output is not None and (output.topic, output.partitions) == ("user_counts", 1)
+
+
+def test_state_shape_changes_are_named() -> None:
+    from jobs.pipeline import shape_changes
+
+    before = parse_pipeline(variant(), "p.yaml").state_shape
+    wider = parse_pipeline(
+        variant(window={"type": "tumbling", "size": "2 minutes"}, shuffle_partitions=4), "p.yaml"
+    ).state_shape
+    assert shape_changes(before, before) == []
+    assert shape_changes(before, wider) == [
+        "window [size, slide] (seconds) [60, 60] -> [120, 120]",
+        "shuffle_partitions 2 -> 4",
+    ]
+    # A new version that only fixes a derived sign or the watermark keeps the shape.
+    later = parse_pipeline(variant(version=2, watermark="20 minutes"), "p.yaml").state_shape
+    assert shape_changes(before, later) == []

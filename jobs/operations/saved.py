@@ -1,0 +1,169 @@
+"""Reviewed plans: a dry run saves its plan; ``--plan <id>`` applies exactly it.
+
+Kafka's reset tool takes a plan from a file and Terraform applies a saved plan;
+here the saved plan also records where the application stood when it was made
+(epoch, last committed batch, pipeline version, state table version). Applying
+it refuses, in one line saying what changed, when any of these moved since: the
+offsets and versions in it would no longer be what was reviewed. Plans live in
+``<warehouse>/<application>/_plans/<id>.json``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from deltalake import DeltaTable
+
+from jobs.delta.layout import AppLayout
+from jobs.errors import ConfigError
+from jobs.ledger import current_epoch, last_batch
+from jobs.operations.audit import who
+from jobs.operations.plan import Plan
+from jobs.pipeline import Pipeline
+
+PLAN_ID = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{8}$")
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where an application stands: what a plan was computed from."""
+
+    epoch: int
+    last_batch: tuple[int, int] | None  # (epoch, batch id) of the last committed batch
+    pipeline_version: int
+    state_version: int
+
+    def changes_since(self, before: Position) -> list[str]:
+        found = []
+        if self.epoch != before.epoch:
+            found.append(f"the epoch moved from {before.epoch} to {self.epoch}")
+        if self.last_batch != before.last_batch:
+            found.append(
+                f"the last committed batch was {_batch(before.last_batch)}, now "
+                f"{_batch(self.last_batch)}"
+            )
+        if self.pipeline_version != before.pipeline_version:
+            found.append(
+                f"the pipeline version was {before.pipeline_version}, now {self.pipeline_version}"
+            )
+        if not found and self.state_version != before.state_version:
+            found.append(
+                f"the state table moved from version {before.state_version} to {self.state_version}"
+            )
+        return found
+
+
+def _batch(batch: tuple[int, int] | None) -> str:
+    return "none" if batch is None else f"epoch {batch[0]} batch {batch[1]}"
+
+
+@dataclass(frozen=True)
+class SavedPlan:
+    plan_id: str
+    plan: Plan
+    position: Position
+    created_at: str
+    created_by: str
+    extra: dict[str, Any]  # a backfill's preview
+
+
+def position(layout: AppLayout, pipeline: Pipeline) -> Position:
+    last = last_batch(layout)
+    state = layout.table("state")
+    return Position(
+        epoch=current_epoch(layout),
+        last_batch=None if last is None else (int(last["epoch"]), int(last["batch_id"])),
+        pipeline_version=pipeline.version,
+        state_version=DeltaTable(str(state)).version()
+        if DeltaTable.is_deltatable(str(state))
+        else -1,
+    )
+
+
+def plans_dir(layout: AppLayout) -> Path:
+    return layout.root / "_plans"
+
+
+def save(
+    layout: AppLayout, pipeline: Pipeline, plan: Plan, extra: dict[str, Any] | None = None
+) -> str:
+    """Write the plan and the position it was made at; returns its id."""
+    now = time.gmtime()
+    body = plan.to_json()
+    plan_id = (
+        time.strftime("%Y%m%dT%H%M%SZ", now)
+        + "-"
+        + hashlib.sha256(f"{body}{time.time_ns()}{os.getpid()}".encode()).hexdigest()[:8]
+    )
+    data = {
+        "id": plan_id,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", now),
+        "created_by": who(),
+        "position": asdict(position(layout, pipeline)),
+        "plan": {**plan.to_dict(), "plan_id": plan_id},
+        "extra": extra or {},
+    }
+    folder = plans_dir(layout)
+    folder.mkdir(parents=True, exist_ok=True)
+    temporary = folder / f".{plan_id}.json.tmp"
+    temporary.write_text(json.dumps(data, indent=2, sort_keys=True, default=str))
+    temporary.replace(folder / f"{plan_id}.json")  # whole or absent
+    return plan_id
+
+
+def load(layout: AppLayout, plan_id: str, operation: str) -> SavedPlan:
+    if not PLAN_ID.match(plan_id):
+        raise ConfigError(
+            f"--plan must be a plan id like 20261123T101500Z-1a2b3c4d, got {plan_id!r}"
+        )
+    path = plans_dir(layout) / f"{plan_id}.json"
+    if not path.is_file():
+        known = sorted(p.stem for p in plans_dir(layout).glob("*.json"))[-5:]
+        raise ConfigError(
+            f"no saved plan {plan_id} for {layout.application_id} (newest: "
+            f"{', '.join(known) or 'none'}); make one with --dry-run"
+        )
+    try:
+        data = json.loads(path.read_text())
+        plan = Plan.from_dict(data["plan"])
+        raw = data["position"]
+        last = raw["last_batch"]
+        saved_at = Position(
+            epoch=int(raw["epoch"]),
+            last_batch=None if last is None else (int(last[0]), int(last[1])),
+            pipeline_version=int(raw["pipeline_version"]),
+            state_version=int(raw["state_version"]),
+        )
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"saved plan {path} is damaged: {exc}") from exc
+    if plan.operation != operation or plan.application_id != layout.application_id:
+        raise ConfigError(
+            f"plan {plan_id} is a {plan.operation} of {plan.application_id}, not a {operation} "
+            f"of {layout.application_id}"
+        )
+    return SavedPlan(
+        plan_id,
+        plan,
+        saved_at,
+        str(data.get("created_at", "")),
+        str(data.get("created_by", "")),
+        dict(data.get("extra") or {}),
+    )
+
+
+def check_unmoved(saved: SavedPlan, now: Position) -> None:
+    """Refuse a plan the application has moved away from since it was made."""
+    changes = now.changes_since(saved.position)
+    if changes:
+        raise ConfigError(
+            f"plan {saved.plan_id} (made {saved.created_at} by {saved.created_by}) no longer "
+            f"fits {saved.plan.application_id}: {'; '.join(changes)}; make a new plan with "
+            "--dry-run and review it"
+        )

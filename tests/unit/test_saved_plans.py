@@ -1,0 +1,90 @@
+"""Reviewed plans: saved by a dry run, loaded exactly, refused once the
+application moved (real Delta tables; no broker)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from jobs.cut import StateAction
+from jobs.delta import layout as tables
+from jobs.delta.layout import AppLayout
+from jobs.errors import ConfigError
+from jobs.ledger import Boundary
+from jobs.operations import saved
+from jobs.operations.plan import Plan
+from tests.output_tables import StateWriter, clicks_pipeline
+
+
+def a_plan() -> Plan:
+    return Plan(
+        operation="rewind",
+        application_id="user_clicks",
+        reason="replay",
+        epoch_before=2,
+        epoch_after=3,
+        current_offsets={("clicks", 0): 900, ("clicks", 1): 850},
+        target_offsets={("clicks", 0): 400, ("clicks", 1): 420},
+        seed_state_version=7,
+        state_action=StateAction.RESTORE,
+        boundary=Boundary(2, 5, {("clicks", 0): 400, ("clicks", 1): 420}, 7, 1234, 99),
+        restore_version=7,
+        records_to_replay=930,
+        skipped={"clicks[0]": [1, 2]},
+        notes=["a note"],
+    )
+
+
+def test_a_plan_survives_its_json() -> None:
+    plan = a_plan()
+    assert Plan.from_dict(plan.to_dict()) == plan
+
+
+def test_saved_and_loaded_exactly(tmp_path: Path) -> None:
+    writer = StateWriter(tmp_path, clicks_pipeline())
+    plan_id = saved.save(writer.layout, writer.pipeline, a_plan(), {"preview": {"keys": 3}})
+    assert saved.PLAN_ID.match(plan_id)
+    loaded = saved.load(writer.layout, plan_id, "rewind")
+    assert loaded.plan == dataclasses.replace(a_plan(), plan_id=plan_id)
+    assert loaded.extra == {"preview": {"keys": 3}}
+    assert loaded.position == saved.position(writer.layout, writer.pipeline)
+    saved.check_unmoved(loaded, saved.position(writer.layout, writer.pipeline))
+
+
+def test_a_plan_the_application_moved_away_from_is_refused(tmp_path: Path) -> None:
+    writer = StateWriter(tmp_path, clicks_pipeline())
+    plan_id = saved.save(writer.layout, writer.pipeline, a_plan())
+    writer.batch({"a": 1})  # the state moved (a batch's merge)
+    later = saved.position(writer.layout, writer.pipeline)
+    with pytest.raises(ConfigError, match="the state table moved from version 0 to 1"):
+        saved.check_unmoved(saved.load(writer.layout, plan_id, "rewind"), later)
+    newer = dataclasses.replace(later, pipeline_version=2, last_batch=(0, 4))
+    with pytest.raises(ConfigError) as error:
+        saved.check_unmoved(saved.load(writer.layout, plan_id, "rewind"), newer)
+    message = str(error.value)
+    assert "the last committed batch was none, now epoch 0 batch 4" in message
+    assert "the pipeline version was 1, now 2" in message
+    assert "make a new plan with --dry-run" in message
+
+
+@pytest.mark.parametrize(
+    ("plan_id", "message"),
+    [
+        ("../../etc/passwd", "--plan must be a plan id"),
+        ("20261123T101500Z-1a2b3c4d", "no saved plan 20261123T101500Z-1a2b3c4d"),
+    ],
+)
+def test_bad_plan_ids(tmp_path: Path, plan_id: str, message: str) -> None:
+    layout = AppLayout(tmp_path, "user_clicks")
+    tables.ensure_tables(layout, clicks_pipeline())
+    with pytest.raises(ConfigError, match=message):
+        saved.load(layout, plan_id, "rewind")
+
+
+def test_a_plan_of_another_operation_is_refused(tmp_path: Path) -> None:
+    writer = StateWriter(tmp_path, clicks_pipeline())
+    plan_id = saved.save(writer.layout, writer.pipeline, a_plan())
+    with pytest.raises(ConfigError, match="is a rewind of user_clicks, not a backfill"):
+        saved.load(writer.layout, plan_id, "backfill")
