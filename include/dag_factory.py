@@ -7,7 +7,9 @@ Per pipeline ``stream_<application_id>``:
 * ``continuous`` pipelines: one long-running streaming task, supervised by the
   scheduler (``@continuous`` starts the next run as soon as one ends, retries back
   off), plus ``health_<application_id>``, which fails loudly when the last
-  committed batch is too old or the application reports problems.
+  committed batch is too old or the application reports problems;
+* ``verify_<application_id>``: every day, the drift check (``jobs/operations/verify.py``)
+  on a sample of the keys.
 
 The ``state`` and ``changelog`` tables are Assets (outlets), so downstream DAGs
 can be scheduled on them. Nothing heavy is imported here: DAG files parse fast.
@@ -125,6 +127,46 @@ def health_dag(pipeline: Pipeline) -> DAG:
     return dag
 
 
+VERIFY_EVERY = timedelta(days=1)
+VERIFY_SAMPLE = 0.1
+
+
+def verify_dag(pipeline: Pipeline) -> DAG:
+    """The drift check: a batch recomputation of (a sample of) the state, compared
+    with the published table; the task fails when keys differ."""
+    app = pipeline.application_id
+    with DAG(
+        dag_id=f"verify_{app}",
+        description=f"Recomputes {app}'s state in batch and compares it with the published one",
+        doc_md=f"`python -m jobs verify --pipeline {app} --sample F`: the state's lineage "
+        "(from the ledger) recomputed with the current pipeline version, compared with the "
+        "`state` table. The result goes into the ledger; differing keys fail the task, with "
+        "examples in its log.",
+        schedule=VERIFY_EVERY,
+        start_date=START,
+        catchup=False,
+        max_active_runs=1,
+        tags=["verify", app],
+        default_args=default_args(retries=1),
+        params={
+            "sample": Param(
+                VERIFY_SAMPLE,
+                type="number",
+                exclusiveMinimum=0,
+                maximum=1,
+                description="the fraction of keys compared (1: all)",
+            )
+        },
+    ) as dag:
+        PlatformJobOperator(
+            task_id="verify",
+            command="verify",
+            pipeline=app,
+            arguments_from_params=lambda p: ["--sample", str(p["sample"])],
+        )
+    return dag
+
+
 def _fail_with(message: str) -> NoReturn:
     raise ConfigError(message)
 
@@ -157,6 +199,7 @@ def stream_dags(settings: Settings | None = None) -> dict[str, DAG]:
     pipelines, broken = load_each_pipeline(settings.pipelines_dir)
     for pipeline in pipelines:
         dags[f"stream_{pipeline.application_id}"] = stream_dag(pipeline, settings)
+        dags[f"verify_{pipeline.application_id}"] = verify_dag(pipeline)
         if pipeline.trigger_mode == "continuous":
             dags[f"health_{pipeline.application_id}"] = health_dag(pipeline)
     for stem, error in broken.items():

@@ -111,6 +111,13 @@ def build_parser() -> argparse.ArgumentParser:
     _pipeline_args(maintain)
     _operation_args(maintain)
 
+    verify = commands.add_parser(
+        "verify", help="recompute the state in batch and compare it with the published one"
+    )
+    _pipeline_args(verify)
+    verify.add_argument("--sample", type=float, help="compare only this fraction of the keys")
+    verify.add_argument("--source", choices=["kafka", "archive"], default="kafka")
+
     publish = commands.add_parser(
         "publish",
         help="bring the output topic up to date, or republish the whole state (audited)",
@@ -215,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
             text = json.dumps(status.to_dict(), indent=2, default=str)
             print(text if args.json else format_status(status))
             return 0
-        if args.command in ("rewind", "rebuild", "backfill", "maintain", "publish"):
+        if args.command in ("rewind", "rebuild", "backfill", "maintain", "publish", "verify"):
             return _counted_operation(args, settings, pipeline)
         return _run(args, settings, pipeline)
     except Exception as exc:
@@ -240,6 +247,8 @@ def _counted_operation(args: argparse.Namespace, settings: Settings, pipeline: P
 
             run_maintain(pipeline, settings, check_reason(args.reason), args.dry_run)
             code = 0
+        elif args.command == "verify":
+            code = _verify(args, settings, pipeline)
         elif args.command == "publish":
             from jobs.operations.publish import run_publish
             from jobs.operations.runner import check_reason
@@ -373,6 +382,22 @@ def _operation(args: argparse.Namespace, settings: Settings, pipeline: object) -
         args.dry_run,
         operation="rewind",
     )
+    return 0
+
+
+def _verify(args: argparse.Namespace, settings: Settings, pipeline: Pipeline) -> int:
+    from jobs.operations.verify import run_verify
+    from jobs.streaming.spark import get_spark
+
+    if args.sample is not None and not 0 < args.sample <= 1:
+        raise ConfigError(f"--sample must be a fraction in (0, 1], got {args.sample}")
+    spark = get_spark(
+        settings.spark_master, "verify", settings.spark_driver_memory, settings.spark_python
+    )
+    try:
+        run_verify(spark, pipeline, settings, args.sample, args.source)
+    finally:
+        spark.stop()
     return 0
 
 

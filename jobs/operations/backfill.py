@@ -100,29 +100,56 @@ def plan_backfill(
 
 def recompute(spark: SparkSession, pipeline: Pipeline, settings: Settings, plan: Plan) -> pa.Table:
     """The corrected state: the boundary's state plus every record after it."""
+    raw = read_records(spark, pipeline, settings, plan.read_from, plan.target_offsets, plan.source)
+    return aggregate_records(spark, pipeline, settings, raw, plan.seed_state_version)
+
+
+def read_records(
+    spark: SparkSession,
+    pipeline: Pipeline,
+    settings: Settings,
+    start: kafka_offsets.Offsets,
+    end: kafka_offsets.Offsets,
+    source: str = "kafka",
+) -> DataFrame:
+    """The records [start, end) per partition, from Kafka or the raw archive."""
     layout = AppLayout(settings.warehouse, pipeline.application_id)
-    start = plan.read_from
-    if plan.source == "archive":
-        raw = archived_records(spark, layout, start, plan.target_offsets)
-    else:
-        reader = (
-            spark.read.format(FORMAT)
-            .option("subscribe", ",".join(pipeline.topics))
-            .option("kafka.bootstrap.servers", settings.bootstrap_servers)
-            .option("startingOffsets", json.dumps(kafka_offsets.to_json_dict(start)))
-            .option("endingOffsets", json.dumps(kafka_offsets.to_json_dict(plan.target_offsets)))
-        )
-        for key, value in settings.kafka_client.items():
-            reader = reader.option(f"kafka.{key}", value)
-        raw = reader.load()
+    if source == "archive":
+        return archived_records(spark, layout, start, end)
+    reader = (
+        spark.read.format(FORMAT)
+        .option("subscribe", ",".join(pipeline.topics))
+        .option("kafka.bootstrap.servers", settings.bootstrap_servers)
+        .option("startingOffsets", json.dumps(kafka_offsets.to_json_dict(start)))
+        .option("endingOffsets", json.dumps(kafka_offsets.to_json_dict(end)))
+    )
+    for key, value in settings.kafka_client.items():
+        reader = reader.option(f"kafka.{key}", value)
+    return reader.load()
+
+
+def aggregate_records(
+    spark: SparkSession,
+    pipeline: Pipeline,
+    settings: Settings,
+    raw: DataFrame,
+    seed_state_version: int | None = None,
+    keep: Callable[[DataFrame], DataFrame] | None = None,
+) -> pa.Table:
+    """``raw`` judged as the stream judged it (the ledger's watermarks and batch
+    times), aggregated with the pipeline, plus a seed state version's rows;
+    ``keep`` filters the contributions (a sample of keys)."""
+    layout = AppLayout(settings.warehouse, pipeline.application_id)
     decided = read_ledger(layout, [*BOUNDARY_COLUMNS, "details"], IS_BATCH)
     raw = with_stream_decisions(spark, raw, decided, pipeline.window is not None)
     contributions = record_contributions(classify(raw, pipeline), pipeline)
-    if plan.seed_state_version is not None:
-        base = DeltaTable(str(layout.table("state")), version=plan.seed_state_version)
+    if seed_state_version is not None:
+        base = DeltaTable(str(layout.table("state")), version=seed_state_version)
         seed = seed_rows(base.to_pyarrow_table(), pipeline)
         if seed.num_rows:
             contributions = contributions.unionByName(spark.createDataFrame(seed))
+    if keep is not None:
+        contributions = keep(contributions)
     corrected = aggregate(contributions, pipeline).toArrow()
     return corrected.cast(tables.aggregate_schema(pipeline))
 

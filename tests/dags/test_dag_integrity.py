@@ -34,6 +34,25 @@ def test_one_stream_dag_per_pipeline(dagbag) -> None:  # type: ignore[no-untyped
     assert {f"stream_{p}" for p in pipelines} <= set(dagbag.dag_ids)
 
 
+def test_a_daily_drift_check_per_pipeline(dagbag) -> None:  # type: ignore[no-untyped-def]
+    from datetime import timedelta
+
+    from airflow.sdk.definitions.param import ParamsDict
+    from airflow.sdk.exceptions import ParamValidationError
+
+    for app in ("user_clicks", "inventory"):
+        dag = dagbag.dags[f"verify_{app}"]
+        assert dag.schedule == timedelta(days=1) or str(dag.timetable.summary).startswith("1 day")
+        task = dag.get_task("verify")
+        assert task.application_args[:3] == ["verify", "--pipeline", app]
+        assert task.arguments_from_params({"sample": 0.25}) == ["--sample", "0.25"]
+        for bad in (0, 1.5, "all"):
+            params = ParamsDict(dag.params)
+            with pytest.raises(ParamValidationError):
+                params.update({"sample": bad})
+                params.validate()
+
+
 def test_every_dag_has_tags_retries_and_owner(dagbag) -> None:  # type: ignore[no-untyped-def]
     for dag_id, dag in dagbag.dags.items():
         assert dag.tags, f"{dag_id} has no tags"

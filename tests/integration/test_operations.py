@@ -20,6 +20,8 @@ import yaml
 from deltalake import DeltaTable
 
 from jobs import kafka_admin
+from jobs.errors import ConsistencyError
+from jobs.operations.verify import run_verify
 from jobs.pipeline import Pipeline, load_pipeline
 from jobs.settings import REPO_ROOT, Settings
 from jobs.status import application_status
@@ -262,6 +264,21 @@ def test_rewind_skip_leaves_out_exactly_the_skipped_records(
     entry = audits(settings, "rewind")[-1]
     assert entry["details"]["plan"]["skipped"] == {f"{topic}[0]": [500, 800]}
     assert entry["details"]["plan"]["records_skipped"] == 300
+
+    # The drift check recomputes the state's lineage (without the skipped records):
+    # nothing differs. A published value changed by hand is found and recorded.
+    lines: list[str] = []
+    result = run_verify(spark, pipeline, settings, echo=lines.append)
+    windows = len(clicks_per_window([first, later])[0])
+    assert (result["differing_keys"], result["rows_compared"]) == (0, windows), lines
+    state = DeltaTable(str(settings.warehouse / "user_clicks" / "state"))
+    user = table(settings, "state")[0]["user_id"]
+    state.update(updates={"clicks": "clicks + 1"}, predicate=f"user_id = '{user}'")
+    tampered = sum(1 for r in table(settings, "state") if r["user_id"] == user)
+    with pytest.raises(ConsistencyError, match="differ from a recomputation"):
+        run_verify(spark, pipeline, settings, echo=lines.append)
+    assert audits(settings, "verify")[-1]["details"]["differing_keys"] == tampered
+    assert any(f'"user_id": "{user}"' in line for line in lines)
 
 
 def test_an_operation_fences_a_running_stream(settings, kafka_config, new_topic, tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -1,0 +1,243 @@
+"""``verify``: recompute the state in batch and compare it with the published one.
+
+The recomputation covers exactly the records the published state is made of, its
+**lineage**, reconstructed from the ledger: the batches of the current epoch,
+plus what the epoch started from. An operation's "done" row says that: a cut
+seeded from a batch boundary carries that boundary's lineage; an emptied state
+carries none; a backfill carries its boundary's lineage and the range it
+recomputed. So records a rewind skipped stay out, and a range replayed after a
+rewind counts once. The comparison is with the ``state`` table as it is (a batch
+committed after the recomputed lineage is refused: run again), with the current
+pipeline version: with the same version and
+no bug, no key differs. The result goes into the ledger; differing keys fail
+the command (one ``error:`` line) after printing examples.
+
+``--sample F`` recomputes and compares only keys whose hash falls in the fraction
+F (all windows of a sampled key).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from deltalake import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from jobs.delta import layout as tables
+from jobs.delta.layout import AppLayout
+from jobs.errors import ConfigError, ConsistencyError
+from jobs.kafka_source import offsets as kafka_offsets
+from jobs.ledger import DONE, IS_BATCH, MAINTAIN, current_epoch, last_boundary, read_ledger
+from jobs.operations.audit import append_audit, audit_row
+from jobs.operations.backfill import aggregate_records, preview, read_records
+from jobs.output.changes import commit_infos
+from jobs.pipeline import Pipeline
+from jobs.settings import Settings
+
+log = logging.getLogger(__name__)
+VERIFY = "verify"
+SAMPLE_BUCKETS = 1_000_000
+
+Intervals = dict[tuple[str, int], list[tuple[int, int]]]  # merged [start, end) per partition
+
+
+@dataclass(frozen=True)
+class Step:
+    """How an epoch began: the operation's plan, as its "done" ledger row holds it."""
+
+    action: str  # keep, restore, empty, publish
+    boundary: tuple[int, int] | None  # (epoch, batch id) the state was taken at
+    recomputed: tuple[kafka_offsets.Offsets, kafka_offsets.Offsets] | None  # a backfill's
+
+
+def merge(intervals: Intervals) -> Intervals:
+    merged: Intervals = {}
+    for tp, spans in intervals.items():
+        out: list[tuple[int, int]] = []
+        for start, end in sorted(s for s in spans if s[1] > s[0]):
+            if out and start <= out[-1][1]:
+                out[-1] = (out[-1][0], max(out[-1][1], end))
+            else:
+                out.append((start, end))
+        if out:
+            merged[tp] = out
+    return merged
+
+
+def lineage(
+    batches: list[dict[str, Any]], steps: dict[int, Step], epoch: int, upto: int | None = None
+) -> Intervals:
+    """The offsets the state of ``epoch`` (after batch ``upto``) is made of."""
+    found: Intervals = {}
+
+    def add(start: kafka_offsets.Offsets, end: kafka_offsets.Offsets) -> None:
+        for tp, stop in end.items():
+            found.setdefault(tp, []).append((start.get(tp, stop), stop))
+
+    for row in batches:
+        if row["epoch"] == epoch and (upto is None or row["batch_id"] <= upto):
+            add(
+                kafka_offsets.from_json_dict(json.loads(row["start_offsets"])),
+                kafka_offsets.from_json_dict(json.loads(row["end_offsets"])),
+            )
+    step = steps.get(epoch)
+    if step is not None and step.action != "empty":
+        if step.boundary is not None:
+            for tp, spans in lineage(batches, steps, *step.boundary).items():
+                found.setdefault(tp, []).extend(spans)
+        if step.recomputed is not None:
+            add(*step.recomputed)
+    return merge(found)
+
+
+def epoch_steps(ledger: list[dict[str, Any]]) -> dict[int, Step]:
+    steps = {}
+    for row in ledger:
+        if row["entry_type"] in (MAINTAIN, VERIFY):
+            continue
+        details = json.loads(row["details"] or "{}")
+        if details.get("phase") != DONE or details.get("dry_run"):
+            continue
+        plan = details.get("plan") or {}
+        boundary = plan.get("boundary")
+        recomputed = None
+        if plan.get("state_action") == "publish":
+            recomputed = (
+                kafka_offsets.from_json_dict(plan.get("read_from") or {}),
+                kafka_offsets.from_json_dict(plan.get("target_offsets") or {}),
+            )
+        steps[int(row["epoch"])] = Step(
+            action=str(plan.get("state_action", "keep")),
+            boundary=None
+            if boundary is None
+            else (int(boundary["epoch"]), int(boundary["batch_id"])),
+            recomputed=recomputed,
+        )
+    return steps
+
+
+def layers(intervals: Intervals) -> list[tuple[kafka_offsets.Offsets, kafka_offsets.Offsets]]:
+    """Reads of one range per partition each (what the source takes), together
+    covering every interval: the k-th interval of every partition in the k-th."""
+    depth = max((len(spans) for spans in intervals.values()), default=0)
+    reads = []
+    for k in range(depth):
+        start, end = {}, {}
+        for tp, spans in intervals.items():
+            span = spans[k] if k < len(spans) else (spans[-1][1], spans[-1][1])
+            start[tp], end[tp] = span
+        reads.append((start, end))
+    return reads
+
+
+def sampled(pipeline: Pipeline, fraction: float | None) -> Callable[[DataFrame], DataFrame] | None:
+    """Keeps the rows of keys whose hash falls in ``fraction`` (the same keys in the
+    recomputation and in the published state)."""
+    if fraction is None or fraction >= 1:
+        return None
+    keys = [F.col(k) for k in pipeline.keys]
+    bucket = F.pmod(F.xxhash64(*keys), F.lit(SAMPLE_BUCKETS))
+    threshold = int(fraction * SAMPLE_BUCKETS)
+    return lambda frame: frame.filter(bucket < threshold)
+
+
+def check_no_batch_after(layout: AppLayout, boundary_version: int, current: int) -> None:
+    """The published table may have moved past the last batch by other commits
+    (maintenance, an epoch bump, an edit by hand), never by a batch: that one is
+    being committed (or a crash left it), and the ledger does not count it yet."""
+    if current <= boundary_version:
+        return
+    infos = commit_infos(layout.table("state"), boundary_version + 1, current)
+    batches = [v for v, info in infos.items() if info.get("platform_operation") == "batch"]
+    if batches:
+        raise ConsistencyError(
+            f"{layout.application_id}: state version {batches[0]} is a batch the ledger does not "
+            "hold yet (one is being committed, or a crash left it, which the next run undoes); "
+            "run verify again when the stream is idle"
+        )
+
+
+def run_verify(
+    spark: SparkSession,
+    pipeline: Pipeline,
+    settings: Settings,
+    sample: float | None = None,
+    source: str = "kafka",
+    echo: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    if sample is not None and not 0 < sample <= 1:
+        raise ConfigError(f"--sample must be a fraction in (0, 1], got {sample}")
+    if source == "archive" and not pipeline.archive:
+        raise ConfigError(f"{pipeline.application_id} keeps no raw archive (archive: false)")
+    layout = AppLayout(settings.warehouse, pipeline.application_id)
+    boundary = last_boundary(layout)
+    if boundary is None:
+        raise ConfigError(f"{pipeline.application_id} has no committed batch: nothing to verify")
+    # Only the columns needed: the ledger grows by a row per batch.
+    batch_table = read_ledger(
+        layout, ["epoch", "batch_id", "start_offsets", "end_offsets"], IS_BATCH
+    )
+    operations = read_ledger(layout, ["entry_type", "epoch", "details"], ~IS_BATCH)
+    batches = [] if batch_table is None else batch_table.to_pylist()
+    steps = epoch_steps([] if operations is None else operations.to_pylist())
+    intervals = lineage(batches, steps, boundary.epoch, boundary.batch_id)
+    reads = layers(intervals)
+    records = sum(end - start for spans in intervals.values() for start, end in spans)
+    echo(
+        f"verify {pipeline.application_id} v{pipeline.version}: the state as of epoch "
+        f"{boundary.epoch} batch {boundary.batch_id} (state version {boundary.state_version}), "
+        f"recomputed from {records} offsets in {len(reads)} read(s)"
+        + (f", keys sampled: {sample}" if sample is not None and sample < 1 else "")
+    )
+    raw: DataFrame | None = None
+    for start, end in reads:
+        part = read_records(spark, pipeline, settings, start, end, source)
+        raw = part if raw is None else raw.unionByName(part)
+    keep = sampled(pipeline, sample)
+    if raw is None:
+        recomputed = pa.Table.from_batches([], schema=tables.aggregate_schema(pipeline))
+    else:
+        recomputed = aggregate_records(spark, pipeline, settings, raw, None, keep)
+    columns = list(tables.aggregate_schema(pipeline).names)
+    published = DeltaTable(str(layout.table("state")))
+    check_no_batch_after(layout, boundary.state_version, published.version())
+    # The table as it is now: a change made after the last batch (by hand, say) is
+    # drift too.
+    current = published.to_pyarrow_table(columns=columns)
+    if keep is not None and current.num_rows:
+        current = keep(spark.createDataFrame(current)).toArrow().cast(current.schema)
+    report = preview(pipeline, current, recomputed)
+    differing = report["keys_changed"] + report["keys_added"] + report["keys_removed"]
+    result = {
+        "sample": sample,
+        "boundary": {"epoch": boundary.epoch, "batch_id": boundary.batch_id},
+        "state_version": published.version(),
+        "rows_compared": max(report["rows_before"], report["rows_after"]),
+        "differing_keys": differing,
+        "examples": report["samples"],
+    }
+    append_audit(
+        layout,
+        audit_row(pipeline, VERIFY, current_epoch(layout), {"reason": "drift check", **result}),
+    )
+    echo(
+        f"verify: {result['rows_compared']} rows compared, {differing} differ "
+        f"({report['keys_changed']} changed, {report['keys_added']} only recomputed, "
+        f"{report['keys_removed']} only published)"
+    )
+    for example in report["samples"]:
+        echo(f"  {json.dumps(example, sort_keys=True, default=str)}")
+    if differing:
+        raise ConsistencyError(
+            f"{differing} key(s) of {pipeline.application_id} differ from a recomputation "
+            f"with pipeline version {pipeline.version} (examples above, and in the ledger); "
+            f"repair: python -m jobs backfill --pipeline {pipeline.application_id} "
+            "--from-earliest --reason ... --preview"
+        )
+    return result

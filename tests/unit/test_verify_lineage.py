@@ -1,0 +1,71 @@
+"""The offsets a published state is made of, from the ledger (pure: no Spark)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from jobs.operations.verify import Step, epoch_steps, layers, lineage, merge
+
+T = "clicks"
+
+
+def batch(epoch: int, batch_id: int, start: int, end: int) -> dict[str, Any]:
+    return {
+        "epoch": epoch,
+        "batch_id": batch_id,
+        "start_offsets": json.dumps({T: {"0": start}}),
+        "end_offsets": json.dumps({T: {"0": end}}),
+    }
+
+
+def test_intervals_merge() -> None:
+    assert merge({(T, 0): [(5, 9), (0, 5), (20, 30), (25, 40), (7, 7)]}) == {
+        (T, 0): [(0, 9), (20, 40)]
+    }
+
+
+def test_a_rewind_replay_counts_once_and_a_skip_stays_out() -> None:
+    batches = [batch(0, 0, 0, 400), batch(0, 1, 400, 800), batch(0, 2, 800, 1000)]
+    # Rewind (reprocess) to batch 0's end: epoch 1 replays 400.. again.
+    batches += [batch(1, 0, 400, 700)]
+    steps = {1: Step("restore", (0, 0), None)}
+    assert lineage(batches, steps, 1) == {(T, 0): [(0, 700)]}  # not 700..1000: undone
+    # Rewind (skip) to 1500: epoch 2 keeps epoch 1's state and reads from 1500.
+    batches += [batch(2, 0, 1500, 1600)]
+    steps[2] = Step("keep", (1, 0), None)
+    assert lineage(batches, steps, 2) == {(T, 0): [(0, 700), (1500, 1600)]}
+    # Emptied (rebuild --from-source): only what the new epoch read.
+    batches += [batch(3, 0, 0, 50)]
+    steps[3] = Step("empty", None, None)
+    assert lineage(batches, steps, 3) == {(T, 0): [(0, 50)]}
+
+
+def test_a_backfill_carries_the_range_it_recomputed() -> None:
+    batches = [batch(0, 0, 0, 400), batch(1, 0, 900, 950)]
+    steps = {1: Step("publish", (0, 0), ({(T, 0): 400}, {(T, 0): 900}))}
+    assert lineage(batches, steps, 1) == {(T, 0): [(0, 950)]}
+
+
+def test_steps_come_from_done_rows_only() -> None:
+    def row(entry: str, epoch: int, details: dict[str, Any]) -> dict[str, Any]:
+        return {"entry_type": entry, "epoch": epoch, "details": json.dumps(details)}
+
+    plan = {"state_action": "restore", "boundary": {"epoch": 0, "batch_id": 3}}
+    steps = epoch_steps(
+        [
+            row("rewind", 1, {"dry_run": True, "plan": plan}),
+            row("rewind", 1, {"phase": "started", "plan": plan}),
+            row("rewind", 1, {"phase": "done", "plan": plan}),
+            row("maintain", 1, {"phase": "done"}),
+        ]
+    )
+    assert steps == {1: Step("restore", (0, 3), None)}
+
+
+def test_disjoint_intervals_are_read_in_layers() -> None:
+    reads = layers({(T, 0): [(0, 10), (20, 30)], (T, 1): [(5, 8)]})
+    assert reads == [
+        ({(T, 0): 0, (T, 1): 5}, {(T, 0): 10, (T, 1): 8}),
+        ({(T, 0): 20, (T, 1): 8}, {(T, 0): 30, (T, 1): 8}),
+    ]
