@@ -2,8 +2,10 @@
 
 ``maintenance_rewind``, ``maintenance_rebuild``, ``maintenance_backfill``: a trigger
 form (pipeline chosen from the defined ones, the operation's options, a required
-reason, dry run on by default), a ``plan`` task that prints the exact plan in its
-log, and an ``apply`` task that runs only when dry run is off. ``recovery`` checks
+reason); ``plan`` saves the exact plan under this run's id, ``approval`` (Airflow's
+human-in-the-loop ``ApprovalOperator``) shows it in Markdown, ``apply`` applies
+exactly that plan once approved, and ``record_decision`` writes a rejection into
+the ledger. ``recovery`` checks
 every application's status every 15 minutes and rebuilds one whose Spark
 checkpoint is damaged. The jobs' per-application lock keeps all of them apart from
 each other and from the streams (an operation fences a running stream).
@@ -16,16 +18,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from airflow.providers.standard.operators.python import ShortCircuitOperator
+from airflow.providers.standard.operators.hitl import ApprovalOperator
+from airflow.providers.standard.operators.python import PythonOperator, ShortCircuitOperator
 from airflow.sdk import DAG, Param
+from airflow.utils.trigger_rule import TriggerRule
 
 from include.dag_factory import START, default_args
 from jobs.pipeline import load_each_pipeline
 from jobs.settings import load_settings
 from platform_airflow.hooks import PlatformHook
 from platform_airflow.operators import PlatformJobOperator
+
+if TYPE_CHECKING:
+    from jobs.operations.saved import SavedPlan
 
 REWIND_TARGETS = ["to-earliest", "to-latest", "to-offset", "to-datetime", "by-duration", "shift-by"]
 BACKFILL_STARTS = ["from-earliest", "from-datetime", "from-offset"]
@@ -55,6 +62,87 @@ def backfill_args(params: dict[str, Any]) -> list[str]:
     return [*args, *_reason(params)]
 
 
+def run_plan_id(context: dict[str, Any]) -> str:
+    """The id this DAG run's plan is saved as: the same in every task of the run."""
+    from jobs.operations.saved import new_id  # Delta and Arrow: not at parse time
+
+    dag_run = context["dag_run"]
+    moment = getattr(dag_run, "run_after", None) or getattr(dag_run, "logical_date", None)
+    return new_id(str(dag_run.run_id), moment.timestamp() if moment is not None else 0.0)
+
+
+def plan_markdown(saved_plan: SavedPlan) -> str:
+    """The approval's body: what applying will do, in numbers."""
+    plan = saved_plan.plan
+    lines = [
+        f"**{plan.operation} of `{plan.application_id}`**: {plan.reason}",
+        "",
+        f"Plan `{saved_plan.plan_id}`, made {saved_plan.created_at} by {saved_plan.created_by}; "
+        f"epoch {plan.epoch_before} -> {plan.epoch_after}.",
+        "",
+        "| partition | current | target |",
+        "|---|---:|---:|",
+    ]
+    for tp in sorted(set(plan.current_offsets) | set(plan.target_offsets)):
+        now, then = plan.current_offsets.get(tp, "-"), plan.target_offsets.get(tp, "-")
+        lines.append(f"| {tp[0]}[{tp[1]}] | {now} | {then} |")
+    action = plan.state_action.value
+    if plan.restore_version is not None:
+        action += f" to version {plan.restore_version}"
+    lines += [
+        "",
+        f"- records to replay: **{plan.records_to_replay}**",
+        f"- records skipped: **{plan.records_skipped}**",
+        f"- published state table: {action}",
+    ]
+    lines += [f"- {note}" for note in plan.notes]
+    preview = saved_plan.extra.get("preview")
+    if preview:
+        lines += [
+            "",
+            f"**Corrections**: {preview['keys_changed']} keys changed, {preview['keys_added']} "
+            f"added, {preview['keys_removed']} removed.",
+            "",
+            "| key | before | after |",
+            "|---|---|---|",
+        ]
+        for sample in preview.get("samples", []):
+            key = ", ".join(f"{k}={v}" for k, v in sample.items() if k not in ("before", "after"))
+            lines.append(f"| {key} | {sample['before']} | {sample['after']} |")
+    return "\n".join(lines)
+
+
+def describe_plan(**context: Any) -> str:
+    from jobs.delta.layout import AppLayout
+    from jobs.operations import saved
+
+    settings = load_settings()
+    app = context["params"]["pipeline"]
+    layout = AppLayout(settings.warehouse, app)
+    operation = context["dag"].dag_id.removeprefix("maintenance_")
+    return plan_markdown(saved.load(layout, run_plan_id(context), operation))
+
+
+def record_decision(**context: Any) -> str:
+    """After a rejection (``apply`` skipped), the ledger records it; after an
+    approval, ``apply`` did."""
+    answer = context["ti"].xcom_pull(task_ids="approval") or {}
+    chosen = list(answer.get("chosen_options") or [])
+    if ApprovalOperator.REJECT not in chosen:
+        return "approved" if chosen else "no decision recorded"
+    from jobs.delta.layout import AppLayout
+    from jobs.operations import saved
+    from jobs.pipeline import load_pipeline
+
+    settings = load_settings()
+    pipeline = load_pipeline(context["params"]["pipeline"], settings.pipelines_dir)
+    layout = AppLayout(settings.warehouse, pipeline.application_id)
+    by = str(answer.get("responded_by_user") or answer.get("responded_by") or "unknown")
+    operation = context["dag"].dag_id.removeprefix("maintenance_")
+    saved.record_rejection(layout, pipeline, run_plan_id(context), operation, by)
+    return "rejected"
+
+
 def operation_dag(
     name: str,
     description: str,
@@ -68,8 +156,10 @@ def operation_dag(
     with DAG(
         dag_id=f"maintenance_{name}",
         description=description,
-        doc_md=f"{description}. Dry run is on by default: read the `plan` task's log, then "
-        "trigger again with dry run off to apply.",
+        doc_md=f"{description}. One run: `plan` saves the exact plan, `approval` shows it "
+        "(offsets per partition, records affected, a backfill's top changed keys) and waits "
+        "for a person; Approve applies exactly that plan, Reject applies nothing and the "
+        "ledger records it.",
         schedule=None,
         start_date=START,
         catchup=False,
@@ -82,7 +172,6 @@ def operation_dag(
             "reason": Param(
                 type="string", minLength=3, maxLength=500, description="why (goes into the ledger)"
             ),
-            "dry_run": Param(True, type="boolean", description="only plan (and preview)"),
         },
     ) as dag:
         plan = PlatformJobOperator(
@@ -90,18 +179,32 @@ def operation_dag(
             command=name,
             pipeline="{{ params.pipeline }}",
             arguments_from_params=lambda p: [*build_args(p), dry_flag],
+            arguments_from_context=lambda context: ["--save-plan", run_plan_id(context)],
         )
-        gate = ShortCircuitOperator(
-            task_id="apply_requested",
-            python_callable=lambda **context: not context["params"]["dry_run"],
+        describe = PythonOperator(task_id="describe_plan", python_callable=describe_plan)
+        approval = ApprovalOperator(
+            task_id="approval",
+            subject=f"Apply this {name} of {{{{ params.pipeline }}}}?",
+            body="{{ ti.xcom_pull(task_ids='describe_plan') }}",
+            retries=0,
         )
         apply = PlatformJobOperator(
             task_id="apply",
             command=name,
             pipeline="{{ params.pipeline }}",
-            arguments_from_params=build_args,
+            arguments_from_context=lambda context: [
+                "--plan",
+                run_plan_id(context),
+                "--reason",
+                str(context["params"]["reason"]),
+            ],
         )
-        plan >> gate >> apply
+        decision = PythonOperator(
+            task_id="record_decision",
+            python_callable=record_decision,
+            trigger_rule=TriggerRule.ALL_DONE,
+        )
+        plan >> describe >> approval >> apply >> decision
     return dag
 
 

@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="reprocess",
         help="reprocess: state goes back and input replays; skip: state kept, input jumps",
     )
-    _operation_args(rewind)
+    _operation_args(rewind, saves_plans=True)
 
     rebuild = commands.add_parser(
         "rebuild", help="restore Spark's state from Delta (or recompute it) in a new epoch"
@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--from-source", action="store_true", help="recompute from the earliest offsets"
     )
     rebuild.add_argument("--plan", metavar="ID", help="apply exactly a plan a --dry-run saved")
-    _operation_args(rebuild)
+    _operation_args(rebuild, saves_plans=True)
 
     backfill = commands.add_parser(
         "backfill", help="recompute with the current pipeline version and publish atomically"
@@ -97,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     backfill.add_argument(
         "--preview", action="store_true", help="write and print the corrections, publish nothing"
     )
+    backfill.add_argument("--save-plan", metavar="ID", help="the id a preview saves its plan as")
     backfill.add_argument(
         "--source",
         choices=["kafka", "archive"],
@@ -160,9 +161,11 @@ def _pipeline_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warehouse", type=Path, help="directory of the Delta tables")
 
 
-def _operation_args(parser: argparse.ArgumentParser) -> None:
+def _operation_args(parser: argparse.ArgumentParser, saves_plans: bool = False) -> None:
     parser.add_argument("--reason", required=True, help="why (recorded in the ledger)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
+    if saves_plans:
+        parser.add_argument("--save-plan", metavar="ID", help="the id a dry run saves its plan as")
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -356,6 +359,7 @@ def _operation(args: argparse.Namespace, settings: Settings, pipeline: object) -
             args.dry_run,
             plan_id=args.plan,
             operation="rebuild",
+            save_as=args.save_plan,
         )
         return 0
     if args.plan:
@@ -381,6 +385,7 @@ def _operation(args: argparse.Namespace, settings: Settings, pipeline: object) -
         lambda: plan_rewind(pipeline, settings, reason, spec, args.mode, topics),
         args.dry_run,
         operation="rewind",
+        save_as=args.save_plan,
     )
     return 0
 
@@ -427,7 +432,15 @@ def _backfill(args: argparse.Namespace, settings: Settings, pipeline: object) ->
     )
     try:
         run_backfill(
-            spark, pipeline, settings, reason, spec, args.source, args.preview, plan_id=args.plan
+            spark,
+            pipeline,
+            settings,
+            reason,
+            spec,
+            args.source,
+            args.preview,
+            plan_id=args.plan,
+            save_as=args.save_plan,
         )
     finally:
         spark.stop()

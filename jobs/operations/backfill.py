@@ -361,6 +361,7 @@ def run_backfill(
     preview_only: bool = False,
     echo: Callable[[str], None] = print,
     plan_id: str | None = None,
+    save_as: str | None = None,
 ) -> Plan:
     """Plan; with ``preview_only`` recompute and report; else fence, recompute,
     publish and restart (see ``runner.run_operation``)."""
@@ -403,4 +404,5 @@ def run_backfill(
         inspect=show,
         plan_id=plan_id,
         operation="backfill",
+        save_as=save_as,
     )

@@ -43,11 +43,13 @@ def run_operation(
     inspect: Callable[[Plan], dict[str, Any] | None] | None = None,
     plan_id: str | None = None,
     operation: str = "",
+    save_as: str | None = None,
 ) -> Plan:
     """``inspect`` adds to a dry run (a backfill's preview, saved with the plan);
     ``apply`` replaces the plain restart (a backfill publishes before it restarts).
     A dry run saves its plan (``saved.py``) and prints its id; ``plan_id`` applies
-    exactly that plan, or refuses when the application moved since."""
+    exactly that plan, or refuses when the application moved since (``save_as``:
+    the id to save it under, as an Airflow run chooses it)."""
     layout = AppLayout(settings.warehouse, pipeline.application_id)
     if plan_id is not None:
         if dry_run:
@@ -65,7 +67,7 @@ def run_operation(
     echo(plan.describe())
     if dry_run:
         extra = inspect(plan) if inspect is not None else None
-        saved_id = saved.save(layout, pipeline, plan, extra)
+        saved_id = saved.save(layout, pipeline, plan, extra, save_as)
         plan.plan_id = saved_id
         audit_dry_run(pipeline, settings, plan)
         echo(f"plan: {saved_id}")

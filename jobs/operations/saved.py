@@ -24,7 +24,7 @@ from deltalake import DeltaTable
 from jobs.delta.layout import AppLayout
 from jobs.errors import ConfigError
 from jobs.ledger import current_epoch, last_batch
-from jobs.operations.audit import who
+from jobs.operations.audit import append_audit, audit_row, who
 from jobs.operations.plan import Plan
 from jobs.pipeline import Pipeline
 
@@ -91,17 +91,30 @@ def plans_dir(layout: AppLayout) -> Path:
     return layout.root / "_plans"
 
 
+def new_id(seed: str = "", moment: float | None = None) -> str:
+    """A plan id: UTC time and 8 hex digits (of ``seed``: an Airflow run id makes
+    the same id in every task of the run; else unique)."""
+    when = time.gmtime(time.time() if moment is None else moment)
+    digest = hashlib.sha256((seed or f"{time.time_ns()}{os.getpid()}").encode()).hexdigest()
+    return time.strftime("%Y%m%dT%H%M%SZ", when) + "-" + digest[:8]
+
+
+def check_id(plan_id: str) -> str:
+    if not PLAN_ID.match(plan_id):
+        raise ConfigError(f"a plan id looks like 20261123T101500Z-1a2b3c4d, got {plan_id!r}")
+    return plan_id
+
+
 def save(
-    layout: AppLayout, pipeline: Pipeline, plan: Plan, extra: dict[str, Any] | None = None
+    layout: AppLayout,
+    pipeline: Pipeline,
+    plan: Plan,
+    extra: dict[str, Any] | None = None,
+    plan_id: str | None = None,
 ) -> str:
     """Write the plan and the position it was made at; returns its id."""
     now = time.gmtime()
-    body = plan.to_json()
-    plan_id = (
-        time.strftime("%Y%m%dT%H%M%SZ", now)
-        + "-"
-        + hashlib.sha256(f"{body}{time.time_ns()}{os.getpid()}".encode()).hexdigest()[:8]
-    )
+    plan_id = check_id(plan_id) if plan_id else new_id()
     data = {
         "id": plan_id,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", now),
@@ -119,10 +132,7 @@ def save(
 
 
 def load(layout: AppLayout, plan_id: str, operation: str) -> SavedPlan:
-    if not PLAN_ID.match(plan_id):
-        raise ConfigError(
-            f"--plan must be a plan id like 20261123T101500Z-1a2b3c4d, got {plan_id!r}"
-        )
+    check_id(plan_id)
     path = plans_dir(layout) / f"{plan_id}.json"
     if not path.is_file():
         known = sorted(p.stem for p in plans_dir(layout).glob("*.json"))[-5:]
@@ -167,3 +177,25 @@ def check_unmoved(saved: SavedPlan, now: Position) -> None:
             f"fits {saved.plan.application_id}: {'; '.join(changes)}; make a new plan with "
             "--dry-run and review it"
         )
+
+
+def record_rejection(
+    layout: AppLayout, pipeline: Pipeline, plan_id: str, operation: str, by: str
+) -> None:
+    """A reviewer rejected the plan: nothing was applied; the ledger says so."""
+    reviewed = load(layout, plan_id, operation)
+    append_audit(
+        layout,
+        audit_row(
+            pipeline,
+            operation,
+            current_epoch(layout),
+            {
+                "reason": reviewed.plan.reason,
+                "plan_id": plan_id,
+                "decision": "rejected",
+                "rejected_by": by,
+                "dry_run": True,  # nothing applied: not an operation in progress
+            },
+        ),
+    )

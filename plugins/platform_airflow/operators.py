@@ -32,6 +32,7 @@ class PlatformJobOperator(SparkSubmitOperator):
         pipeline: str,
         arguments: list[str] | None = None,
         arguments_from_params: Callable[[dict[str, Any]], list[str]] | None = None,
+        arguments_from_context: Callable[[dict[str, Any]], list[str]] | None = None,
         **kwargs: Any,
     ) -> None:
         settings = load_settings()
@@ -43,14 +44,21 @@ class PlatformJobOperator(SparkSubmitOperator):
             application_args=[command, "--pipeline", pipeline, *(arguments or [])],
             **kwargs,
         )
-        # Arguments that depend on trigger-form params (optional flags), built at run time.
+        # Arguments that depend on trigger-form params (optional flags) or on the run
+        # (a plan id), built at run time.
         self.arguments_from_params = arguments_from_params
+        self.arguments_from_context = arguments_from_context
 
     def execute(self, context: Any) -> Any:
         if self.arguments_from_params is not None:
             self.application_args = [
                 *(self.application_args or []),
                 *self.arguments_from_params(dict(context["params"])),
+            ]
+        if self.arguments_from_context is not None:
+            self.application_args = [
+                *(self.application_args or []),
+                *self.arguments_from_context(context),
             ]
         settings = load_settings()
         if self.goes_to_warm_driver(settings):

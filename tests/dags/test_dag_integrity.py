@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from pathlib import Path
 
@@ -113,16 +114,51 @@ def test_continuous_pipeline_gets_a_supervised_stream_and_a_health_check(tmp_pat
     assert sensor.max_batch_age_s == 300 and sensor.mode == "reschedule"
 
 
-def test_maintenance_dags_plan_then_apply(dagbag) -> None:  # type: ignore[no-untyped-def]
+def test_maintenance_dags_plan_approve_apply(dagbag) -> None:  # type: ignore[no-untyped-def]
+    from airflow.providers.standard.operators.hitl import ApprovalOperator
+
     for name in ("rewind", "rebuild", "backfill"):
         dag = dagbag.dags[f"maintenance_{name}"]
-        assert dag.params["dry_run"] is True  # dry run by default
+        assert "dry_run" not in dag.params  # the approval replaced the second trigger
         assert set(dag.params.get_param("pipeline").schema["enum"]) >= {"user_clicks", "inventory"}
-        plan, gate, apply = (dag.get_task(t) for t in ("plan", "apply_requested", "apply"))
-        assert gate.task_id in plan.downstream_task_ids
-        assert apply.task_id in gate.downstream_task_ids
+        tasks = ["plan", "describe_plan", "approval", "apply", "record_decision"]
+        for upstream, downstream in itertools.pairwise(tasks):
+            assert downstream in dag.get_task(upstream).downstream_task_ids
+        assert isinstance(dag.get_task("approval"), ApprovalOperator)
+        assert str(dag.get_task("record_decision").trigger_rule) in (
+            "all_done",
+            "TriggerRule.ALL_DONE",
+        )
     recovery = dagbag.dags["recovery"]
     assert {"check_user_clicks", "rebuild_user_clicks"} <= set(recovery.task_ids)
+
+
+def test_the_approval_shows_the_plan_in_markdown() -> None:
+    from include.maintenance_dags import plan_markdown
+    from jobs.operations.saved import SavedPlan
+    from tests.unit.test_saved_plans import a_plan
+
+    preview = {
+        "keys_changed": 2,
+        "keys_added": 0,
+        "keys_removed": 1,
+        "samples": [{"sku": "S1", "before": {"quantity": -3}, "after": {"quantity": 5}}],
+    }
+    text = plan_markdown(
+        SavedPlan(
+            "20261123T101500Z-1a2b3c4d",
+            a_plan(),
+            None,
+            "2026-11-23T10:15:00Z",
+            "ana",
+            {"preview": preview},
+        )  # type: ignore[arg-type]
+    )
+    assert "| clicks[0] | 900 | 400 |" in text and "| clicks[1] | 850 | 420 |" in text
+    assert "records to replay: **930**" in text
+    assert "published state table: restore to version 7" in text
+    assert "2 keys changed, 0 added, 1 removed" in text
+    assert "| sku=S1 | {'quantity': -3} | {'quantity': 5} |" in text
 
 
 def test_tables_are_maintained_on_a_schedule(dagbag) -> None:  # type: ignore[no-untyped-def]

@@ -79,19 +79,21 @@ def test_dag_test_of_stream_user_clicks(
     lagging = ApplicationHealthSensor(task_id="lagging", pipeline="user_clicks", max_lag=0)
     assert lagging.poke({}) is False
 
-    # Maintenance from Airflow: dry run by default (plan only), then applied.
+    # Maintenance from Airflow: plan -> approval -> apply in one run (a person's
+    # approval is marked given here; tests/ui clicks it in the browser).
     bag = DagBag(dag_folder=str(REPO_ROOT / "dags"))
     rebuild = bag.dags["maintenance_rebuild"]
-    dry = rebuild.test(run_conf={"pipeline": "user_clicks", "reason": "airflow dry run"})
-    assert str(dry.state) in ("success", "DagRunState.SUCCESS")
     applied = rebuild.test(
-        run_conf={"pipeline": "user_clicks", "reason": "airflow rebuild", "dry_run": False}
+        run_conf={"pipeline": "user_clicks", "reason": "airflow rebuild"},
+        mark_success_pattern="approval",
     )
     assert str(applied.state) in ("success", "DagRunState.SUCCESS")
     ledger = DeltaTable(str(warehouse / "user_clicks" / "_ledger")).to_pyarrow_table().to_pylist()
     audits = [json.loads(r["details"]) for r in ledger if r["entry_type"] == "rebuild"]
-    assert [a["dry_run"] for a in audits].count(True) == 2  # each run plans first
-    assert any(a.get("phase") == "done" for a in audits)
+    planned = [a for a in audits if a.get("dry_run")]
+    done = [a for a in audits if a.get("phase") == "done"]
+    assert len(planned) == 1 and len(done) == 1
+    assert done[0]["plan"]["plan_id"] == planned[0]["plan"]["plan_id"]  # exactly the plan
     assert all(a["who"].startswith("airflow:") for a in audits)
     # The stream resumes in the new epoch with the same state plus new events.
     more = [json.dumps({"user_id": "u1", "timestamp": now - 100}).encode()] * 5

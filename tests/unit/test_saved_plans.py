@@ -72,7 +72,7 @@ def test_a_plan_the_application_moved_away_from_is_refused(tmp_path: Path) -> No
 @pytest.mark.parametrize(
     ("plan_id", "message"),
     [
-        ("../../etc/passwd", "--plan must be a plan id"),
+        ("../../etc/passwd", "a plan id looks like"),
         ("20261123T101500Z-1a2b3c4d", "no saved plan 20261123T101500Z-1a2b3c4d"),
     ],
 )
