@@ -70,6 +70,10 @@ OUTPUT_BATCH_ROWS = 65536
 OUTPUT_BATCH_BYTES = 32 * 1024 * 1024
 
 
+# Records per task of a batch read (option maxRecordsPerPartition).
+BATCH_SPLIT_RECORDS = 250_000
+
+
 def _flag(lowered: dict[str, str], name: str) -> bool:
     value = lowered.get(name, "false").lower()
     if value not in ("true", "false"):
@@ -128,6 +132,12 @@ class SourceOptions:
                     f"maxOffsetsPerTrigger must be a positive integer, got {raw_max!r}"
                 )
             self.max_offsets = int(raw_max)
+        raw_split = lowered.get("maxrecordsperpartition", str(BATCH_SPLIT_RECORDS))
+        if not raw_split.isdigit() or int(raw_split) < 1:
+            raise ConfigError(
+                f"maxRecordsPerPartition must be a positive integer, got {raw_split!r}"
+            )
+        self.max_records_per_partition = int(raw_split)
 
     def consumer_config(self) -> dict[str, Any]:
         return {
@@ -185,10 +195,13 @@ class KafkaDataSource(DataSource):
 class KafkaBatchReader(DataSourceReader):
     def __init__(self, options: SourceOptions, start: plan.Offsets, end: plan.Offsets) -> None:
         self.options = options
+        # A batch read (a backfill, a drift check) splits long ranges: both cores
+        # work on a one-partition topic, and progress is seen task by task.
+        step = options.max_records_per_partition
         self.ranges = [
-            InputPartition((tp[0], tp[1], start.get(tp, end[tp]), end[tp]))
+            InputPartition((tp[0], tp[1], begin, min(begin + step, end[tp])))
             for tp in sorted(end)
-            if end[tp] > start.get(tp, end[tp])
+            for begin in range(start.get(tp, end[tp]), end[tp], step)
         ]
 
     def partitions(self) -> list[InputPartition]:

@@ -49,6 +49,7 @@ from jobs.operations.plan import Plan, header
 from jobs.operations.restart import broker_marks
 from jobs.operations.targets import TargetSpec, resolve_targets
 from jobs.pipeline import Pipeline
+from jobs.progress import SparkJobProgress
 from jobs.settings import Settings
 from jobs.snapshot import seed_rows
 from jobs.streaming.query import BATCH_TIME_COLUMN, aggregate, classify, record_contributions
@@ -101,7 +102,8 @@ def plan_backfill(
 def recompute(spark: SparkSession, pipeline: Pipeline, settings: Settings, plan: Plan) -> pa.Table:
     """The corrected state: the boundary's state plus every record after it."""
     raw = read_records(spark, pipeline, settings, plan.read_from, plan.target_offsets, plan.source)
-    return aggregate_records(spark, pipeline, settings, raw, plan.seed_state_version)
+    with SparkJobProgress(spark, "backfill", plan.records_to_replay):
+        return aggregate_records(spark, pipeline, settings, raw, plan.seed_state_version)
 
 
 def read_records(

@@ -38,6 +38,7 @@ from jobs.operations.audit import append_audit, audit_row
 from jobs.operations.backfill import aggregate_records, preview, read_records
 from jobs.output.changes import commit_infos
 from jobs.pipeline import Pipeline
+from jobs.progress import SparkJobProgress
 from jobs.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -203,7 +204,8 @@ def run_verify(
     if raw is None:
         recomputed = pa.Table.from_batches([], schema=tables.aggregate_schema(pipeline))
     else:
-        recomputed = aggregate_records(spark, pipeline, settings, raw, None, keep)
+        with SparkJobProgress(spark, "verify", records):
+            recomputed = aggregate_records(spark, pipeline, settings, raw, None, keep)
     columns = list(tables.aggregate_schema(pipeline).names)
     published = DeltaTable(str(layout.table("state")))
     check_no_batch_after(layout, boundary.state_version, published.version())

@@ -32,6 +32,7 @@ from jobs.lock import application_lock
 from jobs.metrics import METRICS, push
 from jobs.output.publisher import OutputPublisher, open_publisher
 from jobs.pipeline import Pipeline
+from jobs.progress import Progress
 from jobs.settings import Settings
 from jobs.streaming import offset_log, query
 from jobs.streaming.batch import BatchCommitter, BatchResult
@@ -251,13 +252,38 @@ def _stream(
     def request_stop(_signum: int, _frame: FrameType | None) -> None:
         stop_requested.set()
 
+    # An available-now run (a replay after a rewind or rebuild, say) shows how far
+    # it is through what was there when it started.
+    head = {tp: high for tp, (_low, high) in marks.items()}
+    first = plan.from_json_dict(starting)
+    total = sum(max(0, end - first.get(tp, end)) for tp, end in head.items())
+    progress = (
+        Progress(f"{pipeline.application_id} epoch {epoch}", total)
+        if (mode == "available-now" and total)
+        else None
+    )
+
+    def report() -> None:
+        if progress is not None:
+            reached = plan.from_json_dict(committer.positions)
+            progress.update(
+                sum(
+                    max(0, min(reached.get(tp, 0), end) - first.get(tp, end))
+                    for tp, end in head.items()
+                )
+            )
+
     previous = {}
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             previous[sig] = signal.signal(sig, request_stop)
+    if progress is not None:
+        progress.__enter__()
+    finished = False
     try:
         checked = time.monotonic()
         while not running.awaitTermination(1):
+            report()
             if stop_requested.is_set():
                 running.stop()
             elif time.monotonic() - checked > FENCE_CHECK_S:
@@ -269,8 +295,12 @@ def _stream(
                         f"this run of epoch {epoch} stopped without committing anything more"
                     )
         running.awaitTermination()
+        report()
         committer.check_watermark_drops(running.recentProgress)
+        finished = True
     finally:
+        if progress is not None:  # an unfinished run's bar is not filled up
+            progress.__exit__(None if finished else RuntimeError, None, None)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return RunSummary(pipeline.application_id, epoch, committer.results, time.monotonic() - started)

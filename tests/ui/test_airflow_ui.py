@@ -1,5 +1,6 @@
 """The local Airflow in headless Chromium: log in, open stream_user_clicks, trigger it
-from the form, wait for success, keep a screenshot, and check the Delta state."""
+from the form, wait for success, keep screenshots, and check the Delta state; then a
+maintenance rewind whose plan is reviewed in the approval: rejected, then approved."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -86,7 +88,7 @@ def airflow(broker, kafka_config, new_topic, tmp_path: Path) -> Iterator[dict[st
         assert stopped.returncode == 0
 
 
-def api(port: int, password: str, path: str) -> Any:
+def api(port: int, password: str, path: str, method: str = "GET", body: Any = None) -> Any:
     request = urllib.request.Request(
         f"http://127.0.0.1:{port}/auth/token",
         data=json.dumps({"username": "admin", "password": password}).encode(),
@@ -95,10 +97,80 @@ def api(port: int, password: str, path: str) -> Any:
     with urllib.request.urlopen(request, timeout=10) as response:
         token = json.loads(response.read())["access_token"]
     request = urllib.request.Request(
-        f"http://127.0.0.1:{port}{path}", headers={"Authorization": f"Bearer {token}"}
+        f"http://127.0.0.1:{port}{path}",
+        method=method,
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
     )
     with urllib.request.urlopen(request, timeout=10) as response:
         return json.loads(response.read())
+
+
+def wait_until(what: str, check: Any, seconds: float = 300) -> Any:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def task_states(airflow: dict[str, Any], dag_id: str, run_id: str) -> dict[str, str]:
+    path = f"/api/v2/dags/{dag_id}/dagRuns/{urllib.parse.quote(run_id)}/taskInstances"
+    found = api(airflow["port"], airflow["password"], path)["task_instances"]
+    return {t["task_id"]: str(t["state"]) for t in found}
+
+
+def ledger_rows(warehouse: Path, entry_type: str) -> list[dict[str, Any]]:
+    table = DeltaTable(str(warehouse / "user_clicks" / "_ledger")).to_pyarrow_table().to_pylist()
+    return [
+        {**r, "details": json.loads(r["details"])} for r in table if r["entry_type"] == entry_type
+    ]
+
+
+def review_a_rewind(page: Any, airflow: dict[str, Any], answer: str, shot: str) -> str:
+    """Trigger maintenance_rewind, open its approval in the browser, answer it."""
+    base = f"http://127.0.0.1:{airflow['port']}"
+    conf = {
+        "pipeline": "user_clicks",
+        "target": "to-earliest",
+        "target_value": "",
+        "topics": "",
+        "mode": "reprocess",
+        "reason": f"browser test: {answer}",
+    }
+    run = api(
+        airflow["port"],
+        airflow["password"],
+        "/api/v2/dags/maintenance_rewind/dagRuns",
+        "POST",
+        {"logical_date": None, "conf": conf},
+    )
+    run_id = run["dag_run_id"]
+    wait_until(
+        "the approval to wait for a person",
+        lambda: (
+            task_states(airflow, "maintenance_rewind", run_id).get("approval")
+            in ("awaiting_input", "deferred")
+        ),
+    )
+    page.goto(
+        f"{base}/dags/maintenance_rewind/runs/{urllib.parse.quote(run_id)}/tasks/approval"
+        "/required_actions"
+    )
+    page.get_by_text("Apply this rewind of user_clicks?").first.wait_for(timeout=60000)
+    page.get_by_text("records to replay").first.wait_for(timeout=30000)
+    page.screenshot(path=str(ARTIFACTS / shot), full_page=True)
+    page.get_by_role("button", name=answer).first.click()
+
+    def finished() -> str | None:
+        runs = api(airflow["port"], airflow["password"], "/api/v2/dags/maintenance_rewind/dagRuns")
+        state = next((str(r["state"]) for r in runs["dag_runs"] if r["dag_run_id"] == run_id), None)
+        return state if state in ("success", "failed") else None
+
+    assert wait_until("the rewind run to finish", finished) == "success"
+    return str(run_id)
 
 
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium is not installed")
@@ -141,8 +213,48 @@ def test_trigger_stream_user_clicks_from_the_ui(airflow: dict[str, Any]) -> None
         page.reload()
         page.wait_for_timeout(2000)
         page.screenshot(path=str(ARTIFACTS / "airflow-run-finished.png"))
+        assert state == "success"
+        expected, _dead, _late = clicks_per_window([airflow["values"]])
+        table = DeltaTable(str(airflow["warehouse"] / "user_clicks" / "state")).to_pyarrow_table()
+        assert state_as_counter(table.to_pylist(), "clicks") == expected
+
+        # Maintenance with a person in the loop: the stream paused (a scheduled run
+        # would move the application away from the plan), the rewind's plan shown
+        # in the approval, rejected once (nothing applied, recorded), then approved.
+        for dag_id in ("stream_user_clicks", "maintenance_rewind"):
+            paused = dag_id == "stream_user_clicks"
+            api(
+                airflow["port"],
+                airflow["password"],
+                f"/api/v2/dags/{dag_id}",
+                "PATCH",
+                {"is_paused": paused},
+            )
+        rejected = review_a_rewind(page, airflow, "Reject", "airflow-approval-rejected.png")
+        assert task_states(airflow, "maintenance_rewind", rejected)["apply"] == "skipped"
+        [decision] = [
+            r for r in ledger_rows(airflow["warehouse"], "rewind") if r["details"].get("decision")
+        ]
+        assert decision["details"]["decision"] == "rejected"
+        assert not [
+            r
+            for r in ledger_rows(airflow["warehouse"], "rewind")
+            if r["details"].get("phase") == "done"
+        ]
+
+        review_a_rewind(page, airflow, "Approve", "airflow-approval.png")
         browser.close()
-    assert state == "success"
-    expected, _dead, _late = clicks_per_window([airflow["values"]])
-    table = DeltaTable(str(airflow["warehouse"] / "user_clicks" / "state")).to_pyarrow_table()
-    assert state_as_counter(table.to_pylist(), "clicks") == expected
+    done = [
+        r
+        for r in ledger_rows(airflow["warehouse"], "rewind")
+        if r["details"].get("phase") == "done"
+    ]
+    assert len(done) == 1
+    planned = [
+        r["details"]["plan"]["plan_id"]
+        for r in ledger_rows(airflow["warehouse"], "rewind")
+        if r["details"].get("dry_run") and "plan" in r["details"]
+    ]
+    assert done[0]["details"]["plan"]["plan_id"] == planned[-1]  # exactly the approved plan
+    state_rows = DeltaTable(str(airflow["warehouse"] / "user_clicks" / "state")).to_pyarrow_table()
+    assert state_rows.num_rows == 0  # rewound to the earliest offsets: emptied until the next run
