@@ -3,10 +3,9 @@
 ``maintenance_rewind``, ``maintenance_rebuild``, ``maintenance_backfill``: a trigger
 form (pipeline chosen from the defined ones, the operation's options, a required
 reason); ``plan`` saves the exact plan under this run's id, ``approval`` (Airflow's
-human-in-the-loop ``ApprovalOperator``) shows it in Markdown, ``apply`` applies
-exactly that plan once approved, and ``record_decision`` writes a rejection into
-the ledger. ``recovery`` checks
-every application's status every 15 minutes and rebuilds one whose Spark
+human-in-the-loop ``ApprovalOperator``) shows it in Markdown and writes a
+rejection into the ledger, and ``apply`` applies exactly that plan once approved.
+``recovery`` checks every application's status every 15 minutes and rebuilds one whose Spark
 checkpoint is damaged. The jobs' per-application lock keeps all of them apart from
 each other and from the streams (an operation fences a running stream).
 ``maintenance_tables`` runs ``maintain`` for every application every hour: it
@@ -20,16 +19,14 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from airflow.providers.standard.operators.hitl import ApprovalOperator
 from airflow.providers.standard.operators.python import PythonOperator, ShortCircuitOperator
 from airflow.sdk import DAG, Param
-from airflow.utils.trigger_rule import TriggerRule
 
 from include.dag_factory import START, default_args
 from jobs.pipeline import load_each_pipeline
 from jobs.settings import load_settings
 from platform_airflow.hooks import PlatformHook
-from platform_airflow.operators import PlatformJobOperator
+from platform_airflow.operators import PlanApprovalOperator, PlatformJobOperator, run_plan_id
 
 if TYPE_CHECKING:
     from jobs.operations.saved import SavedPlan
@@ -60,15 +57,6 @@ def backfill_args(params: dict[str, Any]) -> list[str]:
     if params["start"] != "from-earliest":
         args.append(str(params["start_value"]))
     return [*args, *_reason(params)]
-
-
-def run_plan_id(context: dict[str, Any]) -> str:
-    """The id this DAG run's plan is saved as: the same in every task of the run."""
-    from jobs.operations.saved import new_id  # Delta and Arrow: not at parse time
-
-    dag_run = context["dag_run"]
-    moment = getattr(dag_run, "run_after", None) or getattr(dag_run, "logical_date", None)
-    return new_id(str(dag_run.run_id), moment.timestamp() if moment is not None else 0.0)
 
 
 def plan_markdown(saved_plan: SavedPlan) -> str:
@@ -123,26 +111,6 @@ def describe_plan(**context: Any) -> str:
     return plan_markdown(saved.load(layout, run_plan_id(context), operation))
 
 
-def record_decision(**context: Any) -> str:
-    """After a rejection (``apply`` skipped), the ledger records it; after an
-    approval, ``apply`` did."""
-    answer = context["ti"].xcom_pull(task_ids="approval") or {}
-    chosen = list(answer.get("chosen_options") or [])
-    if ApprovalOperator.REJECT not in chosen:
-        return "approved" if chosen else "no decision recorded"
-    from jobs.delta.layout import AppLayout
-    from jobs.operations import saved
-    from jobs.pipeline import load_pipeline
-
-    settings = load_settings()
-    pipeline = load_pipeline(context["params"]["pipeline"], settings.pipelines_dir)
-    layout = AppLayout(settings.warehouse, pipeline.application_id)
-    by = str(answer.get("responded_by_user") or answer.get("responded_by") or "unknown")
-    operation = context["dag"].dag_id.removeprefix("maintenance_")
-    saved.record_rejection(layout, pipeline, run_plan_id(context), operation, by)
-    return "rejected"
-
-
 def operation_dag(
     name: str,
     description: str,
@@ -182,8 +150,10 @@ def operation_dag(
             arguments_from_context=lambda context: ["--save-plan", run_plan_id(context)],
         )
         describe = PythonOperator(task_id="describe_plan", python_callable=describe_plan)
-        approval = ApprovalOperator(
+        approval = PlanApprovalOperator(
             task_id="approval",
+            operation=name,
+            pipeline="{{ params.pipeline }}",
             subject=f"Apply this {name} of {{{{ params.pipeline }}}}?",
             body="{{ ti.xcom_pull(task_ids='describe_plan') }}",
             retries=0,
@@ -199,12 +169,7 @@ def operation_dag(
                 str(context["params"]["reason"]),
             ],
         )
-        decision = PythonOperator(
-            task_id="record_decision",
-            python_callable=record_decision,
-            trigger_rule=TriggerRule.ALL_DONE,
-        )
-        plan >> describe >> approval >> apply >> decision
+        plan >> describe >> approval >> apply
     return dag
 
 

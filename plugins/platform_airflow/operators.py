@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.providers.standard.operators.hitl import ApprovalOperator
 
 from jobs.pipeline import load_pipeline
 from jobs.settings import REPO_ROOT, Settings, load_settings, platform_environment
@@ -16,6 +17,16 @@ from jobs.streaming.jvm import driver_java_options
 from jobs.streaming.spark import package_zip
 
 ENTRY_POINT = str(REPO_ROOT / "jobs" / "__main__.py")
+
+
+def run_plan_id(context: Any) -> str:
+    """The id a maintenance DAG run's plan is saved as: the same in every task of
+    the run (its run id and time), in the form ``jobs/operations/saved.py`` takes."""
+    from jobs.operations.saved import new_id  # Delta and Arrow: not at parse time
+
+    dag_run = context["dag_run"]
+    moment = getattr(dag_run, "run_after", None) or getattr(dag_run, "logical_date", None)
+    return new_id(str(dag_run.run_id), moment.timestamp() if moment is not None else 0.0)
 
 
 class PlatformJobOperator(SparkSubmitOperator):
@@ -105,3 +116,34 @@ class PlatformJobOperator(SparkSubmitOperator):
             settings.driver_url,
         )
         return {"batches": len(committed), "records_in": summary.records_in}
+
+
+class PlanApprovalOperator(ApprovalOperator):
+    """A person approves or rejects the run's saved plan (Airflow's human-in-the-loop
+    approval; the plan is its Markdown body). Approve: the downstream ``apply``
+    applies exactly that plan. Reject: nothing is applied (``apply`` is skipped),
+    and the rejection, by whom, goes into the application's ledger."""
+
+    template_fields = (*ApprovalOperator.template_fields, "pipeline")
+
+    def __init__(self, *, operation: str, pipeline: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.operation = operation
+        self.pipeline = pipeline
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
+        # Recorded before the base class answers: a rejection ends in an exception
+        # that skips the downstream tasks (no code runs after it).
+        if "error" not in event and self.REJECT in list(event.get("chosen_options") or []):
+            from jobs.delta.layout import AppLayout
+            from jobs.operations.saved import record_rejection
+
+            settings = load_settings()
+            pipeline = load_pipeline(self.pipeline, settings.pipelines_dir)
+            user = event.get("responded_by_user") or {}
+            by = str(user.get("name") or user.get("id") or "unknown")
+            plan_id = run_plan_id(context)
+            layout = AppLayout(settings.warehouse, pipeline.application_id)
+            record_rejection(layout, pipeline, plan_id, self.operation, by)
+            self.log.info("plan %s rejected by %s: recorded in the ledger", plan_id, by)
+        return super().execute_complete(context=context, event=event)

@@ -121,14 +121,10 @@ def test_maintenance_dags_plan_approve_apply(dagbag) -> None:  # type: ignore[no
         dag = dagbag.dags[f"maintenance_{name}"]
         assert "dry_run" not in dag.params  # the approval replaced the second trigger
         assert set(dag.params.get_param("pipeline").schema["enum"]) >= {"user_clicks", "inventory"}
-        tasks = ["plan", "describe_plan", "approval", "apply", "record_decision"]
+        tasks = ["plan", "describe_plan", "approval", "apply"]
         for upstream, downstream in itertools.pairwise(tasks):
             assert downstream in dag.get_task(upstream).downstream_task_ids
         assert isinstance(dag.get_task("approval"), ApprovalOperator)
-        assert str(dag.get_task("record_decision").trigger_rule) in (
-            "all_done",
-            "TriggerRule.ALL_DONE",
-        )
     recovery = dagbag.dags["recovery"]
     assert {"check_user_clicks", "rebuild_user_clicks"} <= set(recovery.task_ids)
 

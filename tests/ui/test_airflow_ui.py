@@ -124,9 +124,10 @@ def task_states(airflow: dict[str, Any], dag_id: str, run_id: str) -> dict[str, 
 
 def ledger_rows(warehouse: Path, entry_type: str) -> list[dict[str, Any]]:
     table = DeltaTable(str(warehouse / "user_clicks" / "_ledger")).to_pyarrow_table().to_pylist()
-    return [
-        {**r, "details": json.loads(r["details"])} for r in table if r["entry_type"] == entry_type
-    ]
+    rows = sorted(
+        (r for r in table if r["entry_type"] == entry_type), key=lambda r: r["commit_time"]
+    )
+    return [{**r, "details": json.loads(r["details"])} for r in rows]
 
 
 def review_a_rewind(page: Any, airflow: dict[str, Any], answer: str, shot: str) -> str:
