@@ -362,7 +362,7 @@ def _operation(args: argparse.Namespace, settings: Settings, pipeline: object) -
             save_as=args.save_plan,
         )
         return 0
-    if args.plan:
+    if args.plan is not None:
         run_operation(
             pipeline, settings, _saved_only, args.dry_run, plan_id=args.plan, operation="rewind"
         )
@@ -419,7 +419,7 @@ def _backfill(args: argparse.Namespace, settings: Settings, pipeline: object) ->
 
     assert isinstance(pipeline, Pipeline)
     reason = check_reason(args.reason)
-    if args.plan:
+    if args.plan is not None:
         spec = TargetSpec("earliest")  # unused: the saved plan has the offsets
     elif args.from_earliest:
         spec = TargetSpec("earliest")

@@ -67,6 +67,8 @@ def run_operation(
     echo(plan.describe())
     if dry_run:
         extra = inspect(plan) if inspect is not None else None
+        # The tables first: the position saved must be the one an apply will see.
+        tables.ensure_tables(layout, pipeline)
         saved_id = saved.save(layout, pipeline, plan, extra, save_as)
         plan.plan_id = saved_id
         audit_dry_run(pipeline, settings, plan)

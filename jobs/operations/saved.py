@@ -100,7 +100,7 @@ def new_id(seed: str = "", moment: float | None = None) -> str:
 
 
 def check_id(plan_id: str) -> str:
-    if not PLAN_ID.match(plan_id):
+    if not PLAN_ID.fullmatch(plan_id):
         raise ConfigError(f"a plan id looks like 20261123T101500Z-1a2b3c4d, got {plan_id!r}")
     return plan_id
 
