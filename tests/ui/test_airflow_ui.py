@@ -82,6 +82,7 @@ def airflow(broker, kafka_config, new_topic, tmp_path: Path) -> Iterator[dict[st
             "password": password,
             "values": values,
             "warehouse": tmp_path / "warehouse",
+            "home": tmp_path / "airflow",
         }
     finally:
         stopped = local_airflow(env, "stop")
@@ -130,6 +131,17 @@ def ledger_rows(warehouse: Path, entry_type: str) -> list[dict[str, Any]]:
     return [{**r, "details": json.loads(r["details"])} for r in rows]
 
 
+def stream_runs_settled(airflow: dict[str, Any]) -> bool:
+    runs = api(airflow["port"], airflow["password"], "/api/v2/dags/stream_user_clicks/dagRuns")
+    return all(r["state"] in ("success", "failed") for r in runs["dag_runs"])
+
+
+def task_log(airflow: dict[str, Any], dag_id: str, run_id: str, task_id: str) -> str:
+    """The task's log files as written under the test's AIRFLOW_HOME (for a failure)."""
+    folder = airflow["home"] / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}"
+    return "\n".join(f.read_text()[-4000:] for f in folder.glob(f"task_id={task_id}/*.log"))
+
+
 def review_a_rewind(page: Any, airflow: dict[str, Any], answer: str, shot: str) -> str:
     """Trigger maintenance_rewind, open its approval in the browser, answer it."""
     base = f"http://127.0.0.1:{airflow['port']}"
@@ -170,7 +182,9 @@ def review_a_rewind(page: Any, airflow: dict[str, Any], answer: str, shot: str) 
         state = next((str(r["state"]) for r in runs["dag_runs"] if r["dag_run_id"] == run_id), None)
         return state if state in ("success", "failed") else None
 
-    assert wait_until("the rewind run to finish", finished) == "success"
+    assert wait_until("the rewind run to finish", finished) == "success", task_log(
+        airflow, "maintenance_rewind", run_id, "apply"
+    )
     return str(run_id)
 
 
@@ -231,6 +245,9 @@ def test_trigger_stream_user_clicks_from_the_ui(airflow: dict[str, Any]) -> None
                 "PATCH",
                 {"is_paused": paused},
             )
+        # Unpausing on trigger also started a scheduled run; pausing stops new ones,
+        # not one already queued or running, and a stream run holds the application.
+        wait_until("the stream's runs to finish", lambda: stream_runs_settled(airflow))
         rejected = review_a_rewind(page, airflow, "Reject", "airflow-approval-rejected.png")
         assert task_states(airflow, "maintenance_rewind", rejected)["apply"] == "skipped"
         [decision] = [
