@@ -97,6 +97,12 @@ def plan_markdown(saved_plan: SavedPlan) -> str:
         for sample in preview.get("samples", []):
             key = ", ".join(f"{k}={v}" for k, v in sample.items() if k not in ("before", "after"))
             lines.append(f"| {key} | {sample['before']} | {sample['after']} |")
+        if preview.get("plot"):
+            lines += [
+                "",
+                f"Plot of the corrections (top keys, spread of the differences): "
+                f"`{preview['plot']}`",
+            ]
     return "\n".join(lines)
 
 

@@ -128,16 +128,27 @@ def latest_cut(layout: AppLayout, epoch: int) -> Cut | None:
     return None
 
 
-def check_state_shape(layout: AppLayout, pipeline: Pipeline, cut: Cut) -> None:
-    """Refuse, before Spark starts, a pipeline whose state does not fit the epoch's."""
+def check_state_shape(
+    layout: AppLayout, pipeline: Pipeline, cut: Cut, new_checkpoint: bool = False
+) -> None:
+    """Refuse, before Spark starts, a pipeline whose state does not fit the epoch's.
+    ``new_checkpoint``: the state is seeded into a fresh checkpoint (a rewind's,
+    rebuild's or backfill's), whose shuffle partitions may differ."""
     if cut.state_shape is None:
         return
     changes = shape_changes(cut.state_shape, pipeline.state_shape)
+    if new_checkpoint:
+        changes = [c for c in changes if not c.startswith("shuffle_partitions")]
     if changes:
         raise ConfigError(
             f"pipeline {pipeline.application_id} v{pipeline.version} changes what Spark's state "
-            f"holds since epoch {cut.epoch} began ({'; '.join(changes)}): its checkpoint cannot "
-            f"continue; repair: python -m jobs backfill --pipeline {pipeline.application_id} "
+            f"holds since epoch {cut.epoch} began ({'; '.join(changes)}): "
+            + (
+                "the state it would be seeded from does not fit it"
+                if new_checkpoint
+                else "its checkpoint cannot continue"
+            )
+            + f"; repair: python -m jobs backfill --pipeline {pipeline.application_id} "
             "--from-earliest --reason ... (republishes the state with the new definition), or "
             f"python -m jobs rebuild --pipeline {pipeline.application_id} --from-source "
             "--reason ... (recomputes it from the source)"

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import functools
 import json
+import operator
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
@@ -237,12 +239,22 @@ RAW_KAFKA_DDL = (
 )
 
 
-def preview(pipeline: Pipeline, current: pa.Table, corrected: pa.Table) -> dict[str, Any]:
+def preview(
+    pipeline: Pipeline,
+    current: pa.Table,
+    corrected: pa.Table,
+    same: Callable[[Any, Any], bool] = operator.eq,
+) -> dict[str, Any]:
+    """Rows of ``corrected`` against ``current`` by key: changed, added, removed
+    (``same`` decides whether two values are equal). The samples are the largest
+    changes of the first aggregation; ``differences`` holds a histogram of
+    after - before per aggregation (a key added or removed counts from 0)."""
     keys = list(pipeline.state_keys)
     values = [a.name for a in pipeline.aggregations]
     before = current.select(keys + values).rename_columns(keys + [f"{v}__before" for v in values])
     joined = corrected.select(keys + values).join(before, keys=keys, join_type="full outer")
     changed_rows = []
+    deltas: dict[str, list[float]] = {v: [] for v in values}
     added = removed = 0
     for row in joined.to_pylist():
         new = {v: row[v] for v in values}
@@ -251,9 +263,13 @@ def preview(pipeline: Pipeline, current: pa.Table, corrected: pa.Table) -> dict[
             added += 1
         elif all(x is None for x in new.values()):
             removed += 1
-        elif new == old:
+        elif all(same(new[v], old[v]) for v in values):
             continue
+        for v in values:
+            deltas[v].append(_number(new[v]) - _number(old[v]))
         changed_rows.append({**{k: str(row[k]) for k in keys}, "before": old, "after": new})
+    first = values[0]
+    order = sorted(range(len(changed_rows)), key=lambda i: -abs(deltas[first][i]))
     totals = {
         v: {
             "before": pc.sum(current[v]).as_py() if current.num_rows else 0,
@@ -268,14 +284,30 @@ def preview(pipeline: Pipeline, current: pa.Table, corrected: pa.Table) -> dict[
         "keys_added": added,
         "keys_removed": removed,
         "totals": totals,
-        "samples": changed_rows[:SAMPLES],
+        "samples": [changed_rows[i] for i in order[:SAMPLES]],
+        "differences": {v: histogram(d) for v, d in deltas.items() if d},
     }
 
 
+def _number(value: Any) -> float:
+    """An aggregate as a number for a difference (absent: 0; min/max of a timestamp
+    or a string: 0, as they have no difference)."""
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
+
+
+def histogram(values: list[float], bins: int = 30) -> dict[str, list[float]]:
+    counts, edges = numpy.histogram(numpy.asarray(values, dtype=float), bins=bins)
+    return {"edges": [float(e) for e in edges], "counts": [int(c) for c in counts]}
+
+
 def write_preview(layout: AppLayout, plan: Plan, report: dict[str, Any]) -> Path:
+    """The preview as JSON, and its plot as a PNG beside it (``report["plot"]``)."""
+    from jobs.operations.preview_plot import write_plot
+
     directory = layout.root / "_backfill"
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"preview-epoch{plan.epoch_before}-{int(time.time())}.json"
+    report["plot"] = str(write_plot(plan, report, path.with_suffix(".png")))
     path.write_text(json.dumps({"plan": plan.to_dict(), "preview": report}, indent=2, default=str))
     return path
 
@@ -367,13 +399,14 @@ def run_backfill(
 ) -> Plan:
     """Plan; with ``preview_only`` recompute and report; else fence, recompute,
     publish and restart (see ``runner.run_operation``)."""
-    from jobs.operations.restart import apply_plan
+    from jobs.operations.restart import apply_plan, check_seed_shape
     from jobs.operations.runner import run_operation
 
     layout = AppLayout(settings.warehouse, pipeline.application_id)
 
     def corrected_and_preview(plan: Plan) -> tuple[pa.Table, dict[str, Any]]:
         tables.ensure_tables(layout, pipeline)
+        check_seed_shape(layout, pipeline, plan)  # a boundary's state to build on
         corrected = recompute(spark, pipeline, settings, plan)
         columns = list(tables.aggregate_schema(pipeline).names)
         current = DeltaTable(str(layout.table("state"))).to_pyarrow_table(columns=columns)

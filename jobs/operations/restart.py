@@ -224,6 +224,17 @@ def watermark_floor(layout: AppLayout, plan: Plan) -> int:
     return plan.boundary.watermark_ms
 
 
+def check_seed_shape(layout: AppLayout, pipeline: Pipeline, plan: Plan) -> None:
+    """A plan seeded from the published state at a boundary needs that state to
+    have the pipeline's shape: the shape of the cut the boundary's epoch began with."""
+    if plan.seed_state_version is None:
+        return
+    epoch = plan.epoch_before if plan.boundary is None else plan.boundary.epoch
+    cut = latest_cut(layout, epoch)
+    if cut is not None:
+        check_state_shape(layout, pipeline, cut, new_checkpoint=True)
+
+
 def apply_plan(
     pipeline: Pipeline,
     settings: Settings,
@@ -237,11 +248,8 @@ def apply_plan(
     if current_epoch(layout) != plan.epoch_before:
         raise ConfigError("the application moved to another epoch since the plan was made")
     new = plan.epoch_after
-    if plan.state_action is not StateAction.PUBLISH and plan.seed_state_version is not None:
-        # Seeded from the published state: it must have the shape Spark is given.
-        last = latest_cut(layout, plan.epoch_before)
-        if last is not None:
-            check_state_shape(layout, pipeline, last)
+    if plan.state_action is not StateAction.PUBLISH:  # a backfill checked before recomputing
+        check_seed_shape(layout, pipeline, plan)
     state_path = layout.table("state")
     snapshot = seed_override
     if snapshot is None and plan.seed_state_version is not None:

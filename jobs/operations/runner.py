@@ -109,10 +109,16 @@ def _apply_saved(
             "--plan, which fences it and plans again)"
         )
     plan = reviewed.plan
+    when = saved.applied_at(layout, plan_id)
+    if when is not None:  # a retry after the apply (Airflow's, say): nothing to do
+        echo(f"plan {plan_id} was already applied at {when}: nothing to do")
+        with application_lock(layout, f"{plan.operation} --plan {plan_id}"):
+            publish_corrections(pipeline, settings, echo)  # in case that attempt died first
+        return plan
     echo(f"applying plan {plan_id} (made {reviewed.created_at} by {reviewed.created_by}):")
     echo(plan.describe())
     with application_lock(layout, f"{plan.operation} --plan {plan_id}"):
-        saved.check_unmoved(reviewed, saved.position(layout, pipeline))
+        saved.check_unmoved(layout, pipeline, reviewed)
         result = apply(plan) if apply is not None else apply_plan(pipeline, settings, plan)
         echo(f"applied: {result}; epoch {plan.epoch_before} -> {plan.epoch_after}")
         publish_corrections(pipeline, settings, echo)

@@ -4,7 +4,8 @@ Kafka's reset tool takes a plan from a file and Terraform applies a saved plan;
 here the saved plan also records where the application stood when it was made
 (epoch, last committed batch, pipeline version, state table version). Applying
 it refuses, in one line saying what changed, when any of these moved since: the
-offsets and versions in it would no longer be what was reviewed. Plans live in
+offsets and versions in it would no longer be what was reviewed (maintenance
+commits to the state table change no row and do not count). Plans live in
 ``<warehouse>/<application>/_plans/<id>.json``.
 """
 
@@ -22,10 +23,19 @@ from typing import Any
 from deltalake import DeltaTable
 
 from jobs.delta.layout import AppLayout
-from jobs.errors import ConfigError
-from jobs.ledger import current_epoch, last_batch
+from jobs.errors import ConfigError, ConsistencyError
+from jobs.ledger import (
+    DONE,
+    IS_BATCH,
+    MAINTAIN,
+    current_epoch,
+    kept_state_version,
+    last_batch,
+    read_ledger,
+)
 from jobs.operations.audit import append_audit, audit_row, who
 from jobs.operations.plan import Plan
+from jobs.output.changes import commit_infos
 from jobs.pipeline import Pipeline
 
 PLAN_ID = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{8}$")
@@ -52,10 +62,6 @@ class Position:
         if self.pipeline_version != before.pipeline_version:
             found.append(
                 f"the pipeline version was {before.pipeline_version}, now {self.pipeline_version}"
-            )
-        if not found and self.state_version != before.state_version:
-            found.append(
-                f"the state table moved from version {before.state_version} to {self.state_version}"
             )
         return found
 
@@ -168,15 +174,68 @@ def load(layout: AppLayout, plan_id: str, operation: str) -> SavedPlan:
     )
 
 
-def check_unmoved(saved: SavedPlan, now: Position) -> None:
-    """Refuse a plan the application has moved away from since it was made."""
+def check_unmoved(layout: AppLayout, pipeline: Pipeline, saved: SavedPlan) -> None:
+    """Refuse a plan the application has moved away from since it was made: a new
+    batch, epoch or pipeline version, a data change to ``state`` (maintenance's
+    compaction is none), or a state version it restores that maintain removed."""
+    now = position(layout, pipeline)
     changes = now.changes_since(saved.position)
+    if not changes:
+        changes = state_changes(layout, saved.position.state_version, now.state_version)
+    restores = [
+        v
+        for v in (
+            saved.plan.seed_state_version,
+            None if saved.plan.boundary is None else saved.plan.boundary.state_version,
+        )
+        if v is not None
+    ]
+    kept = kept_state_version(layout)
+    if restores and kept is not None and min(restores) < kept:
+        changes.append(
+            f"maintain removed the files of state version {min(restores)}, which it restores "
+            f"(kept from version {kept})"
+        )
     if changes:
         raise ConfigError(
             f"plan {saved.plan_id} (made {saved.created_at} by {saved.created_by}) no longer "
             f"fits {saved.plan.application_id}: {'; '.join(changes)}; make a new plan with "
             "--dry-run and review it"
         )
+
+
+def state_changes(layout: AppLayout, before: int, now: int) -> list[str]:
+    """How ``state`` changed between two versions, leaving out maintenance commits
+    (compaction and vacuum change no row: a plan waiting for review survives them)."""
+    if now == before:
+        return []
+    moved = f"the state table moved from version {before} to {now}"
+    if now < before:
+        return [f"{moved} (it was replaced)"]
+    try:
+        infos = commit_infos(layout.table("state"), before + 1, now)
+    except ConsistencyError:
+        return [f"{moved} (its log no longer holds the versions between)"]
+    data = [v for v, info in sorted(infos.items()) if info.get("platform_operation") != MAINTAIN]
+    if not data:
+        return []
+    return [f"{moved} (version {data[0]} was a {operation_of(infos[data[0]])})"]
+
+
+def operation_of(info: dict[str, Any]) -> str:
+    return str(info.get("platform_operation") or info.get("operation") or "commit")
+
+
+def applied_at(layout: AppLayout, plan_id: str) -> str | None:
+    """When the plan was applied (its operation's "done" ledger row), if it was."""
+    rows = read_ledger(layout, ["epoch", "commit_time", "details"], ~IS_BATCH)
+    for row in [] if rows is None else rows.to_pylist():
+        details = json.loads(row["details"] or "{}")
+        if details.get("phase") != DONE or details.get("dry_run"):
+            continue
+        if (details.get("plan") or {}).get("plan_id") == plan_id:
+            return f"{row['commit_time']} (epoch {row['epoch']})"
+    return None
 
 
 def record_rejection(

@@ -6,11 +6,15 @@ plus what the epoch started from. An operation's "done" row says that: a cut
 seeded from a batch boundary carries that boundary's lineage; an emptied state
 carries none; a backfill carries its boundary's lineage and the range it
 recomputed. So records a rewind skipped stay out, and a range replayed after a
-rewind counts once. The comparison is with the ``state`` table as it is (a batch
-committed after the recomputed lineage is refused: run again), with the current
-pipeline version: with the same version and
-no bug, no key differs. The result goes into the ledger; differing keys fail
-the command (one ``error:`` line) after printing examples.
+rewind counts once. Between an operation and the new epoch's first batch, the
+lineage is what the operation started the epoch from.
+
+The comparison is with the ``state`` table at its newest version before any
+batch the ledger does not hold yet: a stream committing next to verify is left
+out, a change made by hand after the last batch is drift. With the current
+pipeline version and no bug, no key differs (floating-point aggregates within a
+relative 1e-9: Spark sums in another order). The result goes into the ledger;
+differing keys fail the command (one ``error:`` line) after printing examples.
 
 ``--sample F`` recomputes and compares only keys whose hash falls in the fraction
 F (all windows of a sampled key).
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -33,7 +38,15 @@ from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
 from jobs.errors import ConfigError, ConsistencyError
 from jobs.kafka_source import offsets as kafka_offsets
-from jobs.ledger import DONE, IS_BATCH, MAINTAIN, current_epoch, last_boundary, read_ledger
+from jobs.ledger import (
+    DONE,
+    IS_BATCH,
+    MAINTAIN,
+    current_epoch,
+    last_boundary,
+    read_ledger,
+    unfinished_operation,
+)
 from jobs.operations.audit import append_audit, audit_row
 from jobs.operations.backfill import aggregate_records, preview, read_records
 from jobs.output.changes import commit_infos
@@ -148,20 +161,44 @@ def sampled(pipeline: Pipeline, fraction: float | None) -> Callable[[DataFrame],
     return lambda frame: frame.filter(bucket < threshold)
 
 
-def check_no_batch_after(layout: AppLayout, boundary_version: int, current: int) -> None:
-    """The published table may have moved past the last batch by other commits
-    (maintenance, an epoch bump, an edit by hand), never by a batch: that one is
-    being committed (or a crash left it), and the ledger does not count it yet."""
-    if current <= boundary_version:
-        return
-    infos = commit_infos(layout.table("state"), boundary_version + 1, current)
+def comparable_version(layout: AppLayout, base_version: int) -> int:
+    """The newest state version that the ledger accounts for: every commit after
+    ``base_version`` up to the first batch the ledger does not hold yet (one being
+    committed next to verify, or one a crash left, which the next run undoes).
+    Commits that are not batches (maintenance, an edit by hand) are included."""
+    current = DeltaTable(str(layout.table("state"))).version()
+    if current <= base_version:
+        return current
+    infos = commit_infos(layout.table("state"), base_version + 1, current)
     batches = [v for v, info in infos.items() if info.get("platform_operation") == "batch"]
-    if batches:
+    return min(batches) - 1 if batches else current
+
+
+def state_lineage(
+    layout: AppLayout, batches: list[dict[str, Any]], steps: dict[int, Step]
+) -> tuple[str, int, Intervals]:
+    """What the published state stands for now: a description, the state version
+    its lineage was committed at (or after), and the lineage."""
+    unfinished = unfinished_operation(layout)
+    if unfinished is not None:
         raise ConsistencyError(
-            f"{layout.application_id}: state version {batches[0]} is a batch the ledger does not "
-            "hold yet (one is being committed, or a crash left it, which the next run undoes); "
-            "run verify again when the stream is idle"
+            f"{layout.application_id}: {unfinished.describe()}; verify after it is completed"
         )
+    boundary = last_boundary(layout)
+    epoch = current_epoch(layout)
+    if boundary is not None and boundary.epoch == epoch:
+        where = f"epoch {epoch} batch {boundary.batch_id}"
+        return where, boundary.state_version, lineage(batches, steps, epoch, boundary.batch_id)
+    if epoch in steps:  # an operation started this epoch; no batch of it yet
+        base = -1 if boundary is None else boundary.state_version
+        return f"epoch {epoch} as its operation began it", base, lineage(batches, steps, epoch)
+    raise ConfigError(f"{layout.application_id} has no committed batch: nothing to verify")
+
+
+def close(a: Any, b: Any) -> bool:
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+    return bool(a == b)
 
 
 def run_verify(
@@ -177,9 +214,8 @@ def run_verify(
     if source == "archive" and not pipeline.archive:
         raise ConfigError(f"{pipeline.application_id} keeps no raw archive (archive: false)")
     layout = AppLayout(settings.warehouse, pipeline.application_id)
-    boundary = last_boundary(layout)
-    if boundary is None:
-        raise ConfigError(f"{pipeline.application_id} has no committed batch: nothing to verify")
+    if not DeltaTable.is_deltatable(str(layout.table("state"))):
+        raise ConfigError(f"{pipeline.application_id} has no state table: nothing to verify")
     # Only the columns needed: the ledger grows by a row per batch.
     batch_table = read_ledger(
         layout, ["epoch", "batch_id", "start_offsets", "end_offsets"], IS_BATCH
@@ -187,12 +223,11 @@ def run_verify(
     operations = read_ledger(layout, ["entry_type", "epoch", "details"], ~IS_BATCH)
     batches = [] if batch_table is None else batch_table.to_pylist()
     steps = epoch_steps([] if operations is None else operations.to_pylist())
-    intervals = lineage(batches, steps, boundary.epoch, boundary.batch_id)
+    where, base_version, intervals = state_lineage(layout, batches, steps)
     reads = layers(intervals)
     records = sum(end - start for spans in intervals.values() for start, end in spans)
     echo(
-        f"verify {pipeline.application_id} v{pipeline.version}: the state as of epoch "
-        f"{boundary.epoch} batch {boundary.batch_id} (state version {boundary.state_version}), "
+        f"verify {pipeline.application_id} v{pipeline.version}: the state as of {where}, "
         f"recomputed from {records} offsets in {len(reads)} read(s)"
         + (f", keys sampled: {sample}" if sample is not None and sample < 1 else "")
     )
@@ -206,20 +241,21 @@ def run_verify(
     else:
         with SparkJobProgress(spark, "verify", records):
             recomputed = aggregate_records(spark, pipeline, settings, raw, None, keep)
-    columns = list(tables.aggregate_schema(pipeline).names)
-    published = DeltaTable(str(layout.table("state")))
-    check_no_batch_after(layout, boundary.state_version, published.version())
-    # The table as it is now: a change made after the last batch (by hand, say) is
-    # drift too.
-    current = published.to_pyarrow_table(columns=columns)
-    if keep is not None and current.num_rows:
-        current = keep(spark.createDataFrame(current)).toArrow().cast(current.schema)
-    report = preview(pipeline, current, recomputed)
+    schema = tables.aggregate_schema(pipeline)
+    version = comparable_version(layout, base_version)
+    state = DeltaTable(str(layout.table("state")), version=version)
+    files = state.file_uris()
+    if keep is None or not files:
+        current = state.to_pyarrow_table(columns=list(schema.names))
+    else:  # Spark filters the sample (from the version's files): only it reaches the driver
+        frame = keep(spark.read.parquet(*files).select(*schema.names))
+        current = frame.toArrow().cast(schema)
+    report = preview(pipeline, current, recomputed, same=close)
     differing = report["keys_changed"] + report["keys_added"] + report["keys_removed"]
     result = {
         "sample": sample,
-        "boundary": {"epoch": boundary.epoch, "batch_id": boundary.batch_id},
-        "state_version": published.version(),
+        "as_of": where,
+        "state_version": version,
         "rows_compared": max(report["rows_before"], report["rows_after"]),
         "differing_keys": differing,
         "examples": report["samples"],

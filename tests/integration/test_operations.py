@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
-from deltalake import DeltaTable
+from deltalake import CommitProperties, DeltaTable
 
 from jobs import kafka_admin
 from jobs.errors import ConsistencyError
@@ -163,6 +163,11 @@ def test_rewind_reprocess_counts_every_event_once(
     # and to the output topic as corrections of the rewind.
     assert sum(r["_records"] for r in table(settings, "state")) == 400
     assert_topic_is_the_state(settings, topic, first[:400])
+    # Before the new epoch's first batch, the state is what the rewind began the
+    # epoch from (batch 0's lineage), not the old epoch's last batch.
+    result = run_verify(spark, pipeline, settings, echo=lambda _line: None)
+    assert (result["differing_keys"], result["rows_compared"]) == (0, len(table(settings, "state")))
+    assert result["as_of"] == "epoch 1 as its operation began it"
     records = read_output(kafka_admin.client_config(settings.bootstrap_servers), f"out_{topic}")
     corrections = {
         r["headers"]["platform.operation"]
@@ -211,6 +216,11 @@ def test_a_reviewed_plan_is_applied_exactly_or_refused(
     done = audits(settings, "rewind")[-1]["details"]
     assert done["phase"] == "done" and done["plan"]["plan_id"] == reviewed
     assert done["plan"]["target_offsets"] == {topic: {"0": 400}}
+    # A retry (Airflow's, after the task died past the apply) does nothing, and says so.
+    again = cli(path, settings, "rewind", "--plan", reviewed, "--reason", "replay")
+    assert again.returncode == 0, again.stderr
+    assert f"plan {reviewed} was already applied" in again.stdout
+    assert audits(settings, "rewind")[-1]["details"] == done
     run_pipeline(spark, pipeline, settings)
     assert_state(settings, first, second)
     assert_topic_is_the_state(settings, topic, first, second)
@@ -244,6 +254,24 @@ def test_a_changed_window_is_refused_before_spark_and_rebuilt_from_source(
     assert late == 0
     assert state_as_counter(table(settings, "state"), "clicks") == expected
 
+    # A backfill republishes under a new window: one from a batch boundary would
+    # build on the old windows' state and is refused; one from the first offsets
+    # recomputes it all and publishes it in one commit (and to the output topic).
+    data["version"], data["window"]["size"] = 3, "3 minutes"
+    path.write_text(yaml.safe_dump(data))
+    seeded = cli(path, settings, "backfill", "--from-offset", "300", "--reason", "3 min")
+    assert seeded.returncode == 2 and "the state it would be seeded from does not fit" in (
+        seeded.stderr
+    )
+    backfill = cli(path, settings, "backfill", "--from-earliest", "--reason", "3 min windows")
+    assert backfill.returncode == 0, backfill.stderr
+    expected, _dead, late = clicks_per_window([first], window_s=180)
+    assert late == 0
+    assert state_as_counter(table(settings, "state"), "clicks") == expected
+    assert_topic_is_the_state(settings, topic)  # (the state is checked above)
+    run_pipeline(spark, load_pipeline(str(path), tmp_path), settings)  # the run fits its cut
+    assert state_as_counter(table(settings, "state"), "clicks") == expected
+
 
 def test_rewind_skip_leaves_out_exactly_the_skipped_records(
     spark, settings, kafka_config, new_topic, tmp_path
@@ -273,12 +301,26 @@ def test_rewind_skip_leaves_out_exactly_the_skipped_records(
     assert (result["differing_keys"], result["rows_compared"]) == (0, windows), lines
     state = DeltaTable(str(settings.warehouse / "user_clicks" / "state"))
     user = table(settings, "state")[0]["user_id"]
+    untouched = state.version()
     state.update(updates={"clicks": "clicks + 1"}, predicate=f"user_id = '{user}'")
     tampered = sum(1 for r in table(settings, "state") if r["user_id"] == user)
     with pytest.raises(ConsistencyError, match="differ from a recomputation"):
         run_verify(spark, pipeline, settings, echo=lines.append)
     assert audits(settings, "verify")[-1]["details"]["differing_keys"] == tampered
     assert any(f'"user_id": "{user}"' in line for line in lines)
+
+    # A batch committed to the state but not yet to the ledger (a stream next to
+    # verify) is left out of the comparison.
+    state = DeltaTable(str(settings.warehouse / "user_clicks" / "state"))
+    state.restore(untouched)
+    state.update(
+        updates={"clicks": "clicks + 1"},
+        predicate=f"user_id = '{user}'",
+        commit_properties=CommitProperties(custom_metadata={"platform_operation": "batch"}),
+    )
+    result = run_verify(spark, pipeline, settings, sample=0.5, echo=lines.append)
+    assert result["differing_keys"] == 0 and result["state_version"] == state.version() - 1
+    assert 0 < result["rows_compared"] < windows  # about half the keys
 
 
 def test_an_operation_fences_a_running_stream(settings, kafka_config, new_topic, tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -7,13 +7,15 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from deltalake import CommitProperties, DeltaTable
 
 from jobs.cut import StateAction
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
 from jobs.errors import ConfigError
-from jobs.ledger import Boundary
+from jobs.ledger import MAINTAIN, STARTED, Boundary
 from jobs.operations import saved
+from jobs.operations.audit import append_audit, audit_row
 from jobs.operations.plan import Plan
 from tests.output_tables import StateWriter, clicks_pipeline
 
@@ -50,23 +52,48 @@ def test_saved_and_loaded_exactly(tmp_path: Path) -> None:
     assert loaded.plan == dataclasses.replace(a_plan(), plan_id=plan_id)
     assert loaded.extra == {"preview": {"keys": 3}}
     assert loaded.position == saved.position(writer.layout, writer.pipeline)
-    saved.check_unmoved(loaded, saved.position(writer.layout, writer.pipeline))
+    saved.check_unmoved(writer.layout, writer.pipeline, loaded)
 
 
 def test_a_plan_the_application_moved_away_from_is_refused(tmp_path: Path) -> None:
     writer = StateWriter(tmp_path, clicks_pipeline())
     plan_id = saved.save(writer.layout, writer.pipeline, a_plan())
     writer.batch({"a": 1})  # the state moved (a batch's merge)
-    later = saved.position(writer.layout, writer.pipeline)
-    with pytest.raises(ConfigError, match="the state table moved from version 0 to 1"):
-        saved.check_unmoved(saved.load(writer.layout, plan_id, "rewind"), later)
-    newer = dataclasses.replace(later, pipeline_version=2, last_batch=(0, 4))
+    reviewed = saved.load(writer.layout, plan_id, "rewind")
     with pytest.raises(ConfigError) as error:
-        saved.check_unmoved(saved.load(writer.layout, plan_id, "rewind"), newer)
+        saved.check_unmoved(writer.layout, writer.pipeline, reviewed)
     message = str(error.value)
-    assert "the last committed batch was none, now epoch 0 batch 4" in message
-    assert "the pipeline version was 1, now 2" in message
+    assert "the state table moved from version 0 to 1 (version 1 was a batch)" in message
     assert "make a new plan with --dry-run" in message
+    newer = dataclasses.replace(writer.pipeline, version=2)
+    with pytest.raises(ConfigError, match="the pipeline version was 1, now 2"):
+        saved.check_unmoved(writer.layout, newer, reviewed)
+    moved = dataclasses.replace(reviewed.position, last_batch=(0, 4))
+    assert moved.changes_since(reviewed.position) == [
+        "the last committed batch was none, now epoch 0 batch 4"
+    ]
+
+
+def test_maintenance_does_not_move_a_plan_unless_it_removed_what_the_plan_restores(
+    tmp_path: Path,
+) -> None:
+    writer = StateWriter(tmp_path, clicks_pipeline())
+    writer.batch({"a": 1})
+    writer.batch({"b": 2})
+    plan_id = saved.save(writer.layout, writer.pipeline, a_plan())
+    # Compaction commits a new state version that changes no row.
+    state = DeltaTable(str(writer.path))
+    state.optimize.compact(
+        commit_properties=CommitProperties(custom_metadata={"platform_operation": MAINTAIN})
+    )
+    assert state.version() == 3
+    reviewed = saved.load(writer.layout, plan_id, "rewind")
+    saved.check_unmoved(writer.layout, writer.pipeline, reviewed)
+    # Maintain's promise moved past the version the plan restores (7).
+    details = {"phase": STARTED, "kept_state_version": 8}
+    append_audit(writer.layout, audit_row(writer.pipeline, MAINTAIN, 0, details))
+    with pytest.raises(ConfigError, match="maintain removed the files of state version 7"):
+        saved.check_unmoved(writer.layout, writer.pipeline, reviewed)
 
 
 @pytest.mark.parametrize(
