@@ -80,15 +80,17 @@ def identity(key: dict[str, Any]) -> tuple[str, str]:
 
 
 def last_values(records: list[dict[str, Any]]) -> dict[tuple[str, str], int]:
-    """The topic read as a table: the last record per key and window (all windows of
-    a user are in one partition, in order); a tombstone removes it."""
-    last: dict[tuple[str, str], int] = {}
+    """The topic read as a table: the last record per Kafka key (user and window,
+    its end included: a window-size change makes new keys), a tombstone removes it;
+    then by user and window start, as the state table is keyed."""
+    last: dict[str, tuple[tuple[str, str], int]] = {}
     for record in records:
+        kafka_key = json.dumps(record["key"], sort_keys=True)
         if record["value"] is None:
-            last.pop(identity(record["key"]), None)
+            last.pop(kafka_key, None)
         else:
-            last[identity(record["key"])] = record["value"]["aggregates"]["clicks"]
-    return last
+            last[kafka_key] = (identity(record["key"]), record["value"]["aggregates"]["clicks"])
+    return dict(last.values())
 
 
 def iso(moment: Any) -> str:

@@ -9,8 +9,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 from deltalake import DeltaTable
@@ -176,19 +178,61 @@ def table_schemas(pipeline: Pipeline) -> dict[str, pa.Schema]:
     return schemas
 
 
-def ensure_tables(layout: AppLayout, pipeline: Pipeline) -> None:
-    """Create missing tables; refuse an existing table whose schema differs."""
+# A backfill republishes these under a new definition (a column added, removed or
+# retyped): ``state`` is replaced in one commit, ``changelog`` gains the new
+# columns and keeps the old ones, empty in new rows (it is the history).
+REPUBLISHED = ("state", "changelog")
+
+
+def column_problems(name: str, existing: DeltaSchema, needed: pa.Schema) -> list[str]:
+    """Why rows of ``needed`` cannot go into a table of ``existing`` columns."""
+    have = {f.name: f for f in existing.fields}
+    want = {f.name: _type(f.type) for f in DeltaSchema.from_arrow(needed).fields}
+    if name != "changelog":  # exactly its columns, in order
+        if [(f.name, _type(f.type)) for f in existing.fields] == list(want.items()):
+            return []
+        needed_fields = DeltaSchema.from_arrow(needed).fields
+        return [f"has columns {_columns(existing.fields)}, needs {_columns(needed_fields)}"]
+    problems = [f"lacks {c} {t}" for c, t in want.items() if c not in have]
+    problems += [
+        f"has {c} {_type(have[c].type)}, needs {c} {t}"
+        for c, t in want.items()
+        if c in have and _type(have[c].type) != t
+    ]
+    problems += [
+        f"has {c} not null, which new rows would leave empty"
+        for c, f in have.items()
+        if c not in want and not f.nullable
+    ]
+    return problems
+
+
+def ensure_tables(layout: AppLayout, pipeline: Pipeline, republishing: bool = False) -> None:
+    """Create missing tables; refuse an existing table whose columns do not fit the
+    pipeline's. ``republishing``: a backfill about to publish a new definition,
+    which makes ``state`` and ``changelog`` fit (a retyped or removed-and-not-null
+    changelog column it cannot: that history would not hold the new rows)."""
+    from jobs.errors import ConfigError
+
     for name, schema in table_schemas(pipeline).items():
         path = layout.table(name)
         if DeltaTable.is_deltatable(str(path)):
-            existing = [(f.name, _type(f.type)) for f in DeltaTable(str(path)).schema().fields]
-            needed = [(f.name, _type(f.type)) for f in DeltaSchema.from_arrow(schema).fields]
-            if existing != needed:
-                from jobs.errors import ConfigError
-
+            problems = column_problems(name, DeltaTable(str(path)).schema(), schema)
+            if republishing and name == "state":
+                problems = []
+            if republishing and name == "changelog":
+                problems = [p for p in problems if not p.startswith("lacks ")]
+            if problems:
+                repair = (
+                    f"; python -m jobs backfill --pipeline {pipeline.application_id} "
+                    "--from-earliest --reason ... republishes the state under the new definition"
+                    if name in REPUBLISHED and not republishing
+                    else "; a new definition that reuses a column name with another type, or "
+                    "drops a key, needs a new application id"
+                )
                 raise ConfigError(
-                    f"table {path} has columns {_columns(existing)} but pipeline "
-                    f"{pipeline.application_id} v{pipeline.version} needs {_columns(needed)}"
+                    f"table {path} does not fit pipeline {pipeline.application_id} "
+                    f"v{pipeline.version}: it {'; '.join(problems)}" + repair
                 )
             continue
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -198,9 +242,18 @@ def ensure_tables(layout: AppLayout, pipeline: Pipeline) -> None:
         DeltaTable.create(str(path), schema, configuration=configuration)
 
 
+def state_redefined(layout: AppLayout, pipeline: Pipeline) -> bool:
+    """The ``state`` table's columns are not the pipeline's (a new definition)."""
+    path = layout.table("state")
+    if not DeltaTable.is_deltatable(str(path)):
+        return False
+    return bool(column_problems("state", DeltaTable(str(path)).schema(), state_schema(pipeline)))
+
+
 def _type(kind: object) -> str:
     return str(getattr(kind, "type", kind))  # PrimitiveType("long") -> long
 
 
-def _columns(fields: list[tuple[str, str]]) -> str:
-    return ", ".join(f"{name} {kind}" for name, kind in fields)
+def _columns(fields: Iterable[Any]) -> str:
+    """``name type, ...`` of a Delta schema's fields."""
+    return ", ".join(f"{f.name} {_type(f.type)}" for f in fields)

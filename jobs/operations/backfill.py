@@ -25,7 +25,7 @@ from typing import Any
 import numpy
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable, write_deltalake
+from deltalake import CommitProperties, DeltaTable, write_deltalake
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -341,9 +341,6 @@ def publish(
     state_rows = state_rows.append_column(
         pa.field("updated_at", tables.TIMESTAMP, False), pa.array([now] * n, tables.TIMESTAMP)
     )
-    values = list(pipeline.value_columns)
-    keys = " AND ".join(f"t.`{k}` = s.`{k}`" for k in pipeline.state_keys)
-    changed = " OR ".join(f"NOT (t.`{v}` <=> s.`{v}`)" for v in values)
     props = fenced_properties(
         pipeline.application_id,
         epoch,
@@ -354,16 +351,14 @@ def publish(
             "epoch_before": str(plan.epoch_before),
         },
     )
-    before_version = DeltaTable(str(layout.table("state"))).version()
-    metrics = (
-        DeltaTable(str(layout.table("state")))
-        .merge(state_rows, keys, source_alias="s", target_alias="t", commit_properties=props)
-        .when_matched_update_all(predicate=changed)
-        .when_not_matched_insert_all()
-        .when_not_matched_by_source_delete()
-        .execute()
-    )
-    state_version = DeltaTable(str(layout.table("state"))).version()
+    state_path = layout.table("state")
+    before_version = DeltaTable(str(state_path)).version()
+    redefined = tables.state_redefined(layout, pipeline)
+    if redefined:
+        metrics = swap_state(pipeline, state_path, state_rows, props)
+    else:
+        metrics = merge_state(pipeline, state_path, state_rows, props)
+    state_version = DeltaTable(str(state_path)).version()
     corrections = version_changes(layout.table("state"), state_version)
     changelog = rows_of(corrections, AFTER, list(tables.aggregate_schema(pipeline).names))
     changelog = changelog.append_column("epoch", pa.array([epoch] * changelog.num_rows, pa.int64()))
@@ -372,17 +367,97 @@ def publish(
         "commit_time", pa.array([now] * changelog.num_rows, tables.TIMESTAMP)
     ).cast(tables.changelog_schema(pipeline))
     if changelog.num_rows:
+        # A new definition's columns join the changelog; the old ones stay (history).
         write_deltalake(
-            str(layout.table("changelog")), changelog, mode="append", commit_properties=props
+            str(layout.table("changelog")),
+            changelog,
+            mode="append",
+            schema_mode="merge" if redefined else None,
+            commit_properties=props,
         )
     return {
         "state_version_before": before_version,
         "state_version": state_version,
+        "redefined": redefined,
         "rows_updated": metrics.get("num_target_rows_updated"),
         "rows_inserted": metrics.get("num_target_rows_inserted"),
         "rows_deleted": metrics.get("num_target_rows_deleted"),
         "changelog_rows": changelog.num_rows,
     }
+
+
+def merge_state(
+    pipeline: Pipeline, path: Path, rows: pa.Table, props: CommitProperties
+) -> dict[str, Any]:
+    """The same definition: one MERGE that touches only the rows that change."""
+    keys = " AND ".join(f"t.`{k}` = s.`{k}`" for k in pipeline.state_keys)
+    changed = " OR ".join(f"NOT (t.`{v}` <=> s.`{v}`)" for v in pipeline.value_columns)
+    return dict(
+        DeltaTable(str(path))
+        .merge(rows, keys, source_alias="s", target_alias="t", commit_properties=props)
+        .when_matched_update_all(predicate=changed)
+        .when_not_matched_insert_all()
+        .when_not_matched_by_source_delete()
+        .execute()
+    )
+
+
+def swap_state(
+    pipeline: Pipeline, path: Path, rows: pa.Table, props: CommitProperties
+) -> dict[str, Any]:
+    """A new definition (columns added, removed or retyped): the whole table,
+    schema and rows, replaced in one commit. A reader sees the old table or the
+    new one; the change data feed shows every old row deleted, every new inserted."""
+    table = DeltaTable(str(path))
+    before = table.to_pyarrow_dataset().count_rows()
+    configuration = dict(table.metadata().configuration)
+    write_deltalake(
+        table,
+        rows.cast(tables.state_schema(pipeline)),
+        mode="overwrite",
+        schema_mode="overwrite",
+        configuration=configuration,
+        commit_properties=props,
+    )
+    return {
+        "num_target_rows_updated": 0,
+        "num_target_rows_inserted": rows.num_rows,
+        "num_target_rows_deleted": before,
+    }
+
+
+def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` with ``schema``'s columns: one it lacks (an aggregation or key a new
+    definition adds) is empty; one it has beyond them is left out."""
+    columns = [
+        table.column(f.name).cast(f.type)
+        if f.name in table.column_names
+        else pa.nulls(table.num_rows, f.type)
+        for f in schema
+    ]
+    return pa.Table.from_arrays(columns, schema=pa.schema([f.with_nullable(True) for f in schema]))
+
+
+def check_redefinition(layout: AppLayout, pipeline: Pipeline, plan: Plan) -> None:
+    """A new definition is published only from a full recomputation, and never
+    under the keys of an output topic that its readers key differently."""
+    if not tables.state_redefined(layout, pipeline):
+        return
+    if plan.seed_state_version is not None:
+        raise ConfigError(
+            f"pipeline {pipeline.application_id} v{pipeline.version} changes the state's "
+            "columns: a backfill from a batch boundary would build on the old ones; use "
+            "--from-earliest"
+        )
+    old_keys = {f.name for f in DeltaTable(str(layout.table("state"))).schema().fields}
+    added = [k for k in pipeline.state_keys if k not in old_keys]
+    if added and pipeline.output is not None:
+        raise ConfigError(
+            f"pipeline {pipeline.application_id} v{pipeline.version} adds key(s) "
+            f"{', '.join(added)}: the records of output topic {pipeline.output.topic} are keyed "
+            "by the old keys; set output.topic to a new topic, backfill, then "
+            f"python -m jobs publish --pipeline {pipeline.application_id} --snapshot"
+        )
 
 
 def run_backfill(
@@ -405,11 +480,12 @@ def run_backfill(
     layout = AppLayout(settings.warehouse, pipeline.application_id)
 
     def corrected_and_preview(plan: Plan) -> tuple[pa.Table, dict[str, Any]]:
-        tables.ensure_tables(layout, pipeline)
+        tables.ensure_tables(layout, pipeline, republishing=True)
+        check_redefinition(layout, pipeline, plan)
         check_seed_shape(layout, pipeline, plan)  # a boundary's state to build on
         corrected = recompute(spark, pipeline, settings, plan)
-        columns = list(tables.aggregate_schema(pipeline).names)
-        current = DeltaTable(str(layout.table("state"))).to_pyarrow_table(columns=columns)
+        schema = tables.aggregate_schema(pipeline)
+        current = conform(DeltaTable(str(layout.table("state"))).to_pyarrow_table(), schema)
         report = preview(pipeline, current, corrected)
         path = write_preview(layout, plan, report)
         echo(summary(report))

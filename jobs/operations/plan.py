@@ -55,6 +55,11 @@ class Plan:
         return cls(**fields)
 
     @property
+    def republishes(self) -> bool:
+        """A backfill: it may publish the state under a new definition (new columns)."""
+        return self.state_action is StateAction.PUBLISH
+
+    @property
     def records_skipped(self) -> int:
         return sum(end - start for start, end in self.skipped.values())
 

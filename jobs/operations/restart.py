@@ -244,7 +244,7 @@ def apply_plan(
 ) -> dict[str, Any]:
     """Carry out ``plan`` (the caller holds the application lock)."""
     layout = AppLayout(settings.warehouse, pipeline.application_id)
-    tables.ensure_tables(layout, pipeline)
+    tables.ensure_tables(layout, pipeline, plan.republishes)
     if current_epoch(layout) != plan.epoch_before:
         raise ConfigError("the application moved to another epoch since the plan was made")
     new = plan.epoch_after
@@ -319,7 +319,7 @@ def apply_plan(
 
 def audit_dry_run(pipeline: Pipeline, settings: Settings, plan: Plan) -> None:
     layout = AppLayout(settings.warehouse, pipeline.application_id)
-    tables.ensure_tables(layout, pipeline)
+    tables.ensure_tables(layout, pipeline, plan.republishes)
     append_audit(
         layout,
         audit_row(

@@ -68,7 +68,7 @@ def run_operation(
     if dry_run:
         extra = inspect(plan) if inspect is not None else None
         # The tables first: the position saved must be the one an apply will see.
-        tables.ensure_tables(layout, pipeline)
+        tables.ensure_tables(layout, pipeline, plan.republishes)
         saved_id = saved.save(layout, pipeline, plan, extra, save_as)
         plan.plan_id = saved_id
         audit_dry_run(pipeline, settings, plan)
@@ -162,7 +162,7 @@ def fence_running_stream(
     stream's last commit and starts the epoch after it."""
     epoch = current_epoch(layout)
     echo(f"fencing the running stream ({describe(busy)}) at epoch {epoch + 1}")
-    tables.ensure_tables(layout, pipeline)
+    tables.ensure_tables(layout, pipeline, plan.republishes)
     bump_epoch(
         fenced_tables(layout, pipeline),
         pipeline.application_id,

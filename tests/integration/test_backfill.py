@@ -169,3 +169,93 @@ def test_backfill_publishes_the_fix_atomically(
     done_entry = next(d for d in details if d.get("phase") == "done")
     assert done_entry["result"]["rows_updated"] == len(changed)
     assert {r["pipeline_version"] for r in entries} == {2}
+
+
+def test_backfill_publishes_a_new_definition_in_one_swap(
+    spark, settings, kafka_config, new_topic, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    # v2 fixes the sign, adds an aggregation (the largest movement) and drops one
+    # (the count): new state columns, which Spark's checkpoint cannot take.
+    topic = new_topic(2)
+    v1 = pipeline_file(tmp_path, topic, 1)
+    v2 = pipeline_file(tmp_path, topic, 2)
+    data = yaml.safe_load(v2.read_text())
+    data["aggregations"] = [
+        {"name": "quantity", "function": "sum", "field": "signed_qty"},
+        {"name": "largest", "function": "max", "field": "qty"},
+    ]
+    v2.write_text(yaml.safe_dump(data))
+    first = movements(600, 3)
+    produce(kafka_config, topic, [json.dumps(e).encode() for e in first])
+    run_pipeline(spark, load_pipeline(str(v1), tmp_path), settings)
+    old = {k: {"quantity": q, "movements": n} for k, (q, n) in columns(first, 1).items()}
+
+    def new(events: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+        largest: dict[str, int] = {}
+        for e in events:
+            largest[e["sku"]] = max(largest.get(e["sku"], 0), e["qty"])
+        return {k: {"quantity": q, "largest": largest[k]} for k, q in expected(events, 2).items()}
+
+    assert rows_by_sku(settings.warehouse) == old
+    refused = run_jobs(v2, settings, "run")
+    assert refused.returncode == 2 and "backfill --pipeline inventory" in refused.stderr
+
+    seen: list[dict[str, dict[str, int]]] = []
+    done = threading.Event()
+
+    def poll() -> None:
+        while not done.is_set():
+            seen.append(rows_by_sku(settings.warehouse))
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    try:
+        backfill = run_jobs(
+            v2, settings, "backfill", "--from-earliest", "--reason", "largest movement, no count"
+        )
+    finally:
+        done.set()
+        poller.join()
+    assert backfill.returncode == 0, backfill.stderr
+    assert all(s in (old, new(first)) for s in seen), "a reader saw a mix"
+    assert old in seen and new(first) in seen
+    assert rows_by_sku(settings.warehouse) == new(first)
+    state_table = DeltaTable(str(settings.warehouse / "inventory" / "state"))
+    commit = state_table.history(1)[0]
+    assert commit["operation"] == "WRITE" and commit["platform_operation"] == "backfill"
+
+    # The changelog keeps the old column (history) and gains the new one.
+    changelog = DeltaTable(str(settings.warehouse / "inventory" / "changelog"))
+    rows = changelog.to_pyarrow_table().to_pylist()
+    assert {"movements", "largest"} <= set(rows[0])
+    republished = [r for r in rows if r["batch_id"] == -1]
+    assert {r["sku"]: r["largest"] for r in republished} == {
+        k: v["largest"] for k, v in new(first).items()
+    }
+    assert all(r["movements"] is None for r in republished)
+
+    # The output topic: every key republished with the new aggregates.
+    records = read_output(kafka_config, f"out_{topic}")
+    corrections = [r for r in records if r["headers"]["platform.kind"] == "correction"]
+    assert sorted(r["key"]["sku"] for r in corrections) == sorted(new(first))
+    assert all(r["value"]["aggregates"].keys() == {"quantity", "largest"} for r in corrections)
+    assert topic_table(records) == expected(first, 2)
+
+    # The stream goes on under v2, from the backfill's end offsets.
+    later = movements(200, 4)
+    produce(kafka_config, topic, [json.dumps(e).encode() for e in later])
+    run_pipeline(spark, load_pipeline(str(v2), tmp_path), settings)
+    assert rows_by_sku(settings.warehouse) == new(first + later)
+    assert topic_table(read_output(kafka_config, f"out_{topic}")) == expected(first + later, 2)
+
+
+def columns(events: list[dict[str, Any]], version: int) -> dict[str, tuple[int, int]]:
+    counts = Counter(e["sku"] for e in events)
+    return {k: (q, counts[k]) for k, q in expected(events, version).items()}
+
+
+def rows_by_sku(warehouse: Path) -> dict[str, dict[str, int]]:
+    """The state's aggregates per SKU, whatever the definition's columns."""
+    table = DeltaTable(str(warehouse / "inventory" / "state")).to_pyarrow_table().to_pylist()
+    hidden = {"sku", "epoch", "batch_id", "updated_at", "_records"}
+    return {r["sku"]: {k: v for k, v in r.items() if k not in hidden} for r in table}

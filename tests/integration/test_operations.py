@@ -259,7 +259,7 @@ def test_a_changed_window_is_refused_before_spark_and_rebuilt_from_source(
     # recomputes it all and publishes it in one commit (and to the output topic).
     data["version"], data["window"]["size"] = 3, "3 minutes"
     path.write_text(yaml.safe_dump(data))
-    seeded = cli(path, settings, "backfill", "--from-offset", "300", "--reason", "3 min")
+    seeded = cli(path, settings, "backfill", "--from-offset", "500", "--reason", "3 min")
     assert seeded.returncode == 2 and "the state it would be seeded from does not fit" in (
         seeded.stderr
     )
