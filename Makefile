@@ -5,8 +5,6 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# Two test processes: much of an integration test is waiting on a JVM or a broker.
-TEST_WORKERS ?= 2
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt constraints.txt | sha1sum | cut -c1-12)
 
 .PHONY: setup demo test lint chromium prometheus bench broker-stop clean airflow airflow-stop
@@ -30,7 +28,7 @@ lint: setup
 	$(BIN)/mypy
 
 test: lint chromium prometheus
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=40 -n $(TEST_WORKERS) --dist worksteal
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=40
 
 # The browser test drives Debian's chromium (Playwright's own download is offline).
 chromium:
