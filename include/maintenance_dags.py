@@ -97,6 +97,12 @@ def plan_markdown(saved_plan: SavedPlan) -> str:
         for sample in preview.get("samples", []):
             key = ", ".join(f"{k}={v}" for k, v in sample.items() if k not in ("before", "after"))
             lines.append(f"| {key} | {sample['before']} | {sample['after']} |")
+        for name, hist in (preview.get("differences") or {}).items():
+            lines += [
+                "",
+                f"Spread of {name} after - before over the changed keys, "
+                f"{hist['edges'][0]:g} to {hist['edges'][-1]:g}: `{sparkline(hist['counts'])}`",
+            ]
         if preview.get("plot"):
             lines += [
                 "",
@@ -104,6 +110,13 @@ def plan_markdown(saved_plan: SavedPlan) -> str:
                 f"`{preview['plot']}`",
             ]
     return "\n".join(lines)
+
+
+def sparkline(counts: list[int]) -> str:
+    """A histogram as one line of block characters (the approval's body is text)."""
+    blocks = " ▁▂▃▄▅▆▇█"
+    top = max(counts, default=0) or 1
+    return "".join(blocks[-(-count * 8 // top)] for count in counts)
 
 
 def describe_plan(**context: Any) -> str:

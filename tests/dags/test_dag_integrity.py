@@ -139,6 +139,8 @@ def test_the_approval_shows_the_plan_in_markdown() -> None:
         "keys_added": 0,
         "keys_removed": 1,
         "samples": [{"sku": "S1", "before": {"quantity": -3}, "after": {"quantity": 5}}],
+        "differences": {"quantity": {"edges": [-2.0, 0.0, 4.0, 8.0], "counts": [1, 0, 4]}},
+        "plot": "/warehouse/inventory/_backfill/preview-epoch0-1.png",
     }
     text = plan_markdown(
         SavedPlan(
@@ -155,6 +157,8 @@ def test_the_approval_shows_the_plan_in_markdown() -> None:
     assert "published state table: restore to version 7" in text
     assert "2 keys changed, 0 added, 1 removed" in text
     assert "| sku=S1 | {'quantity': -3} | {'quantity': 5} |" in text
+    assert "Spread of quantity after - before over the changed keys, -2 to 8: `▂ █`" in text
+    assert "`/warehouse/inventory/_backfill/preview-epoch0-1.png`" in text
 
 
 def test_tables_are_maintained_on_a_schedule(dagbag) -> None:  # type: ignore[no-untyped-def]
