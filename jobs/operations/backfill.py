@@ -85,7 +85,7 @@ def plan_backfill(
         read_from = replay_from_origin(layout, marks, f"a backfill from {source}")
     else:
         read_from = fill_from_first(layout, boundary.end_offsets, marks)
-    return Plan(
+    plan = Plan(
         **header("backfill", pipeline.application_id, reason, epoch, current),
         target_offsets=head,
         seed_state_version=None if boundary is None else boundary.state_version,
@@ -99,6 +99,13 @@ def plan_backfill(
             f"{kafka_offsets.to_json_dict(read_from)} to the head offsets, in one batch job"
         ],
     )
+    # Refusals before anything is fenced (the plan is made before and under the lock).
+    from jobs.operations.restart import check_seed_shape
+
+    tables.ensure_tables(layout, pipeline, republishing=True)
+    check_redefinition(layout, pipeline, plan)
+    check_seed_shape(layout, pipeline, plan)
+    return plan
 
 
 def recompute(spark: SparkSession, pipeline: Pipeline, settings: Settings, plan: Plan) -> pa.Table:
@@ -285,7 +292,7 @@ def preview(
         "keys_removed": removed,
         "totals": totals,
         "samples": [changed_rows[i] for i in order[:SAMPLES]],
-        "differences": {v: histogram(d) for v, d in deltas.items() if d},
+        "differences": {v: h for v, d in deltas.items() if (h := histogram(d)) is not None},
     }
 
 
@@ -295,8 +302,13 @@ def _number(value: Any) -> float:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
 
 
-def histogram(values: list[float], bins: int = 30) -> dict[str, list[float]]:
-    counts, edges = numpy.histogram(numpy.asarray(values, dtype=float), bins=bins)
+def histogram(values: list[float], bins: int = 30) -> dict[str, list[float]] | None:
+    """Counts per bin of the finite values (None: there are none)."""
+    finite = numpy.asarray(values, dtype=float)
+    finite = finite[numpy.isfinite(finite)]
+    if not finite.size:
+        return None
+    counts, edges = numpy.histogram(finite, bins=bins)
     return {"edges": [float(e) for e in edges], "counts": [int(c) for c in counts]}
 
 
@@ -355,26 +367,23 @@ def publish(
     before_version = DeltaTable(str(state_path)).version()
     redefined = tables.state_redefined(layout, pipeline)
     if redefined:
+        # The changelog first, with every row (a swap changes them all) and the new
+        # columns even when there are none: a crash before the swap leaves the
+        # state redefined, and the backfill run again does both.
+        changelog = changelog_rows(pipeline, corrected, epoch, now)
+        append_new_definition(layout.table("changelog"), changelog, props)
         metrics = swap_state(pipeline, state_path, state_rows, props)
+        state_version = DeltaTable(str(state_path)).version()
     else:
         metrics = merge_state(pipeline, state_path, state_rows, props)
-    state_version = DeltaTable(str(state_path)).version()
-    corrections = version_changes(layout.table("state"), state_version)
-    changelog = rows_of(corrections, AFTER, list(tables.aggregate_schema(pipeline).names))
-    changelog = changelog.append_column("epoch", pa.array([epoch] * changelog.num_rows, pa.int64()))
-    changelog = changelog.append_column("batch_id", pa.array([-1] * changelog.num_rows, pa.int64()))
-    changelog = changelog.append_column(
-        "commit_time", pa.array([now] * changelog.num_rows, tables.TIMESTAMP)
-    ).cast(tables.changelog_schema(pipeline))
-    if changelog.num_rows:
-        # A new definition's columns join the changelog; the old ones stay (history).
-        write_deltalake(
-            str(layout.table("changelog")),
-            changelog,
-            mode="append",
-            schema_mode="merge" if redefined else None,
-            commit_properties=props,
-        )
+        state_version = DeltaTable(str(state_path)).version()
+        corrections = version_changes(layout.table("state"), state_version)
+        after = rows_of(corrections, AFTER, list(tables.aggregate_schema(pipeline).names))
+        changelog = changelog_rows(pipeline, after, epoch, now)
+        if changelog.num_rows:
+            write_deltalake(
+                str(layout.table("changelog")), changelog, mode="append", commit_properties=props
+            )
     return {
         "state_version_before": before_version,
         "state_version": state_version,
@@ -384,6 +393,29 @@ def publish(
         "rows_deleted": metrics.get("num_target_rows_deleted"),
         "changelog_rows": changelog.num_rows,
     }
+
+
+def changelog_rows(pipeline: Pipeline, rows: pa.Table, epoch: int, now: int) -> pa.Table:
+    """``rows`` (keys and aggregates) as changelog rows of the operation's epoch."""
+    n = rows.num_rows
+    return (
+        rows.select(list(tables.aggregate_schema(pipeline).names))
+        .append_column("epoch", pa.array([epoch] * n, pa.int64()))
+        .append_column("batch_id", pa.array([-1] * n, pa.int64()))
+        .append_column("commit_time", pa.array([now] * n, tables.TIMESTAMP))
+        .cast(tables.changelog_schema(pipeline))
+    )
+
+
+def append_new_definition(path: Path, rows: pa.Table, props: CommitProperties) -> None:
+    """Append with the new definition's columns merged into the changelog's. A
+    column the old files lack is nullable in the table: files without it stay
+    readable and compactable."""
+    existing = {f.name for f in DeltaTable(str(path)).schema().fields}
+    schema = pa.schema([f if f.name in existing else f.with_nullable(True) for f in rows.schema])
+    write_deltalake(
+        str(path), rows.cast(schema), mode="append", schema_mode="merge", commit_properties=props
+    )
 
 
 def merge_state(
@@ -474,15 +506,12 @@ def run_backfill(
 ) -> Plan:
     """Plan; with ``preview_only`` recompute and report; else fence, recompute,
     publish and restart (see ``runner.run_operation``)."""
-    from jobs.operations.restart import apply_plan, check_seed_shape
+    from jobs.operations.restart import apply_plan
     from jobs.operations.runner import run_operation
 
     layout = AppLayout(settings.warehouse, pipeline.application_id)
 
     def corrected_and_preview(plan: Plan) -> tuple[pa.Table, dict[str, Any]]:
-        tables.ensure_tables(layout, pipeline, republishing=True)
-        check_redefinition(layout, pipeline, plan)
-        check_seed_shape(layout, pipeline, plan)  # a boundary's state to build on
         corrected = recompute(spark, pipeline, settings, plan)
         schema = tables.aggregate_schema(pipeline)
         current = conform(DeltaTable(str(layout.table("state"))).to_pyarrow_table(), schema)

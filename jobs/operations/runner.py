@@ -101,6 +101,14 @@ def _apply_saved(
     """The reviewed plan, as it was saved: never recomputed. A running stream is
     not fenced for it (that would move the application away from the plan)."""
     plan_id = reviewed.plan_id
+    plan = reviewed.plan
+    when = saved.applied_at(layout, plan_id)
+    if when is not None:  # a retry after the apply (Airflow's, say): nothing to do
+        echo(f"plan {plan_id} was already applied at {when}: nothing to do")
+        if holder(layout) is None:  # (a running stream publishes what is pending itself)
+            with application_lock(layout, f"{plan.operation} --plan {plan_id}"):
+                publish_corrections(pipeline, settings, echo)  # in case that attempt died
+        return plan
     busy = holder(layout)
     if busy is not None:
         raise LockedError(
@@ -108,13 +116,6 @@ def _apply_saved(
             "saved plan applies to a stopped application (stop the stream, or apply without "
             "--plan, which fences it and plans again)"
         )
-    plan = reviewed.plan
-    when = saved.applied_at(layout, plan_id)
-    if when is not None:  # a retry after the apply (Airflow's, say): nothing to do
-        echo(f"plan {plan_id} was already applied at {when}: nothing to do")
-        with application_lock(layout, f"{plan.operation} --plan {plan_id}"):
-            publish_corrections(pipeline, settings, echo)  # in case that attempt died first
-        return plan
     echo(f"applying plan {plan_id} (made {reviewed.created_at} by {reviewed.created_by}):")
     echo(plan.describe())
     with application_lock(layout, f"{plan.operation} --plan {plan_id}"):

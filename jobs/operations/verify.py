@@ -163,14 +163,22 @@ def sampled(pipeline: Pipeline, fraction: float | None) -> Callable[[DataFrame],
 
 def comparable_version(layout: AppLayout, base_version: int) -> int:
     """The newest state version that the ledger accounts for: every commit after
-    ``base_version`` up to the first batch the ledger does not hold yet (one being
-    committed next to verify, or one a crash left, which the next run undoes).
-    Commits that are not batches (maintenance, an edit by hand) are included."""
+    ``base_version`` up to the first batch of this epoch the ledger does not hold
+    yet (one being committed next to verify, or one a crash left, which the next
+    run undoes). Commits that are not batches (maintenance, an edit by hand) are
+    included."""
     current = DeltaTable(str(layout.table("state"))).version()
-    if current <= base_version:
+    if current <= max(base_version, 0):
         return current
     infos = commit_infos(layout.table("state"), base_version + 1, current)
-    batches = [v for v, info in infos.items() if info.get("platform_operation") == "batch"]
+    # An older epoch's batch (a fenced stream's last merge) was undone or overwritten
+    # by the operation that started this epoch: only this epoch's count.
+    epoch = str(current_epoch(layout))
+    batches = [
+        v
+        for v, info in infos.items()
+        if info.get("platform_operation") == "batch" and str(info.get("epoch")) == epoch
+    ]
     return min(batches) - 1 if batches else current
 
 

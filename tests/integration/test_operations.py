@@ -316,7 +316,9 @@ def test_rewind_skip_leaves_out_exactly_the_skipped_records(
     state.update(
         updates={"clicks": "clicks + 1"},
         predicate=f"user_id = '{user}'",
-        commit_properties=CommitProperties(custom_metadata={"platform_operation": "batch"}),
+        commit_properties=CommitProperties(
+            custom_metadata={"platform_operation": "batch", "epoch": str(entry["epoch"])}
+        ),
     )
     result = run_verify(spark, pipeline, settings, sample=0.5, echo=lines.append)
     assert result["differing_keys"] == 0 and result["state_version"] == state.version() - 1

@@ -58,3 +58,10 @@ def test_the_plot_is_a_png(tmp_path: Path) -> None:
     empty = preview(clicks_pipeline(), aggregates({"a": 1}), aggregates({"a": 1}))
     assert write_plot(plan, empty, tmp_path / "none.png").read_bytes().startswith(PNG)
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_a_non_finite_difference_is_left_out_of_the_histogram() -> None:
+    from jobs.operations.backfill import histogram
+
+    assert histogram([float("nan"), float("inf")]) is None
+    assert sum(histogram([1.0, float("nan"), 2.0])["counts"]) == 2  # type: ignore[index]

@@ -10,11 +10,12 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 import yaml
-from deltalake import write_deltalake
+from deltalake import CommitProperties, DeltaTable, write_deltalake
 
 from jobs.delta.layout import (
     AppLayout,
     changelog_schema,
+    column_problems,
     ensure_tables,
     state_redefined,
     state_schema,
@@ -70,3 +71,33 @@ def test_a_changelog_column_new_rows_cannot_leave_empty_is_refused(tmp_path: Pat
     ensure_tables(layout, parse_pipeline(two_keys, "v1"))
     with pytest.raises(ConfigError, match=r"has kind not null.*needs a new application id"):
         ensure_tables(layout, parse_pipeline(INVENTORY, "v2"), republishing=True)
+
+
+def test_a_key_added_to_the_changelog_stays_nullable_and_compactable(tmp_path: Path) -> None:
+    from jobs.operations.backfill import append_new_definition
+
+    layout = AppLayout(tmp_path, "inventory")
+    v1 = parse_pipeline(INVENTORY, "v1")
+    ensure_tables(layout, v1)
+    changelog = layout.table("changelog")
+    old = {"sku": "S1", "quantity": 3, "movements": 1, "_records": 1, "epoch": 0, "batch_id": 0}
+    row = {**old, "commit_time": 0}
+    write_deltalake(
+        str(changelog), pa.Table.from_pylist([row], schema=changelog_schema(v1)), mode="append"
+    )
+    two_keys = copy.deepcopy(INVENTORY)
+    two_keys["keys"] = ["sku", "kind"]
+    v2 = parse_pipeline(two_keys, "v2")
+    rows = pa.Table.from_pylist([{**row, "kind": "sale"}], schema=changelog_schema(v2))
+    append_new_definition(changelog, rows, CommitProperties())
+    table = DeltaTable(str(changelog))
+    assert {f.name: f.nullable for f in table.schema().fields}["kind"]
+    table.optimize.compact()  # old files lack the column: it must be nullable
+    assert sorted(str(r["kind"]) for r in table.to_pyarrow_table().to_pylist()) == [
+        "None",
+        "sale",
+    ]
+    # The stream under v2 writes into it.
+    assert not column_problems(
+        "changelog", DeltaTable(str(changelog)).schema(), changelog_schema(v2)
+    )
