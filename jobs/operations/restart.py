@@ -32,7 +32,14 @@ from jobs.delta.layout import AppLayout
 from jobs.delta.writer import fenced_properties
 from jobs.errors import ConfigError
 from jobs.kafka_source import offsets as kafka_offsets
-from jobs.ledger import batch_boundaries, boundary_at_or_before, current_epoch, last_boundary
+from jobs.ledger import (
+    Boundary,
+    batch_boundaries,
+    boundary_at_or_before,
+    current_epoch,
+    last_boundary,
+    unfinished_operation,
+)
 from jobs.operations.audit import append_audit, audit_row
 from jobs.operations.plan import Plan, header
 from jobs.operations.targets import TargetSpec, resolve_targets
@@ -77,6 +84,7 @@ def plan_rebuild(pipeline: Pipeline, settings: Settings, reason: str, from_sourc
                 "empty until the replay has caught up"
             ],
         )
+    refuse_before_first_batch(layout, last, "rebuild")
     check_seedable(pipeline)
     return Plan(
         **header("rebuild", pipeline.application_id, reason, epoch, current),
@@ -86,6 +94,22 @@ def plan_rebuild(pipeline: Pipeline, settings: Settings, reason: str, from_sourc
         boundary=last,
         notes=["restores Spark's state from Delta; Kafka is not re-read"],
     )
+
+
+def refuse_before_first_batch(layout: AppLayout, last: Boundary, operation: str) -> None:
+    """An operation began the current epoch (it has a cut) and no batch ran since:
+    the state and offsets are the cut's, not the last batch's (a backfill's
+    corrections, a rewind's boundary). Seeding from the last batch would undo it."""
+    epoch = current_epoch(layout)
+    if unfinished_operation(layout) is not None:
+        return  # run again to complete it: it plans from where it began
+    if last.epoch < epoch and read_cut(layout, epoch) is not None:
+        raise ConfigError(
+            f"{layout.application_id}: epoch {epoch} began from an operation's cut and has no "
+            f"batch yet; {operation} would start from epoch {last.epoch} batch {last.batch_id} "
+            "and undo that operation; run the pipeline first (python -m jobs run --pipeline "
+            f"{layout.application_id}), or use rebuild --from-source"
+        )
 
 
 def plan_rewind(
@@ -129,6 +153,7 @@ def plan_rewind(
                 f"--mode skip only moves forward (it keeps the state); these would go back: "
                 f"{_names(backwards)}; use --mode reprocess"
             )
+        refuse_before_first_batch(layout, last, "rewind --mode skip")
         check_seedable(pipeline)
         skipped = {
             f"{tp[0]}[{tp[1]}]": [current.get(tp, off), off]

@@ -155,6 +155,11 @@ def test_backfill_publishes_the_fix_atomically(
     )
     assert topic_table(records) == expected(first, 2)
 
+    # Before the new epoch's first batch, seeding from the last batch would undo the
+    # backfill in Spark's state: refused, naming the run.
+    early = run_jobs(v2, settings, "rebuild", "--reason", "too early")
+    assert early.returncode == 2 and "run the pipeline first" in early.stderr, early.stderr
+
     # The stream resumes from the backfill's end offsets with the corrected state.
     later = movements(300, 2)
     produce(kafka_config, topic, [json.dumps(e).encode() for e in later])
