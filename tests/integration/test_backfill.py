@@ -7,8 +7,9 @@ import re
 import subprocess
 import threading
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pytest
@@ -22,6 +23,7 @@ from tests.conftest import produce, run_jobs
 from tests.output_topic import read_output
 
 pytestmark = pytest.mark.integration
+Seen = TypeVar("Seen")
 SIGNS = {1: {"receipt": 1, "sale": -1, "return": -1}, 2: {"receipt": 1, "sale": -1, "return": 1}}
 
 
@@ -74,6 +76,27 @@ def state(warehouse: Path, version: int | None = None) -> dict[str, int]:
     return {r["sku"]: r["quantity"] for r in table.to_pyarrow_table().to_pylist()}
 
 
+def while_polling(
+    read: Callable[[], Seen], action: Callable[[], subprocess.CompletedProcess[str]]
+) -> tuple[subprocess.CompletedProcess[str], list[Seen]]:
+    """``action``'s result, and what ``read`` returned, again and again, meanwhile
+    (a reader of the state while a backfill publishes)."""
+    seen: list[Seen] = []
+    done = threading.Event()
+
+    def poll() -> None:
+        while not done.is_set():
+            seen.append(read())
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    try:
+        return action(), seen
+    finally:
+        done.set()
+        poller.join()
+
+
 def test_backfill_publishes_the_fix_atomically(
     spark, settings, kafka_config, new_topic, tmp_path
 ) -> None:  # type: ignore[no-untyped-def]
@@ -109,22 +132,12 @@ def test_backfill_publishes_the_fix_atomically(
     assert state(settings.warehouse) == expected(first, 1)  # a preview publishes nothing
 
     # A reader polling the state while the backfill publishes sees v1 or v2, never a mix.
-    seen: list[dict[str, int]] = []
-    done = threading.Event()
-
-    def poll() -> None:
-        while not done.is_set():
-            seen.append(state(settings.warehouse))
-
-    poller = threading.Thread(target=poll)
-    poller.start()
-    try:
-        # Exactly the reviewed plan (its offsets; nothing recomputed but the state).
-        reason = ["--reason", "returns were subtracted"]
-        applied = run_jobs(v2, settings, "backfill", "--plan", plan_id.group(1), *reason)
-    finally:
-        done.set()
-        poller.join()
+    # Exactly the reviewed plan (its offsets; nothing recomputed but the state).
+    reason = ["--reason", "returns were subtracted"]
+    applied, seen = while_polling(
+        lambda: state(settings.warehouse),
+        lambda: run_jobs(v2, settings, "backfill", "--plan", plan_id.group(1), *reason),
+    )
     assert applied.returncode == 0, applied.stderr
     assert all(s in (expected(first, 1), expected(first, 2)) for s in seen), "half-corrected"
     assert state(settings.warehouse) == expected(first, 2)
@@ -205,22 +218,12 @@ def test_backfill_publishes_a_new_definition_in_one_swap(
     refused = run_jobs(v2, settings, "run")
     assert refused.returncode == 2 and "backfill --pipeline inventory" in refused.stderr
 
-    seen: list[dict[str, dict[str, int]]] = []
-    done = threading.Event()
-
-    def poll() -> None:
-        while not done.is_set():
-            seen.append(rows_by_sku(settings.warehouse))
-
-    poller = threading.Thread(target=poll)
-    poller.start()
-    try:
-        backfill = run_jobs(
+    backfill, seen = while_polling(
+        lambda: rows_by_sku(settings.warehouse),
+        lambda: run_jobs(
             v2, settings, "backfill", "--from-earliest", "--reason", "largest movement, no count"
-        )
-    finally:
-        done.set()
-        poller.join()
+        ),
+    )
     assert backfill.returncode == 0, backfill.stderr
     assert all(s in (old, new(first)) for s in seen), "a reader saw a mix"
     assert old in seen and new(first) in seen
