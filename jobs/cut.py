@@ -10,7 +10,9 @@ offsets; rebuild, rewind and backfill plan theirs (``jobs/operations``) and
 2. bump the epoch on every table of the layout, the ledger first (its bump commit
    is the operation's audit row): every writer of an older epoch is fenced;
 3. remove what a fenced or crashed batch left in the tables without its ledger
-   row, so that no table is ahead of the ledger;
+   row, and what an operation that died before recording that it was done left
+   (its rows; its state commits are undone in 4.), so that no table is ahead of
+   the ledger;
 4. apply the cut's state action to the published ``state`` table.
 
     <warehouse>/<app>/_checkpoints/epoch=<n>.json          the cut
@@ -240,16 +242,26 @@ def fenced_tables(layout: AppLayout, pipeline: Pipeline) -> list[Path]:
 
 
 def remove_orphans(
-    layout: AppLayout, pipeline: Pipeline, new_epoch: int, props: CommitProperties
+    layout: AppLayout,
+    pipeline: Pipeline,
+    new_epoch: int,
+    props: CommitProperties,
+    unfinished: list[int] | None = None,
 ) -> dict[str, int]:
     """Rows that batches wrote without their ledger row (fenced or crashed between
-    two commits) are removed: every table ends where the ledger does. Call after the
-    epoch bump (nothing of an older epoch can be written any more)."""
+    two commits) are removed: every table ends where the ledger does. So are the
+    rows (batch id -1) of operations that died before they were done (epochs
+    ``unfinished``): the operation completing them writes them again, once. Call
+    after the epoch bump (nothing of an older epoch can be written any more)."""
     last = last_batches(read_ledger(layout, ["entry_type", "epoch", "batch_id"], IS_BATCH))
     # Batches of an epoch commit in order, so a table row is committed iff its
     # batch id is at most the ledger's last one for its epoch.
     kept = " OR ".join(f"(epoch = {e} AND batch_id <= {b})" for e, b in sorted(last.items()))
     orphan = f"batch_id >= 0 AND epoch < {new_epoch}" + (f" AND NOT ({kept})" if kept else "")
+    died = [e for e in unfinished or [] if e < new_epoch]
+    if died:
+        epochs = ", ".join(str(e) for e in died)
+        orphan = f"({orphan}) OR (batch_id = -1 AND epoch IN ({epochs}))"
     removed: dict[str, int] = {}
     for name in tables.table_schemas(pipeline):
         if name in (tables.LEDGER, "state"):
@@ -281,6 +293,20 @@ def orphan_state_version(layout: AppLayout, boundary_version: int | None) -> int
     return min(versions) - 1 if versions else None
 
 
+def unfinished_state_version(layout: AppLayout, unfinished: list[int]) -> int | None:
+    """The state version to go back to when operations that died before they were
+    done (epochs ``unfinished``) wrote ``state`` (a backfill's merge or swap, a
+    restore): the version before the first of them; None when none wrote it."""
+    epochs = {str(e) for e in unfinished}
+    versions = [
+        int(e["version"])
+        for e in DeltaTable(str(layout.table("state"))).history()
+        if e.get("epoch") in epochs
+        and e.get("platform_operation") not in (None, "epoch_bump", "batch", "maintain")
+    ]
+    return min(versions) - 1 if versions else None
+
+
 def apply_cut(
     layout: AppLayout,
     pipeline: Pipeline,
@@ -289,9 +315,11 @@ def apply_cut(
     audit: pa.Table,
     props: CommitProperties,
     seed: pa.Table | None = None,
+    unfinished: list[int] | None = None,
 ) -> dict[str, int]:
     """Steps 1-3 of making ``cut`` the application's (see the module docstring); the
     caller applies the state action (4.) with ``props``, the new epoch's fence.
+    ``unfinished``: the epochs of operations that died, which this cut completes.
     Returns the orphan rows removed per table."""
     if seed is not None:
         write_seed(seed, seed_file(layout, cut.epoch))
@@ -303,7 +331,7 @@ def apply_cut(
         reason,
         first_rows=audit,
     )
-    return remove_orphans(layout, pipeline, cut.epoch, props)
+    return remove_orphans(layout, pipeline, cut.epoch, props, unfinished)
 
 
 def write_seed(rows: pa.Table, path: Path) -> None:

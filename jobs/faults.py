@@ -21,6 +21,7 @@ POINTS = (
     "during_read",
     "during_output",  # the output transaction's records sent, not committed
     "after_output",  # the output transaction committed
+    "during_operation",  # a backfill's first table written, not its second
 )
 
 

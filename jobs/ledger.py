@@ -246,24 +246,30 @@ def kept_state_version(layout: AppLayout) -> int | None:
     return max(versions) if versions else None
 
 
+def _operations_by_epoch(layout: AppLayout, since: int) -> dict[int, list[dict[str, Any]]]:
+    """The applied (not dry-run, not maintain) operation rows of epochs ``since`` and
+    later, oldest first, with their details parsed."""
+    ledger = read_ledger(layout, where=(ds.field("epoch") >= since) & ~IS_BATCH)
+    found: dict[int, list[dict[str, Any]]] = {}
+    for row in sorted(ledger.to_pylist() if ledger else [], key=lambda r: r["commit_time"]):
+        details = json.loads(row["details"] or "{}")
+        if not details.get("dry_run") and row["entry_type"] != MAINTAIN:
+            found.setdefault(int(row["epoch"]), []).append({**row, "details": details})
+    return found
+
+
+def _died(rows: list[dict[str, Any]]) -> bool:
+    return bool(rows) and not any(r["details"].get("phase") == DONE for r in rows)
+
+
 def unfinished_operation(layout: AppLayout) -> UnfinishedOperation | None:
     """The operation that moved the application to its current epoch, if it has not
     recorded that it finished (it died after the fence: its cut may be incomplete)."""
     epoch = current_epoch(layout)
     if epoch == 0:
         return None
-    ledger = read_ledger(layout, where=(ds.field("epoch") == epoch) & ~IS_BATCH)
-    if ledger is None:
-        return None
-    rows = ledger.to_pylist()
-    applied = [
-        {**row, "details": json.loads(row["details"] or "{}")}
-        for row in sorted(rows, key=lambda r: r["commit_time"])
-    ]
-    applied = [
-        r for r in applied if not r["details"].get("dry_run") and r["entry_type"] != MAINTAIN
-    ]
-    if not applied or any(r["details"].get("phase") == DONE for r in applied):
+    applied = _operations_by_epoch(layout, epoch).get(epoch, [])
+    if not _died(applied):
         return None
     # The epoch's first row: the operation's bump ("started"), or the fence it put
     # on a running stream before it died.
@@ -277,3 +283,16 @@ def unfinished_operation(layout: AppLayout) -> UnfinishedOperation | None:
         when=str(first["commit_time"]),
         reason=str(details.get("reason", "")),
     )
+
+
+def unfinished_epochs(layout: AppLayout) -> list[int]:
+    """The current epoch if its operation died after its fence, and before it each
+    epoch whose operation died too (an attempt to complete one that died itself;
+    no batch runs in between), oldest first. Empty when nothing is unfinished."""
+    epoch = current_epoch(layout)
+    by_epoch = _operations_by_epoch(layout, 1)
+    chain: list[int] = []
+    while epoch > 0 and _died(by_epoch.get(epoch, [])):
+        chain.insert(0, epoch)
+        epoch -= 1
+    return chain

@@ -118,6 +118,7 @@ def run_jobs(
         capture_output=True,
         text=True,
         timeout=300,
+        start_new_session=True,  # its own process group: a PLATFORM_FAULT kills only it
     )
 
 

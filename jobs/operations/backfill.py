@@ -35,6 +35,7 @@ from jobs.delta.cdf import AFTER, rows_of, version_changes
 from jobs.delta.layout import AppLayout
 from jobs.delta.writer import fenced_properties
 from jobs.errors import ConfigError
+from jobs.faults import maybe_crash
 from jobs.kafka_source import offsets as kafka_offsets
 from jobs.kafka_source.datasource import FORMAT, WATERMARK_COLUMN
 from jobs.ledger import (
@@ -372,10 +373,12 @@ def publish(
         # state redefined, and the backfill run again does both.
         changelog = changelog_rows(pipeline, corrected, epoch, now)
         append_new_definition(layout.table("changelog"), changelog, props)
+        maybe_crash("during_operation")
         metrics = swap_state(pipeline, state_path, state_rows, props)
         state_version = DeltaTable(str(state_path)).version()
     else:
         metrics = merge_state(pipeline, state_path, state_rows, props)
+        maybe_crash("during_operation")
         state_version = DeltaTable(str(state_path)).version()
         corrections = version_changes(layout.table("state"), state_version)
         after = rows_of(corrections, AFTER, list(tables.aggregate_schema(pipeline).names))

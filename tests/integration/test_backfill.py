@@ -267,3 +267,53 @@ def rows_by_sku(warehouse: Path) -> dict[str, dict[str, int]]:
     table = DeltaTable(str(warehouse / "inventory" / "state")).to_pyarrow_table().to_pylist()
     hidden = {"sku", "epoch", "batch_id", "updated_at", "_records"}
     return {r["sku"]: {k: v for k, v in r.items() if k not in hidden} for r in table}
+
+
+def test_a_backfill_killed_between_its_two_tables_is_completed_exactly_once(
+    spark, settings, kafka_config, new_topic, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    """Killed after its state MERGE, before its changelog append; the run completing
+    it killed at the same point too; the third run completes it. The changelog, the
+    source of truth, has every correction once, and ends where the state does."""
+    topic = new_topic(2)
+    v1, v2 = pipeline_file(tmp_path, topic, 1), pipeline_file(tmp_path, topic, 2)
+    first = movements(500, 5)
+    produce(kafka_config, topic, [json.dumps(e).encode() for e in first])
+    run_pipeline(spark, load_pipeline(str(v1), tmp_path), settings)
+    changed = {k for k, q in expected(first, 1).items() if q != expected(first, 2)[k]}
+    assert changed
+
+    def backfill(fault: str | None) -> subprocess.CompletedProcess[str]:
+        env = {"PLATFORM_FAULT": fault} if fault else {}
+        reason = ["--reason", "returns were subtracted"]
+        return run_jobs(v2, settings, "backfill", "--from-earliest", *reason, env=env)
+
+    for _attempt in range(2):
+        killed = backfill("during_operation")
+        assert killed.returncode == -9, killed.stderr[-2000:]
+        assert state(settings.warehouse) == expected(first, 2)  # merged, then killed
+    done = backfill(None)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert state(settings.warehouse) == expected(first, 2)
+    corrections = [r for r in changelog(settings.warehouse) if r["batch_id"] == -1]
+    assert sorted(r["sku"] for r in corrections) == sorted(changed)  # each once
+    assert last_per_sku(changelog(settings.warehouse)) == expected(first, 2)
+    assert topic_table(read_output(kafka_config, f"out_{topic}")) == expected(first, 2)
+
+    later = movements(200, 6)
+    produce(kafka_config, topic, [json.dumps(e).encode() for e in later])
+    run_pipeline(spark, load_pipeline(str(v2), tmp_path), settings)
+    assert state(settings.warehouse) == expected(first + later, 2)
+    assert last_per_sku(changelog(settings.warehouse)) == expected(first + later, 2)
+
+
+def changelog(warehouse: Path) -> list[dict[str, Any]]:
+    return DeltaTable(str(warehouse / "inventory" / "changelog")).to_pyarrow_table().to_pylist()
+
+
+def last_per_sku(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """The changelog replayed in commit order: the last quantity per SKU."""
+    last: dict[str, int] = {}
+    for r in sorted(rows, key=lambda r: (r["epoch"], r["batch_id"], r["commit_time"])):
+        last[r["sku"]] = r["quantity"]
+    return last

@@ -136,10 +136,24 @@ def stream_runs_settled(airflow: dict[str, Any]) -> bool:
     return all(r["state"] in ("success", "failed") for r in runs["dag_runs"])
 
 
-def task_log(airflow: dict[str, Any], dag_id: str, run_id: str, task_id: str) -> str:
-    """The task's log files as written under the test's AIRFLOW_HOME (for a failure)."""
-    folder = airflow["home"] / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}"
-    return "\n".join(f.read_text()[-4000:] for f in folder.glob(f"task_id={task_id}/*.log"))
+def run_report(airflow: dict[str, Any], dag_id: str, run_id: str) -> str:
+    """For a failed run: every task's state and the tail of each of its log files."""
+    lines = [f"{dag_id} {run_id}: {task_states(airflow, dag_id, run_id)}"]
+    logs = airflow["home"] / "logs"
+    for log in sorted(logs.glob(f"dag_id={dag_id}/**/*.log")):
+        if run_id in str(log) or urllib.parse.quote(run_id) in str(log):
+            lines += [f"--- {log.relative_to(logs)}", log.read_text()[-3000:]]
+    if len(lines) == 1:
+        lines.append(f"no task logs under {logs}: {sorted(str(p) for p in logs.rglob('*'))[:40]}")
+    standalone = airflow["home"] / "standalone.log"
+    if standalone.exists():
+        noted = [
+            line
+            for line in standalone.read_text(errors="replace").splitlines()
+            if run_id in line or "ERROR" in line or "Traceback" in line
+        ]
+        lines += ["--- standalone.log (this run, errors)", *noted[-60:]]
+    return "\n".join(lines)
 
 
 def review_a_rewind(page: Any, airflow: dict[str, Any], answer: str, shot: str) -> str:
@@ -182,8 +196,8 @@ def review_a_rewind(page: Any, airflow: dict[str, Any], answer: str, shot: str) 
         state = next((str(r["state"]) for r in runs["dag_runs"] if r["dag_run_id"] == run_id), None)
         return state if state in ("success", "failed") else None
 
-    assert wait_until("the rewind run to finish", finished) == "success", task_log(
-        airflow, "maintenance_rewind", run_id, "apply"
+    assert wait_until("the rewind run to finish", finished) == "success", run_report(
+        airflow, "maintenance_rewind", run_id
     )
     return str(run_id)
 
