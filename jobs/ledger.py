@@ -217,8 +217,8 @@ def boundary_at_or_before(layout: AppLayout, target: Offsets) -> Boundary | None
     if not fits:
         return None
     chosen: Boundary = max(fits, key=lambda f: (f[0], f[1]))[2]
-    kept = kept_state_version(layout)
-    if kept is not None and chosen.state_version < kept:
+    kept = beyond_horizon(layout, chosen.state_version)
+    if kept is not None:
         raise ConsistencyError(
             f"{layout.application_id}: the batch boundary at or before the target (epoch "
             f"{chosen.epoch} batch {chosen.batch_id}) is older than the rewind horizon: "
@@ -260,6 +260,16 @@ def _operations_by_epoch(layout: AppLayout, since: int) -> dict[int, list[dict[s
 
 def _died(rows: list[dict[str, Any]]) -> bool:
     return bool(rows) and not any(r["details"].get("phase") == DONE for r in rows)
+
+
+def beyond_horizon(layout: AppLayout, state_version: int | None) -> int | None:
+    """The oldest state version ``maintain`` kept, when ``state_version`` is older
+    (its files are gone: nothing can restore it); else None. The one horizon check
+    of rewinds and of saved plans."""
+    kept = kept_state_version(layout)
+    if kept is None or state_version is None or state_version >= kept:
+        return None
+    return kept
 
 
 def unfinished_operation(layout: AppLayout) -> UnfinishedOperation | None:

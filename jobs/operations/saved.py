@@ -28,8 +28,8 @@ from jobs.ledger import (
     DONE,
     IS_BATCH,
     MAINTAIN,
+    beyond_horizon,
     current_epoch,
-    kept_state_version,
     last_batch,
     read_ledger,
 )
@@ -190,8 +190,8 @@ def check_unmoved(layout: AppLayout, pipeline: Pipeline, saved: SavedPlan) -> No
         )
         if v is not None
     ]
-    kept = kept_state_version(layout)
-    if restores and kept is not None and min(restores) < kept:
+    kept = beyond_horizon(layout, min(restores)) if restores else None
+    if kept is not None:
         changes.append(
             f"maintain removed the files of state version {min(restores)}, which it restores "
             f"(kept from version {kept})"
