@@ -138,7 +138,10 @@ def stream_runs_settled(airflow: dict[str, Any]) -> bool:
 
 def run_report(airflow: dict[str, Any], dag_id: str, run_id: str) -> str:
     """For a failed run: every task's state and the tail of each of its log files."""
-    lines = [f"{dag_id} {run_id}: {task_states(airflow, dag_id, run_id)}"]
+    try:
+        lines = [f"{dag_id} {run_id}: {task_states(airflow, dag_id, run_id)}"]
+    except OSError as error:
+        lines = [f"{dag_id} {run_id}: task states unavailable ({error})"]
     logs = airflow["home"] / "logs"
     for log in sorted(logs.glob(f"dag_id={dag_id}/**/*.log")):
         if run_id in str(log) or urllib.parse.quote(run_id) in str(log):
@@ -152,7 +155,7 @@ def run_report(airflow: dict[str, Any], dag_id: str, run_id: str) -> str:
             for line in standalone.read_text(errors="replace").splitlines()
             if run_id in line or "ERROR" in line or "Traceback" in line
         ]
-        lines += ["--- standalone.log (this run, errors)", *noted[-60:]]
+        lines += ["--- standalone.log (this run, errors)", *(n[:400] for n in noted[-120:])]
     return "\n".join(lines)
 
 
