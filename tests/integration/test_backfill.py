@@ -8,6 +8,7 @@ import subprocess
 import threading
 from collections import Counter
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -16,6 +17,8 @@ import pytest
 import yaml
 from deltalake import DeltaTable
 
+from jobs.delta.layout import AppLayout
+from jobs.ledger import current_epoch
 from jobs.pipeline import load_pipeline
 from jobs.settings import REPO_ROOT
 from jobs.streaming.run import run_pipeline
@@ -217,6 +220,11 @@ def test_backfill_publishes_a_new_definition_in_one_swap(
     assert rows_by_sku(settings.warehouse) == old
     refused = run_jobs(v2, settings, "run")
     assert refused.returncode == 2 and "backfill --pipeline inventory" in refused.stderr
+    # From a batch boundary it would build on the old columns: refused before any fence.
+    now = datetime.now(UTC).isoformat(timespec="seconds")
+    seeded = run_jobs(v2, settings, "backfill", "--from-datetime", now, "--reason", "seeded")
+    assert seeded.returncode == 2 and "use --from-earliest" in seeded.stderr, seeded.stderr
+    assert current_epoch(AppLayout(settings.warehouse, "inventory")) == 0
 
     backfill, seen = while_polling(
         lambda: rows_by_sku(settings.warehouse),
