@@ -37,7 +37,15 @@ from jobs.delta.layout import AppLayout
 from jobs.delta.writer import bump_epoch
 from jobs.errors import ConfigError, ConsistencyError, SourceError
 from jobs.kafka_source import offsets as kafka_offsets
-from jobs.ledger import BOUNDARY_COLUMNS, IS_BATCH, batch_rows, last_batches, read_ledger
+from jobs.ledger import (
+    BOUNDARY_COLUMNS,
+    IS_BATCH,
+    batch_rows,
+    last_batches,
+    last_boundary,
+    read_ledger,
+    unfinished_epochs,
+)
 from jobs.pipeline import Pipeline, shape_changes
 
 log = logging.getLogger(__name__)
@@ -298,6 +306,8 @@ def unfinished_state_version(layout: AppLayout, unfinished: list[int]) -> int | 
     done (epochs ``unfinished``) wrote ``state`` (a backfill's merge or swap, a
     restore): the version before the first of them; None when none wrote it."""
     epochs = {str(e) for e in unfinished}
+    if not epochs:
+        return None
     versions = [
         int(e["version"])
         for e in DeltaTable(str(layout.table("state"))).history()
@@ -305,6 +315,22 @@ def unfinished_state_version(layout: AppLayout, unfinished: list[int]) -> int | 
         and e.get("platform_operation") not in (None, "epoch_bump", "batch", "maintain")
     ]
     return min(versions) - 1 if versions else None
+
+
+def state_behind(layout: AppLayout) -> int | None:
+    """The state version an operation starts from when ``state`` is ahead of the
+    ledger: batches merged after the last boundary without their ledger row, or
+    operations that died after their fence wrote it. None: it is consistent."""
+    last = last_boundary(layout)
+    versions = [
+        v
+        for v in (
+            orphan_state_version(layout, None if last is None else last.state_version),
+            unfinished_state_version(layout, unfinished_epochs(layout)),
+        )
+        if v is not None
+    ]
+    return min(versions) if versions else None
 
 
 def apply_cut(

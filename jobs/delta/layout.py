@@ -242,12 +242,14 @@ def ensure_tables(layout: AppLayout, pipeline: Pipeline, republishing: bool = Fa
         DeltaTable.create(str(path), schema, configuration=configuration)
 
 
-def state_redefined(layout: AppLayout, pipeline: Pipeline) -> bool:
-    """The ``state`` table's columns are not the pipeline's (a new definition)."""
+def state_redefined(layout: AppLayout, pipeline: Pipeline, version: int | None = None) -> bool:
+    """The ``state`` table's columns (at ``version``, or the latest) are not the
+    pipeline's (a new definition)."""
     path = layout.table("state")
     if not DeltaTable.is_deltatable(str(path)):
         return False
-    return bool(column_problems("state", DeltaTable(str(path)).schema(), state_schema(pipeline)))
+    schema = DeltaTable(str(path), version=version).schema()
+    return bool(column_problems("state", schema, state_schema(pipeline)))
 
 
 def _type(kind: object) -> str:

@@ -29,7 +29,7 @@ from deltalake import CommitProperties, DeltaTable, write_deltalake
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from jobs.cut import StateAction, fill_from_first, replay_from_origin
+from jobs.cut import StateAction, fill_from_first, replay_from_origin, state_behind
 from jobs.delta import layout as tables
 from jobs.delta.cdf import AFTER, rows_of, version_changes
 from jobs.delta.layout import AppLayout
@@ -475,8 +475,11 @@ def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
 
 def check_redefinition(layout: AppLayout, pipeline: Pipeline, plan: Plan) -> None:
     """A new definition is published only from a full recomputation, and never
-    under the keys of an output topic that its readers key differently."""
-    if not tables.state_redefined(layout, pipeline):
+    under the keys of an output topic that its readers key differently. The state
+    judged is the one the backfill publishes onto (``cut.state_behind``: a dead
+    backfill's swap is undone first)."""
+    onto = state_behind(layout)
+    if not tables.state_redefined(layout, pipeline, onto):
         return
     if plan.seed_state_version is not None:
         raise ConfigError(
@@ -484,7 +487,9 @@ def check_redefinition(layout: AppLayout, pipeline: Pipeline, plan: Plan) -> Non
             "columns: a backfill from a batch boundary would build on the old ones; use "
             "--from-earliest"
         )
-    old_keys = {f.name for f in DeltaTable(str(layout.table("state"))).schema().fields}
+    old_keys = {
+        f.name for f in DeltaTable(str(layout.table("state")), version=onto).schema().fields
+    }
     added = [k for k in pipeline.state_keys if k not in old_keys]
     if added and pipeline.output is not None:
         raise ConfigError(
@@ -517,7 +522,9 @@ def run_backfill(
     def corrected_and_preview(plan: Plan) -> tuple[pa.Table, dict[str, Any]]:
         corrected = recompute(spark, pipeline, settings, plan)
         schema = tables.aggregate_schema(pipeline)
-        current = conform(DeltaTable(str(layout.table("state"))).to_pyarrow_table(), schema)
+        # Compared with the state it publishes onto (what is beyond the ledger is undone).
+        onto = DeltaTable(str(layout.table("state")), version=state_behind(layout))
+        current = conform(onto.to_pyarrow_table(), schema)
         report = preview(pipeline, current, corrected)
         path = write_preview(layout, plan, report)
         echo(summary(report))

@@ -23,10 +23,9 @@ from jobs.cut import (
     apply_cut,
     check_state_shape,
     latest_cut,
-    orphan_state_version,
     read_cut,
     replay_from_origin,
-    unfinished_state_version,
+    state_behind,
 )
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
@@ -284,20 +283,17 @@ def apply_plan(
     if snapshot is not None:
         snapshot = open_windows(pa.table(snapshot), pipeline)
     seed = seed_rows(snapshot, pipeline) if snapshot is not None and snapshot.num_rows else None
-    # Completing an operation that died after its fence: what it (and any attempt
-    # to complete it) wrote is undone first, its rows with the orphans and its state
-    # commits restored away, so that this one writes everything once.
+    # What is in ``state`` beyond the ledger is undone first: batches merged after the
+    # last boundary without their ledger row (fenced, or crashed), and the writes of
+    # operations that died after their fence (this one completes them; their rows go
+    # with the orphans). A KEEP plan restores to there; a PUBLISH publishes onto it,
+    # so everything it changes reaches the changelog once. (A RESTORE goes back to a
+    # boundary, before all of these.)
     unfinished = unfinished_epochs(layout)
-    undo_to = unfinished_state_version(layout, unfinished) if unfinished else None
-    # The state a KEEP plan keeps is the last boundary's: a batch that merged after
-    # it without its ledger row (fenced, or crashed) is undone too. (A RESTORE goes
-    # back to a boundary, before all of these.)
+    behind = state_behind(layout)
     action, restore_to = plan.state_action, plan.restore_version
-    if action is StateAction.KEEP and plan.boundary is not None:
-        orphaned = orphan_state_version(layout, plan.boundary.state_version)
-        behind = [v for v in (orphaned, undo_to) if v is not None]
-        if behind:
-            action, restore_to = StateAction.RESTORE, min(behind)
+    if behind is not None and action is StateAction.KEEP:
+        action, restore_to = StateAction.RESTORE, behind
     cut = Cut(
         epoch=new,
         starting_offsets=kafka_offsets.to_json_dict(plan.target_offsets),
@@ -327,15 +323,15 @@ def apply_plan(
     # The bump commit on the ledger is the audit row: fenced and recorded at once.
     audit = audit_row(pipeline, plan.operation, new, {**details, "phase": "started"}, *offsets)
     orphans = apply_cut(layout, pipeline, cut, plan.reason, audit, props, seed, unfinished)
-    if undo_to is not None and action is StateAction.PUBLISH:
-        DeltaTable(str(state_path)).restore(undo_to, commit_properties=props)
+    if behind is not None and action is StateAction.PUBLISH:
+        DeltaTable(str(state_path)).restore(behind, commit_properties=props)
     result: dict[str, Any] = {
         "seeded_rows": cut.seed_rows or 0,
         "state_action": action.value,
         "orphan_rows_removed": orphans,
     }
-    if undo_to is not None:
-        result["undone_to_state_version"] = undo_to
+    if behind is not None:
+        result["state_undone_to_version"] = behind
     if action is StateAction.RESTORE:
         assert restore_to is not None
         DeltaTable(str(state_path)).restore(restore_to, commit_properties=props)

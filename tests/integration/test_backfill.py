@@ -22,7 +22,7 @@ from jobs.ledger import current_epoch
 from jobs.pipeline import load_pipeline
 from jobs.settings import REPO_ROOT
 from jobs.streaming.run import run_pipeline
-from tests.conftest import produce, run_jobs
+from tests.conftest import produce, run_jobs, run_with_fault
 from tests.output_topic import read_output
 
 pytestmark = pytest.mark.integration
@@ -280,16 +280,28 @@ def rows_by_sku(warehouse: Path) -> dict[str, dict[str, int]]:
 def test_a_backfill_killed_between_its_two_tables_is_completed_exactly_once(
     spark, settings, kafka_config, new_topic, tmp_path
 ) -> None:  # type: ignore[no-untyped-def]
-    """Killed after its state MERGE, before its changelog append; the run completing
-    it killed at the same point too; the third run completes it. The changelog, the
-    source of truth, has every correction once, and ends where the state does."""
+    """A batch killed after its state merge (an orphan the ledger does not hold);
+    then a backfill killed after its state MERGE, before its changelog append; the
+    run completing it killed at the same point too; the third run completes it.
+    The changelog, the source of truth, has every correction once and ends where
+    the state does."""
     topic = new_topic(2)
     v1, v2 = pipeline_file(tmp_path, topic, 1), pipeline_file(tmp_path, topic, 2)
     first = movements(500, 5)
     produce(kafka_config, topic, [json.dumps(e).encode() for e in first])
     run_pipeline(spark, load_pipeline(str(v1), tmp_path), settings)
-    changed = {k for k, q in expected(first, 1).items() if q != expected(first, 2)[k]}
-    assert changed
+    # A SKU with receipts only: v1 and v2 agree on it, so a backfill merge onto the
+    # orphan finds nothing to change there.
+    orphan = [
+        {"sku": "SX", "qty": 2, "kind": "receipt", "timestamp": 1700000600 + i} for i in range(5)
+    ]
+    produce(kafka_config, topic, [json.dumps(e).encode() for e in orphan])
+    servers = settings.bootstrap_servers
+    assert run_with_fault(v1, servers, settings.warehouse, "after_state") == -9
+    assert state(settings.warehouse)["SX"] == 10  # merged, not in the ledger
+    events = first + orphan
+    changed = {k for k, q in expected(events, 1).items() if q != expected(events, 2)[k]}
+    assert changed and "SX" not in changed
 
     def backfill(fault: str | None) -> subprocess.CompletedProcess[str]:
         env = {"PLATFORM_FAULT": fault} if fault else {}
@@ -299,20 +311,22 @@ def test_a_backfill_killed_between_its_two_tables_is_completed_exactly_once(
     for _attempt in range(2):
         killed = backfill("during_operation")
         assert killed.returncode == -9, killed.stderr[-2000:]
-        assert state(settings.warehouse) == expected(first, 2)  # merged, then killed
+        assert state(settings.warehouse) == expected(events, 2)  # merged, then killed
     done = backfill(None)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert state(settings.warehouse) == expected(first, 2)
+    # Previewed against the state it publishes onto: the ledger's, not the dead merges'.
+    assert f"preview: {len(changed)} keys changed, 1 added" in done.stdout, done.stdout
+    assert state(settings.warehouse) == expected(events, 2)
     corrections = [r for r in changelog(settings.warehouse) if r["batch_id"] == -1]
-    assert sorted(r["sku"] for r in corrections) == sorted(changed)  # each once
-    assert last_per_sku(changelog(settings.warehouse)) == expected(first, 2)
-    assert topic_table(read_output(kafka_config, f"out_{topic}")) == expected(first, 2)
+    assert sorted(r["sku"] for r in corrections) == sorted(changed | {"SX"})  # each once
+    assert last_per_sku(changelog(settings.warehouse)) == expected(events, 2)
+    assert topic_table(read_output(kafka_config, f"out_{topic}")) == expected(events, 2)
 
     later = movements(200, 6)
     produce(kafka_config, topic, [json.dumps(e).encode() for e in later])
     run_pipeline(spark, load_pipeline(str(v2), tmp_path), settings)
-    assert state(settings.warehouse) == expected(first + later, 2)
-    assert last_per_sku(changelog(settings.warehouse)) == expected(first + later, 2)
+    assert state(settings.warehouse) == expected(events + later, 2)
+    assert last_per_sku(changelog(settings.warehouse)) == expected(events + later, 2)
 
 
 def changelog(warehouse: Path) -> list[dict[str, Any]]:

@@ -12,12 +12,20 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from jobs.cut import Cut, StateAction, read_cut, replay_from_origin, starting_offsets, write_cut
+from jobs.cut import (
+    Cut,
+    StateAction,
+    read_cut,
+    replay_from_origin,
+    starting_offsets,
+    unfinished_state_version,
+    write_cut,
+)
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
-from jobs.delta.writer import bump_epoch
+from jobs.delta.writer import bump_epoch, fenced_properties
 from jobs.errors import ConsistencyError, SourceError
-from jobs.ledger import batch_boundaries, unfinished_operation
+from jobs.ledger import batch_boundaries, unfinished_epochs, unfinished_operation
 from jobs.settings import REPO_ROOT
 
 APP = "app"
@@ -107,6 +115,42 @@ def test_an_operation_without_its_done_row_is_unfinished(tmp_path: Path) -> None
     write_ledger(where, [done])
     assert unfinished_operation(where) is None
     assert StateAction("restore") is StateAction.RESTORE
+
+
+def test_attempts_that_died_one_after_another_are_undone_together(tmp_path: Path) -> None:
+    """A backfill died after its state merge (epoch 1); the one run to complete it
+    died after undoing that (epoch 2): the next goes back before both."""
+    where = layout(tmp_path)
+    write_ledger(where, [ledger_row(0, 0)])
+    state = where.table("state")
+    write_deltalake(str(state), pa.table({"k": ["a"], "v": [1]}))  # version 0: the batch
+
+    def begin(epoch: int) -> None:
+        details = json.dumps({"phase": "started"})
+        started = ledger_row(epoch, None, "backfill", details=details)
+        rows = pa.Table.from_pylist([started], tables.LEDGER_SCHEMA)
+        bump_epoch([where.table(tables.LEDGER), state], APP, epoch, "why", rows)
+
+    def write(epoch: int, value: int) -> None:
+        props = fenced_properties(APP, epoch, "backfill")
+        write_deltalake(
+            str(state),
+            pa.table({"k": ["a"], "v": [value]}),
+            mode="overwrite",
+            commit_properties=props,
+        )
+
+    assert unfinished_epochs(where) == [] and unfinished_state_version(where, []) is None
+    begin(1)  # state version 1: the bump
+    assert unfinished_epochs(where) == [1]
+    assert unfinished_state_version(where, [1]) is None  # it wrote nothing yet
+    write(1, 2)  # version 2: its merge; then it died
+    begin(2)  # version 3
+    write(2, 1)  # version 4: its undo; then it died too
+    assert unfinished_epochs(where) == [1, 2]
+    assert unfinished_state_version(where, [1, 2]) == 1  # before epoch 1's merge
+    write_ledger(where, [ledger_row(2, None, "backfill", details=json.dumps({"phase": "done"}))])
+    assert unfinished_epochs(where) == []
 
 
 def test_status_and_the_planners_do_not_import_spark() -> None:
