@@ -6,6 +6,11 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt constraints.txt | sha1sum | cut -c1-12)
+# JVM jars (Spark's Kafka source, the embedded Apache Kafka broker), pinned in
+# include/jvm/ and resolved once with mvn; nothing resolves at run time.
+POMS := include/jvm/pom.xml include/jvm/spark/pom.xml include/jvm/kafka/pom.xml
+JARS := .jvm
+JARS_STAMP := $(JARS)/.resolved-$(shell cat $(POMS) | sha1sum | cut -c1-12)
 
 .PHONY: setup demo test lint chromium prometheus bench broker-stop clean airflow airflow-stop
 
@@ -14,7 +19,14 @@ $(STAMP): requirements.txt constraints.txt
 	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.txt -c constraints.txt
 	rm -f $(VENV)/.installed-* && touch $(STAMP)
 
-setup: $(STAMP)
+$(JARS_STAMP): $(POMS)
+	@command -v java >/dev/null || { echo "error: java not found: install a Java 17+ JDK (Debian: apt-get install openjdk-17-jdk-headless)"; exit 1; }
+	@command -v mvn >/dev/null || { echo "error: mvn not found: install Apache Maven 3.8+ (Debian: apt-get install maven)"; exit 1; }
+	rm -rf $(JARS)/spark $(JARS)/kafka
+	mvn -q -B -f include/jvm/pom.xml -Djars.dir=$(CURDIR)/$(JARS) package
+	rm -f $(JARS)/.resolved-* && touch $(JARS_STAMP)
+
+setup: $(STAMP) $(JARS_STAMP)
 
 demo: setup
 	$(BIN)/python -m jobs broker start
@@ -52,7 +64,7 @@ broker-stop: setup
 	$(BIN)/python -m jobs broker stop
 
 clean:
-	rm -rf warehouse .broker
+	rm -rf warehouse .broker .jvm
 
 airflow: setup
 	$(BIN)/python -m include.local_airflow start

@@ -1,8 +1,12 @@
-"""The embedded Kafka-protocol broker (noida-db) for local runs and tests.
+"""The embedded broker for local runs and tests: a real Apache Kafka, single node.
 
-It runs as a detached process whose pid and port are kept in
-``<data-dir>/broker.json``; ``stop`` signals exactly that pid. Production uses a
-real Apache Kafka cluster (see docker-compose.yml) through the same settings.
+One JVM runs KRaft's broker and controller together (``kafka.Kafka``) from the
+jars ``make setup`` resolved (``jobs/jars.py``), on loopback listeners only, with
+topic auto-creation off and every internal topic at replication factor 1. The data
+directory holds the generated ``server.properties``, the log directory (formatted
+once, on the first start) and ``broker.json`` (pid and ports), so ``stop`` ends
+exactly that pid and a later ``start`` finds the topics again. Production uses a
+real cluster (see docker-compose.yml) through the same settings.
 """
 
 from __future__ import annotations
@@ -10,19 +14,29 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-import noida_db
+import psutil
 
 from jobs.errors import BrokerError
+from jobs.jars import broker_classpath
+from jobs.settings import REPO_ROOT
 
-BINARY = Path(noida_db.__file__).resolve().parent / "noida-db"
 STATE_FILE = "broker.json"
+LOG_FILE = "broker.log"
+PROPERTIES_FILE = "server.properties"
+LOG_DIR = "kafka-logs"
+LOG4J_CONFIG = REPO_ROOT / "include" / "config" / "kafka-log4j2.properties"
+# Small heap: a test broker holds a few topics; 10M-record benchmarks fit too.
+JVM_OPTIONS = ["-Xms256m", "-Xmx1g", "-XX:+UseG1GC", "-Djava.awt.headless=true"]
+READY_MARK = "Kafka Server started"
 
 
 @dataclass(frozen=True)
@@ -46,10 +60,10 @@ def port_is_free(port: int) -> bool:
     return True
 
 
-def find_free_port(start: int = 20000, end: int = 40000) -> int:
+def find_free_port(start: int = 20000, end: int = 40000, avoid: tuple[int, ...] = ()) -> int:
     """A free loopback port from a range, for tests that start their own broker."""
     for port in range(start + os.getpid() % 1000, end):
-        if port_is_free(port):
+        if port not in avoid and port_is_free(port):
             return port
     raise BrokerError(f"no free loopback port in {start}-{end}")
 
@@ -61,29 +75,126 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
+    # A zombie child (ended, not yet reaped) is not a broker.
+    with contextlib.suppress(ChildProcessError):
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
     return True
 
 
-def _accepts(port: int) -> bool:
+def _started(pid: int) -> int:
+    """When a process started (ms): with the pid, it names the process, whose pid
+    alone the system may give to another process after it ends."""
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
+        return int(psutil.Process(pid).create_time() * 1000)
+    except psutil.Error:
+        return 0
+
+
+def _state(data_dir: Path) -> dict[str, int] | None:
+    state = data_dir / STATE_FILE
+    if not state.exists():
+        return None
+    try:
+        info = json.loads(state.read_text())
+        return {key: int(info[key]) for key in ("pid", "started", "port", "controller_port")}
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def status(data_dir: Path) -> BrokerInfo | None:
     """The running broker of this data directory, or None."""
-    state = data_dir / STATE_FILE
-    if not state.exists():
+    info = _state(data_dir)
+    if info is None or not _alive(info["pid"]) or _started(info["pid"]) != info["started"]:
         return None
-    info = json.loads(state.read_text())
-    if not _alive(int(info["pid"])):
-        return None
-    return BrokerInfo(pid=int(info["pid"]), port=int(info["port"]), data_dir=data_dir)
+    return BrokerInfo(pid=info["pid"], port=info["port"], data_dir=data_dir)
 
 
-def start(data_dir: Path, port: int, timeout_s: float = 30.0) -> BrokerInfo:
+def server_properties(data_dir: Path, port: int, controller_port: int) -> str:
+    """A single-node KRaft broker and controller on loopback (static quorum of one)."""
+    settings = {
+        "process.roles": "broker,controller",
+        "node.id": "1",
+        "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
+        "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
+        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "log.dirs": str(data_dir / LOG_DIR),
+        "auto.create.topics.enable": "false",
+        "num.partitions": "1",
+        "default.replication.factor": "1",
+        "min.insync.replicas": "1",
+        # Internal topics: one replica, and few partitions so that they come up fast.
+        "offsets.topic.replication.factor": "1",
+        "offsets.topic.num.partitions": "4",
+        "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.min.isr": "1",
+        "transaction.state.log.num.partitions": "4",
+        "share.coordinator.state.topic.replication.factor": "1",
+        "share.coordinator.state.topic.min.isr": "1",
+        "group.initial.rebalance.delay.ms": "0",
+        # Retention applies within seconds (tests and users who lower a topic's
+        # retention see it act; the default checks every 5 minutes).
+        "log.retention.check.interval.ms": "5000",
+    }
+    return "".join(f"{key}={value}\n" for key, value in settings.items())
+
+
+def _java() -> str:
+    home = os.environ.get("JAVA_HOME")
+    java = str(Path(home) / "bin" / "java") if home else shutil.which("java")
+    if not java or not os.access(java, os.X_OK):
+        raise BrokerError("no java on PATH (or JAVA_HOME): install a Java 17+ runtime")
+    return java
+
+
+def _java_command(main: str, *args: str) -> list[str]:
+    classpath = os.pathsep.join(str(jar) for jar in broker_classpath())
+    return [
+        _java(),
+        *JVM_OPTIONS,
+        f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
+        "-cp",
+        classpath,
+        main,
+        *args,
+    ]
+
+
+def _format_storage(data_dir: Path, properties: Path) -> None:
+    """Format the log directory once: a formatted one keeps its cluster id."""
+    if (data_dir / LOG_DIR / "meta.properties").exists():
+        return
+    cluster_id = _cluster_id()
+    done = subprocess.run(
+        _java_command("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(properties)),
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
+    if done.returncode != 0:
+        detail = (done.stderr or done.stdout).strip().splitlines()
+        raise BrokerError(
+            f"formatting {data_dir / LOG_DIR} failed: {detail[-1] if detail else done.returncode}"
+        )
+
+
+def _cluster_id() -> str:
+    """A Kafka cluster id: 16 random bytes in URL-safe base64 without padding."""
+    import base64
+
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+def _ready(log: Path, offset: int) -> bool:
+    with open(log, "rb") as handle:
+        handle.seek(offset)
+        return READY_MARK.encode() in handle.read()
+
+
+def start(data_dir: Path, port: int, timeout_s: float = 60.0) -> BrokerInfo:
     """Start the broker on 127.0.0.1:port with its data under data_dir."""
     running = status(data_dir)
     if running is not None:
@@ -95,43 +206,57 @@ def start(data_dir: Path, port: int, timeout_s: float = 30.0) -> BrokerInfo:
     if not port_is_free(port):
         raise BrokerError(f"port {port} on 127.0.0.1 is already in use; choose another port")
     data_dir.mkdir(parents=True, exist_ok=True)
-    log = open(data_dir / "broker.log", "ab")  # noqa: SIM115 - handed to the child
+    previous = _state(data_dir)
+    controller_port = previous["controller_port"] if previous else 0
+    if controller_port in (0, port) or not port_is_free(controller_port):
+        controller_port = find_free_port(avoid=(port,))
+    properties = data_dir / PROPERTIES_FILE
+    properties.write_text(server_properties(data_dir, port, controller_port))
+    _format_storage(data_dir, properties)
+    log_path = data_dir / LOG_FILE
+    log = open(log_path, "ab")  # noqa: SIM115 - handed to the child
+    offset = log.tell()
     proc = subprocess.Popen(
-        [str(BINARY), "start", "--data-dir", str(data_dir), "--host", "127.0.0.1"]
-        + ["--only", "kafka", "--kafka-port", str(port)],
+        _java_command("kafka.Kafka", str(properties)),
         stdout=log,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
         start_new_session=True,
     )
     log.close()
-    (data_dir / STATE_FILE).write_text(json.dumps({"pid": proc.pid, "port": port}))
+    state = {
+        "pid": proc.pid,
+        "started": _started(proc.pid),
+        "port": port,
+        "controller_port": controller_port,
+    }
+    (data_dir / STATE_FILE).write_text(json.dumps(state))
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise BrokerError(
-                f"broker exited with code {proc.returncode}; see {data_dir / 'broker.log'}"
-            )
-        if _accepts(port):
+            raise BrokerError(f"broker exited with code {proc.returncode}; see {log_path}")
+        if _ready(log_path, offset):
             return BrokerInfo(pid=proc.pid, port=port, data_dir=data_dir)
         time.sleep(0.1)
-    proc.terminate()
-    raise BrokerError(f"broker did not accept connections on port {port} within {timeout_s:.0f} s")
+    proc.kill()
+    proc.wait()
+    raise BrokerError(
+        f"broker did not start on port {port} within {timeout_s:.0f} s; see {log_path}"
+    )
 
 
-def stop(data_dir: Path, timeout_s: float = 20.0) -> bool:
-    """Stop the broker of data_dir with SIGTERM (it persists its data). False if none ran."""
+def stop(data_dir: Path, timeout_s: float = 30.0) -> bool:
+    """Stop the broker of data_dir with SIGTERM (a clean shutdown keeps its data).
+    False if none ran."""
     info = status(data_dir)
     if info is None:
-        (data_dir / STATE_FILE).unlink(missing_ok=True)
         return False
     os.kill(info.pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and _alive(info.pid):
-        with contextlib.suppress(ChildProcessError):  # reap it if it is our child
-            os.waitpid(info.pid, os.WNOHANG)
         time.sleep(0.1)
     if _alive(info.pid):
         os.kill(info.pid, signal.SIGKILL)
-    (data_dir / STATE_FILE).unlink(missing_ok=True)
+        while _alive(info.pid):
+            time.sleep(0.05)
     return True

@@ -148,7 +148,13 @@ def build_parser() -> argparse.ArgumentParser:
     metrics.add_argument("--bootstrap-servers", help="HOST:PORT[,HOST:PORT]")
     metrics.add_argument("--warehouse", type=Path, help="directory of the Delta tables")
 
-    broker = commands.add_parser("broker", help="the embedded Kafka-protocol broker")
+    commands.add_parser(
+        "jars",
+        help="the jars every Spark session of the platform adds, one per line "
+        '(spark-submit --jars "$(python -m jobs jars | paste -sd,)")',
+    )
+
+    broker = commands.add_parser("broker", help="the embedded Apache Kafka broker")
     broker.add_argument("action", choices=["start", "stop", "status"])
     broker.add_argument("--port", type=int, help="default: $PLATFORM_BROKER_PORT or 19092")
     broker.add_argument("--data-dir", type=Path, help="default: $PLATFORM_BROKER_DATA_DIR")
@@ -199,6 +205,11 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         if args.command == "broker":
             return _broker(args)
+        if args.command == "jars":
+            from jobs.jars import spark_jars
+
+            print("\n".join(str(jar) for jar in spark_jars()))
+            return 0
         settings = _settings(args)
         if args.command == "serve":
             from jobs.service import serve

@@ -58,6 +58,7 @@ ENV_NAMES = tuple(
         "SPARK_DRIVER_MEMORY",
         "SPARK_PYTHON",
         "SPARK_CDS",
+        "JARS_DIR",
         "SPARK_CONN_ID",
         "PIPELINES_DIR",
         "BROKER_DATA_DIR",

@@ -14,11 +14,15 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
+from jobs.errors import ConfigError
+from jobs.jars import spark_jars
 from jobs.kafka_source.datasource import KafkaDataSource
 from jobs.settings import REPO_ROOT
 from jobs.streaming.jvm import driver_java_options
 from jobs.streaming.seed import SeedDataSource
 
+# Spark's own Kafka source (from the jars ``make setup`` resolved).
+KAFKA_PROVIDER = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 PACKAGE = REPO_ROOT / "jobs"
 # Cluster Python default: a worker's interpreter is not at the driver's path.
@@ -95,9 +99,11 @@ def get_spark(
     paths = [str(REPO_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     archive = package_zip()
+    jars = ",".join(str(jar) for jar in spark_jars())
     builder = SparkSession.builder
     if not submitted:
-        builder = builder.master(master)
+        # Under spark-submit the driver's classpath is fixed already: --jars gives them.
+        builder = builder.master(master).config("spark.jars", jars)
     spark = (
         builder.appName(app_name)
         .config("spark.ui.enabled", "false")
@@ -117,9 +123,24 @@ def get_spark(
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
+    if submitted:
+        check_jars(spark)
     ship_package(spark, archive)
     register_sources(spark)
     return spark
+
+
+def check_jars(spark: SparkSession) -> None:
+    """A ``spark-submit`` without the platform's jars fails here, with the fix."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    try:
+        jvm.org.apache.spark.util.Utils.classForName(KAFKA_PROVIDER, True, False)
+    except Exception as err:  # py4j wraps the JVM's ClassNotFoundException
+        raise ConfigError(
+            "Spark's Kafka source is not on the driver's classpath: pass the platform's jars, "
+            'spark-submit --jars "$(python -m jobs jars | paste -sd,)" ...'
+        ) from err
 
 
 def register_sources(spark: SparkSession) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.providers.standard.operators.hitl import ApprovalOperator
 
+from jobs.jars import spark_jars
 from jobs.pipeline import load_pipeline
 from jobs.settings import REPO_ROOT, Settings, load_settings, platform_environment
 from jobs.streaming.jvm import driver_java_options
@@ -87,6 +88,8 @@ class PlatformJobOperator(SparkSubmitOperator):
         # The package goes with the job: in cluster deploy mode the driver itself runs
         # on a worker (in client mode the job would add the same zip itself).
         self.py_files = self.py_files or str(package_zip())
+        # The jars every Spark session of the platform adds (Spark's Kafka source).
+        self.jars = self.jars or ",".join(str(jar) for jar in spark_jars())
         return super().execute(context)
 
     def goes_to_warm_driver(self, settings: Settings) -> bool:

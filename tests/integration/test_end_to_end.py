@@ -162,16 +162,36 @@ def test_spark_submit_runs_the_same_command(broker, kafka_config, new_topic, tmp
     pipeline = pipeline_file(tmp_path, "user_clicks", topic)
     bin_dir = Path(sys.executable).parent
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
-    result = subprocess.run(
-        [str(bin_dir / "spark-submit"), "--master", "local[1]", "jobs/__main__.py", "run"]
-        + ["--pipeline", str(pipeline), "--bootstrap-servers", broker.bootstrap_servers]
-        + ["--warehouse", str(tmp_path / "wh"), "--quiet"],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    jars = subprocess.run(
+        [sys.executable, "-m", "jobs", "jars"], cwd=REPO_ROOT, capture_output=True, text=True
     )
+    assert jars.returncode == 0, jars.stderr
+    listed = jars.stdout.split()
+    assert listed and all(Path(jar).is_file() and jar.endswith(".jar") for jar in listed)
+
+    def submit(*options: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(bin_dir / "spark-submit"), "--master", "local[1]", *options]
+            + ["jobs/__main__.py", "run", "--pipeline", str(pipeline)]
+            + ["--bootstrap-servers", broker.bootstrap_servers]
+            + ["--warehouse", str(tmp_path / "wh"), "--quiet"],
+            cwd=REPO_ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+    # Without the platform's jars: one error line with the fix, nothing written.
+    refused = submit()
+    # (spark-submit hands the Python driver's stderr on to its own stdout)
+    output = refused.stdout + refused.stderr
+    assert refused.returncode == 2, output[-3000:]
+    assert "error: Spark's Kafka source is not on the driver's classpath" in output
+    assert "python -m jobs jars" in output
+    assert not (tmp_path / "wh" / "user_clicks").exists()
+
+    result = submit("--jars", ",".join(listed))
     assert result.returncode == 0, result.stderr[-2000:]
     expected, _dead, _late = clicks_per_window([values])
     state = DeltaTable(str(tmp_path / "wh" / "user_clicks" / "state")).to_pyarrow_table()

@@ -1,0 +1,42 @@
+"""The JVM jars the platform adds to pyspark's own, resolved once by ``make setup``.
+
+``include/jvm/pom.xml`` pins them; ``mvn`` copies them into ``.jvm/`` (or
+``$PLATFORM_JARS_DIR``): ``spark/`` is what every Spark session of the platform
+loads (Spark's Kafka source), ``kafka/`` the embedded Apache Kafka broker's
+classpath. Nothing is resolved at run time: a missing folder is one error naming
+the command that fills it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from jobs.errors import ConfigError
+from jobs.settings import REPO_ROOT
+
+ENV = "PLATFORM_JARS_DIR"
+SETUP_HINT = "run make setup (it resolves include/jvm/pom.xml with mvn into .jvm/)"
+
+
+def jars_dir() -> Path:
+    configured = os.environ.get(ENV)
+    return Path(configured).resolve() if configured else REPO_ROOT / ".jvm"
+
+
+def _jars(group: str) -> list[Path]:
+    folder = jars_dir() / group
+    found = sorted(folder.glob("*.jar")) if folder.is_dir() else []
+    if not found:
+        raise ConfigError(f"no jars in {folder}: {SETUP_HINT}")
+    return found
+
+
+def spark_jars() -> list[Path]:
+    """Every jar a Spark session of the platform adds (``spark.jars``, ``--jars``)."""
+    return _jars("spark")
+
+
+def broker_classpath() -> list[Path]:
+    """The embedded broker's classpath (its own JVM, apart from Spark's)."""
+    return _jars("kafka")
