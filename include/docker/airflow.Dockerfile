@@ -1,10 +1,16 @@
 # Airflow 3 for the production-like stack: the official image plus Java (the Spark
-# driver runs in the worker in client mode) and the platform's pinned packages.
+# driver runs in the worker in client mode), the platform's pinned packages and its
+# pinned JVM jars (include/jvm/pom.xml, resolved with Maven at build time into
+# PLATFORM_JARS_DIR: Spark's Kafka source, handed to every spark-submit).
 FROM apache/airflow:3.3.2-python3.11
 USER root
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends openjdk-17-jre-headless \
+    && apt-get install -y --no-install-recommends openjdk-17-jre-headless maven \
     && rm -rf /var/lib/apt/lists/*
+COPY include/jvm /tmp/platform-jvm
+RUN mvn -q -B -f /tmp/platform-jvm/pom.xml -Djars.dir=/opt/platform-jars package \
+    && chmod -R a+rX /opt/platform-jars && rm -rf /tmp/platform-jvm /root/.m2
+ENV PLATFORM_JARS_DIR=/opt/platform-jars
 USER airflow
 COPY requirements.txt constraints.txt /tmp/platform/
 RUN pip install --no-cache-dir -r /tmp/platform/requirements.txt -c /tmp/platform/constraints.txt

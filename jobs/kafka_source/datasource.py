@@ -45,7 +45,7 @@ HEADERS_SCHEMA = ", headers array<struct<key:string,value:binary>>"
 # With option batchWatermark: every row carries the event-time watermark its
 # batch runs with (from Spark's offset log), so that records the aggregation would
 # drop as late can be routed to the dead letters instead, the same way on a replay.
-WATERMARK_COLUMN = "_batch_watermark_ms"
+WATERMARK_COLUMN = "_batch_watermark_ms"  # as jobs.streaming.query's
 WATERMARK_SCHEMA = f", {WATERMARK_COLUMN} long"
 HEADERS_TYPE = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 ARROW_SCHEMA = pa.schema(

@@ -37,7 +37,7 @@ from jobs.delta.writer import fenced_properties
 from jobs.errors import ConfigError
 from jobs.faults import maybe_crash
 from jobs.kafka_source import offsets as kafka_offsets
-from jobs.kafka_source.datasource import FORMAT, WATERMARK_COLUMN
+from jobs.kafka_source import spark_kafka
 from jobs.ledger import (
     BOUNDARY_COLUMNS,
     IS_BATCH,
@@ -55,7 +55,13 @@ from jobs.pipeline import Pipeline
 from jobs.progress import SparkJobProgress
 from jobs.settings import Settings
 from jobs.snapshot import seed_rows
-from jobs.streaming.query import BATCH_TIME_COLUMN, aggregate, classify, record_contributions
+from jobs.streaming.query import (
+    BATCH_TIME_COLUMN,
+    WATERMARK_COLUMN,
+    aggregate,
+    classify,
+    record_contributions,
+)
 
 SAMPLES = 10
 
@@ -128,16 +134,9 @@ def read_records(
     layout = AppLayout(settings.warehouse, pipeline.application_id)
     if source == "archive":
         return archived_records(spark, layout, start, end)
-    reader = (
-        spark.read.format(FORMAT)
-        .option("subscribe", ",".join(pipeline.topics))
-        .option("kafka.bootstrap.servers", settings.bootstrap_servers)
-        .option("startingOffsets", json.dumps(kafka_offsets.to_json_dict(start)))
-        .option("endingOffsets", json.dumps(kafka_offsets.to_json_dict(end)))
+    return spark_kafka.read_range(
+        spark, settings.bootstrap_servers, settings.kafka_client, start, end
     )
-    for key, value in settings.kafka_client.items():
-        reader = reader.option(f"kafka.{key}", value)
-    return reader.load()
 
 
 def aggregate_records(

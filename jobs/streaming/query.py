@@ -14,11 +14,14 @@ from datetime import UTC, datetime, timedelta
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from jobs.kafka_source.datasource import FORMAT, WATERMARK_COLUMN
+from jobs.kafka_source.datasource import FORMAT
 from jobs.pipeline import Pipeline
 from jobs.snapshot import SPARK_TYPES, contribution_types
 
 OBSERVATION = "batch_input"
+# The event-time watermark a record is judged by: the stream's batch watermark
+# (the source adds it), or in a backfill the one the ledger recorded.
+WATERMARK_COLUMN = "_batch_watermark_ms"
 # A backfill's records carry the time of the stream batch that judged them.
 BATCH_TIME_COLUMN = "_batch_time_ms"
 CORRUPT = "_corrupt_record"

@@ -1,0 +1,64 @@
+"""Reading Kafka with Spark's own Kafka source (``spark-sql-kafka-0-10``, from the
+jars ``make setup`` resolved: ``python -m jobs jars``).
+
+One place owns the options every read of the platform uses: read-committed
+isolation (aborted transactions and their markers are never records), and
+``failOnDataLoss=true`` (offsets that retention deleted, a recreated or shrunk
+topic, a vanished partition fail the read instead of silently shortening it).
+"""
+
+from __future__ import annotations
+
+import json
+
+from pyspark.sql import DataFrame, SparkSession
+
+from jobs.kafka_source.offsets import Offsets, to_json_dict
+
+FORMAT = "kafka"
+# Records per task of a batch read: both cores work on a one-partition topic, and
+# progress is seen task by task.
+BATCH_SPLIT_RECORDS = 250_000
+# Client settings the platform fixes for exactness (over a user's setting).
+FIXED = {"isolation.level": "read_committed"}
+
+
+def source_options(bootstrap_servers: str, client_settings: dict[str, str]) -> dict[str, str]:
+    """Options of every Kafka read: the broker, the client settings users pass
+    through (``PLATFORM_KAFKA_*`` -> ``kafka.*``), read-committed, no silent loss."""
+    options = {f"kafka.{key}": value for key, value in client_settings.items()}
+    options["kafka.bootstrap.servers"] = bootstrap_servers
+    options.update({f"kafka.{key}": value for key, value in FIXED.items()})
+    options["failOnDataLoss"] = "true"
+    return options
+
+
+def read_range(
+    spark: SparkSession,
+    bootstrap_servers: str,
+    client_settings: dict[str, str],
+    start: Offsets,
+    end: Offsets,
+) -> DataFrame:
+    """Exactly the records at offsets ``[start, end)`` of each partition in ``end``
+    (a partition missing from ``start`` contributes nothing), as a batch DataFrame
+    with the columns of Spark's Kafka source."""
+    # ``assign`` names exactly the partitions read: Spark wants every assigned
+    # partition in both offset maps, and no others.
+    assign: dict[str, list[int]] = {}
+    for topic, partition in sorted(end):
+        assign.setdefault(topic, []).append(partition)
+    first = {tp: min(start.get(tp, stop), stop) for tp, stop in end.items()}
+    reader = spark.read.format(FORMAT)
+    for key, value in source_options(bootstrap_servers, client_settings).items():
+        reader = reader.option(key, value)
+    return (
+        reader.option("assign", json.dumps(assign))
+        .option("startingOffsets", json.dumps(to_json_dict(first)))
+        .option("endingOffsets", json.dumps(to_json_dict(end)))
+        .option("maxRecordsPerPartition", str(BATCH_SPLIT_RECORDS))
+        .load()
+    )
+
+
+__all__ = ["FORMAT", "read_range", "source_options"]
