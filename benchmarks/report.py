@@ -50,7 +50,7 @@ def write_section(section: str, path: Path = RESULTS) -> None:
 @contextmanager
 def scratch_broker(prefix: str) -> Iterator[tuple[Path, BrokerInfo]]:
     """A scratch directory with a fresh embedded broker in it, both gone afterwards
-    (every benchmark measures on its own broker: noida-db keeps topics in memory)."""
+    (every benchmark measures on its own broker, as a scheduled run finds one)."""
     work = Path(tempfile.mkdtemp(prefix=prefix))
     info = broker.start(work / "broker", broker.find_free_port())
     try:

@@ -139,7 +139,7 @@ def render(
         f"{args.events} --limits {args.limits} --rounds {args.rounds}`)",
         "",
         f"Machine: {machine()}; Spark local[2] with RocksDB state; the broker "
-        "(embedded noida-db) runs on the same two cores.",
+        "(Apache Kafka 4.3, KRaft, one node) runs on the same two cores.",
         "",
         f"Input: {args.events:,} click events from {USERS:,} users over one hour of event time "
         f"(about {min(args.events, USERS * 60):,} distinct (user, minute) windows), in a "

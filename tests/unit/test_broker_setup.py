@@ -1,0 +1,47 @@
+"""The embedded broker's configuration and the jar folders it and Spark use."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from jobs import broker, jars
+from jobs.errors import ConfigError
+
+
+def _properties(text: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in text.splitlines() if line)
+
+
+def test_the_broker_listens_on_loopback_only_and_creates_no_topic_by_itself(
+    tmp_path: Path,
+) -> None:
+    settings = _properties(broker.server_properties(tmp_path, 29092, 29093))
+    assert settings["process.roles"] == "broker,controller"
+    listeners = settings["listeners"].split(",")
+    assert listeners == ["PLAINTEXT://127.0.0.1:29092", "CONTROLLER://127.0.0.1:29093"]
+    assert settings["advertised.listeners"] == "PLAINTEXT://127.0.0.1:29092"
+    assert settings["controller.quorum.voters"] == "1@127.0.0.1:29093"
+    assert settings["auto.create.topics.enable"] == "false"
+    assert settings["log.dirs"] == str(tmp_path / broker.LOG_DIR)
+    factors = [value for key, value in settings.items() if key.endswith("replication.factor")]
+    assert len(factors) >= 4 and set(factors) == {"1"}
+
+
+def test_missing_jars_name_the_command_that_resolves_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(jars.ENV, str(tmp_path))
+    with pytest.raises(ConfigError, match=r"no jars in .*spark: run make setup"):
+        jars.spark_jars()
+    (tmp_path / "kafka").mkdir()
+    (tmp_path / "kafka" / "kafka_2.13-4.3.1.jar").write_bytes(b"")
+    assert jars.broker_classpath() == [tmp_path / "kafka" / "kafka_2.13-4.3.1.jar"]
+
+
+def test_the_resolved_jars_hold_sparks_kafka_source_and_no_second_spark() -> None:
+    names = [jar.name for jar in jars.spark_jars()]
+    assert any(name.startswith("spark-sql-kafka-0-10_2.13-4.2.0") for name in names)
+    # pyspark/jars has Spark, Scala and Hadoop: a second copy would shadow them.
+    assert not [n for n in names if n.startswith(("spark-sql_", "scala-library", "hadoop-"))]
