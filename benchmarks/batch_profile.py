@@ -26,7 +26,6 @@ import psutil
 from benchmarks.report import machine, scratch_broker, write_section
 from include.sample_data import click_events, encoded
 from jobs import kafka_admin
-from jobs.kafka_source.datasource import SourceOptions, read_range
 from jobs.pipeline import load_pipeline
 from jobs.settings import REPO_ROOT, load_settings
 
@@ -44,30 +43,6 @@ STAGE_ROLES = [
 def cpu_seconds(process: psutil.Process) -> float:
     times = process.cpu_times()
     return float(times.user + times.system)
-
-
-def source_cost(bootstrap: str, broker: psutil.Process, ends: dict[int, int]) -> dict[str, float]:
-    """Every partition read once by the source's own reader, in this process."""
-    config = SourceOptions(
-        {"subscribe": TOPIC, "kafka.bootstrap.servers": bootstrap, "startingOffsets": "earliest"}
-    ).consumer_config()
-    me = psutil.Process()
-    result: dict[str, float] = {}
-    for attempt in ("first", "repeat"):  # the broker answers a repeated fetch from cache
-        mine, theirs, started = cpu_seconds(me), cpu_seconds(broker), time.monotonic()
-        rows = sum(
-            batch.num_rows
-            for partition, end in ends.items()
-            for batch in read_range(config, TOPIC, partition, 0, end)
-        )
-        result |= {
-            f"{attempt}_rows": rows,
-            f"{attempt}_wall": time.monotonic() - started,
-            f"{attempt}_source_cpu": cpu_seconds(me) - mine,
-            f"{attempt}_broker_cpu": cpu_seconds(broker) - theirs,
-        }
-    print("source read", {k: round(v, 2) for k, v in result.items()}, flush=True)
-    return result
 
 
 def stages(event_log: Path) -> list[dict[str, Any]]:
@@ -111,9 +86,6 @@ def main() -> None:
         now = int(time.time())
         events = click_events(args.events, 10_000, 1, now - 3600, 3600)
         kafka_admin.produce_all(config, TOPIC, encoded(events, [], 0, "user_id"))
-        marks = kafka_admin.watermarks(config, [(TOPIC, p) for p in range(PARTITIONS)])
-        ends = {partition: high for (_topic, partition), (_low, high) in marks.items()}
-        source = source_cost(info.bootstrap_servers, psutil.Process(info.pid), ends)
 
         log_dir = work / "event-log"
         log_dir.mkdir()
@@ -139,7 +111,7 @@ def main() -> None:
         spark.stop()
         all_stages = stages(next(log_dir.iterdir()))
     runs = [[s for s in all_stages if start <= s["submitted"] <= end] for start, end in windows[1:]]
-    report = render(args, source, runs, [end - start for start, end in windows[1:]])
+    report = render(args, runs, [end - start for start, end in windows[1:]])
     print(report)
     if not args.no_write:
         write_section(report)
@@ -147,7 +119,6 @@ def main() -> None:
 
 def render(
     args: argparse.Namespace,
-    source: dict[str, float],
     runs: list[list[dict[str, Any]]],
     walls: list[float],
 ) -> str:
@@ -178,19 +149,6 @@ def render(
         lines.append(
             f"| {index + 1}. `{first['name']}`: {role} | {first['tasks']} | {p50('wall'):.2f} "
             f"| {p50('run'):.2f} | {p50('jvm_cpu'):.2f} | {p50('gc'):.2f} |"
-        )
-    lines += [
-        "",
-        f"Outside the event log, the same {source['first_rows']:,.0f} records read by the "
-        "source's own reader (`read_range`) in one Python process:",
-        "",
-        "| read | wall s | Python CPU s (confluent-kafka, Arrow) | broker CPU s |",
-        "|---|---|---|---|",
-    ]
-    for attempt in ("first", "repeat"):
-        lines.append(
-            f"| {attempt} | {source[attempt + '_wall']:.2f} "
-            f"| {source[attempt + '_source_cpu']:.2f} | {source[attempt + '_broker_cpu']:.2f} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -21,12 +21,11 @@ import time
 from typing import Any
 
 import numpy as np
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 from deltalake import DeltaTable
 
 from benchmarks.report import machine, scratch_broker, write_section
 from jobs import kafka_admin
-from jobs.kafka_source.datasource import read_range
 from jobs.pipeline import load_pipeline
 from jobs.settings import load_settings
 from jobs.streaming.run import run_pipeline
@@ -70,11 +69,34 @@ def latencies(
                 begin = start.get(topic, {}).get(part, end)
                 if end <= begin:
                     continue
-                for batch in read_range(consumer, topic, int(part), begin, end):
-                    stamps = batch.column("timestamp").cast("int64").to_numpy() / 1e6
-                    result += list(committed - stamps)
-                    measured += list(committed - stamps[stamps >= since])
+                stamps = np.array(kafka_timestamps(consumer, topic, int(part), begin, end))
+                result += list(committed - stamps)
+                measured += list(committed - stamps[stamps >= since])
     return result, measured
+
+
+def kafka_timestamps(
+    config: dict[str, Any], topic: str, partition: int, begin: int, end: int
+) -> list[float]:
+    """The Kafka timestamps (seconds) of the records at offsets [begin, end)."""
+    consumer = Consumer(config)
+    consumer.assign([TopicPartition(topic, partition, begin)])
+    found: list[float] = []
+    try:
+        position = begin
+        while position < end:
+            messages = consumer.consume(min(10_000, end - position), 1.0)
+            for message in messages:
+                if message.error() is None and (message.offset() or 0) < end:
+                    found.append(message.timestamp()[1] / 1000)
+                    position = (message.offset() or 0) + 1
+            if not messages:
+                position = max(
+                    position, consumer.position([TopicPartition(topic, partition)])[0].offset
+                )
+    finally:
+        consumer.close()
+    return found
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ POINTS = (
     "after_changelog",
     "after_state",
     "after_ledger",
-    "during_read",
+    "during_task",  # a Spark task of the batch half-way through its changelog file
     "during_output",  # the output transaction's records sent, not committed
     "after_output",  # the output transaction committed
     "during_operation",  # a backfill's first table written, not its second

@@ -13,6 +13,7 @@ import json
 
 from pyspark.sql import DataFrame, SparkSession
 
+from jobs.errors import SourceError
 from jobs.kafka_source.offsets import Offsets, to_json_dict
 
 FORMAT = "kafka"
@@ -61,4 +62,21 @@ def read_range(
     )
 
 
-__all__ = ["FORMAT", "read_range", "source_options"]
+def data_loss_error(error: BaseException) -> SourceError | None:
+    """Spark's failure of a read whose records Kafka no longer has (retention, a
+    recreated or shrunk topic, a vanished partition: its message names the option
+    ``failOnDataLoss``), as the platform's error with the repair; None otherwise."""
+    text = str(error)
+    if "failOnDataLoss" not in text:
+        return None
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    detail = next((line for line in lines if "offset" in line.lower()), lines[0])
+    return SourceError(
+        f"Kafka no longer has records the run needs: {detail[:300]}; nothing of the batch "
+        "is committed. python -m jobs status --pipeline ... names the partition and offsets; "
+        "repair: raise the topic's retention, then python -m jobs rewind --mode skip "
+        "--reason ... to accept the loss explicitly (or backfill --source archive)"
+    )
+
+
+__all__ = ["FORMAT", "data_loss_error", "read_range", "source_options"]

@@ -13,7 +13,7 @@ For batch ``b`` of epoch ``e``, in this order, each commit idempotent and fenced
    each in one Kafka transaction (``jobs/output/publisher.py``).
 
 The driver holds no batch's rows: Spark's tasks write the data files of ``raw``
-(the source, per offset range) and of ``changelog`` (``changelog_files.py``, per
+(the batch's offset range read again) and of ``changelog`` (``changelog_files.py``, per
 output partition) and the driver commits them (``jobs/delta/files.py``); the state
 merge streams the changelog files; dead letters, rare by nature, are read back
 from Kafka by position in bounded batches (``dead_letters.py``).
@@ -43,18 +43,20 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
+from jobs import kafka_admin
 from jobs.delta import layout as tables
-from jobs.delta.files import DataFile, describe, staging
+from jobs.delta.files import DataFile
 from jobs.delta.layout import AppLayout
 from jobs.delta.writer import BatchWriter, committed_batch
 from jobs.errors import ConsistencyError
 from jobs.faults import maybe_crash
-from jobs.kafka_source.datasource import archive_file_prefix
+from jobs.kafka_source import offsets as kafka_offsets
+from jobs.kafka_source import spark_kafka
 from jobs.metrics import METRICS, Metrics
 from jobs.output.publisher import OutputPublisher
 from jobs.pipeline import Pipeline
 from jobs.streaming import offset_log
-from jobs.streaming.changelog_files import WRITTEN_SCHEMA, ChangelogTask
+from jobs.streaming.changelog_files import WRITTEN_SCHEMA, StagedFilesTask
 from jobs.streaming.dead_letters import batch_reader
 from jobs.streaming.observed import observed_metrics
 from jobs.streaming.query import OBSERVATION
@@ -128,7 +130,8 @@ class BatchCommitter:
         checkpoint: Path,
         initial_offsets: dict[str, Any],
         query_name: str,
-        consumer_config: dict[str, Any],
+        bootstrap_servers: str,
+        kafka_client: dict[str, str],
         seed_path: Path | None = None,
         watermark_floor_ms: int = 0,
         metrics: Metrics = METRICS,
@@ -153,7 +156,9 @@ class BatchCommitter:
         # The ledger is the platform's record: one row per batch under either
         # guarantee, so it always carries the batch marker.
         self.ledger_writer = BatchWriter(pipeline.application_id, epoch, exactly_once=True)
-        self.consumer_config = consumer_config
+        self.bootstrap_servers = bootstrap_servers
+        self.kafka_client = kafka_client
+        self.consumer_config = kafka_admin.client_config(bootstrap_servers, kafka_client)
         self.results: list[BatchResult] = []
         self.aggregate_schema = tables.aggregate_schema(pipeline)
         self.changelog_schema = tables.changelog_schema(pipeline)
@@ -189,13 +194,13 @@ class BatchCommitter:
         # rows this batch changed; the seed batch re-emits the cut's snapshot, which
         # the state table already holds.
         seed_batch = batch_id == 0 and self.seed_path is not None
-        task = ChangelogTask(
+        task = StagedFilesTask(
             str(changelog_path),
             self.epoch,
             batch_id,
-            now.value,
             self.aggregate_schema,
             self.changelog_schema,
+            (("epoch", self.epoch), ("batch_id", batch_id), ("commit_time", now.value)),
             write=not (seed_batch or changelog_done or (done is not None and done >= batch_id)),
         )
         written = [
@@ -346,29 +351,35 @@ class BatchCommitter:
         end: dict[str, Any],
         meta: dict[str, str],
     ) -> int | None:
-        """Commit the raw files the source tasks wrote (one per range) to ``raw``, once."""
+        """The batch's records, read again from Kafka by exactly its offset range,
+        appended to ``raw`` once (Spark's tasks write the files, the driver commits)."""
         path = self.layout.table("raw")
         if self._committed(path, batch_id):
             return None
-        files = []
-        for topic, parts in sorted(end.items()):
-            for part, off in sorted(parts.items()):
-                begin = start.get(topic, {}).get(part, off)
-                if off <= begin:
-                    continue
-                prefix = archive_file_prefix(self.epoch, batch_id, topic, int(part), begin, off)
-                # Every attempt writes its own file; this attempt's is the newest.
-                found = sorted(
-                    staging(path).glob(f"{prefix}*.parquet"), key=lambda f: f.stat().st_mtime
-                )
-                if not found:
-                    raise ConsistencyError(
-                        f"batch {batch_id}: the raw records of {topic}[{part}] {begin}..{off} "
-                        f"were not written to {path} (the batch is not committed; it is "
-                        "replayed by the next run)"
-                    )
-                files.append(describe(staging(path), found[-1].name))
-        written = [f for f in files if f.num_records]
+        ends = kafka_offsets.from_json_dict(end)
+        starts = kafka_offsets.from_json_dict(start)
+        if not any(ends[tp] > starts.get(tp, ends[tp]) for tp in ends):
+            return None
+        records = spark_kafka.read_range(
+            self.spark, self.bootstrap_servers, self.kafka_client, starts, ends
+        )
+        kafka_columns = pa.schema(list(tables.RAW_SCHEMA)[:-2])
+        task = StagedFilesTask(
+            str(path),
+            self.epoch,
+            batch_id,
+            kafka_columns,
+            tables.RAW_SCHEMA,
+            (("epoch", self.epoch), ("batch_id", batch_id)),
+            write=True,
+        )
+        written = [
+            DataFile(row["name"], row["size"], row["num_records"])
+            for row in records.select(*kafka_columns.names)
+            .mapInArrow(task, WRITTEN_SCHEMA)
+            .collect()
+        ]
+        written = [f for f in written if f.num_records]
         if not written:
             return None
         return self.writer.add_files(path, batch_id, written, tables.RAW_SCHEMA, meta)

@@ -1,7 +1,8 @@
-"""The tasks' half of a batch's changelog append: each task of the batch's output
-writes its rows as one Parquet file in the changelog table's folder and returns
-the file's name, size and row count (``jobs/delta/files.py``); the driver commits
-the files. The driver never collects the rows.
+"""The tasks' half of a batch's appends: each task of a DataFrame (the batch's
+output for the changelog, its records read again for the raw archive) writes its
+rows as one Parquet file in the table's folder and returns the file's name, size
+and row count (``jobs/delta/files.py``); the driver commits the files. The driver
+never collects the rows.
 """
 
 from __future__ import annotations
@@ -14,22 +15,23 @@ from pathlib import Path
 import pyarrow as pa
 
 from jobs.delta.files import DataFileWriter
+from jobs.faults import maybe_crash
 
 # What each task returns to the driver.
 WRITTEN_SCHEMA = "name string, size long, num_records long"
 
 
 @dataclass(frozen=True)
-class ChangelogTask:
+class StagedFilesTask:
     """A ``mapInArrow`` function (pickled to the executors)."""
 
     table: str
     epoch: int
     batch_id: int
-    commit_time_us: int
-    aggregate_schema: pa.Schema
-    schema: pa.Schema  # the changelog's: aggregates, epoch, batch_id, commit_time
-    write: bool  # False: the batch's changelog is committed already (a replay)
+    input_schema: pa.Schema  # the rows' columns (cast to these types)
+    schema: pa.Schema  # the table's: the input's columns, then the stamp's
+    stamp: tuple[tuple[str, int], ...]  # columns every row of the batch shares
+    write: bool  # False: the batch's rows are committed already (a replay)
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         if not self.write:
@@ -48,6 +50,7 @@ class ChangelogTask:
         try:
             for batch in batches:
                 out.write(self._stamped(batch))
+                maybe_crash("during_task", self.batch_id)
             written = out.close()
         except BaseException:
             out.abort()
@@ -58,12 +61,11 @@ class ChangelogTask:
             )
 
     def _stamped(self, batch: pa.RecordBatch) -> pa.Table:
-        rows = pa.Table.from_batches([batch]).cast(self.aggregate_schema)
+        rows = pa.Table.from_batches([batch]).select(self.input_schema.names)
+        rows = rows.cast(self.input_schema)
         n = rows.num_rows
         columns = [
             *rows.columns,
-            pa.array([self.epoch] * n, pa.int64()),
-            pa.array([self.batch_id] * n, pa.int64()),
-            pa.array([self.commit_time_us] * n, self.schema.field("commit_time").type),
+            *(pa.array([value] * n, self.schema.field(name).type) for name, value in self.stamp),
         ]
         return pa.Table.from_arrays(columns, schema=self.schema)

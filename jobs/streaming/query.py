@@ -14,14 +14,16 @@ from datetime import UTC, datetime, timedelta
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from jobs.kafka_source.datasource import FORMAT
+from jobs.kafka_source import spark_kafka
 from jobs.pipeline import Pipeline
 from jobs.snapshot import SPARK_TYPES, contribution_types
+from jobs.streaming import batch_watermark
+from jobs.streaming.seed import hold_stream
 
 OBSERVATION = "batch_input"
 # The event-time watermark a record is judged by: the stream's batch watermark
-# (the source adds it), or in a backfill the one the ledger recorded.
-WATERMARK_COLUMN = "_batch_watermark_ms"
+# (``batch_watermark.py``), or in a backfill the one the ledger recorded.
+WATERMARK_COLUMN = batch_watermark.COLUMN
 # A backfill's records carry the time of the stream batch that judged them.
 BATCH_TIME_COLUMN = "_batch_time_ms"
 CORRUPT = "_corrupt_record"
@@ -33,29 +35,16 @@ def read_kafka(
     bootstrap_servers: str,
     starting_offsets_json: str,
     client_settings: dict[str, str],
-    hold_until: str | None = None,
-    archive: tuple[str, int] | None = None,
-    checkpoint: str | None = None,
-    min_watermark_ms: int = 0,
 ) -> DataFrame:
-    reader = (
-        spark.readStream.format(FORMAT)
-        .option("subscribe", ",".join(pipeline.topics))
-        .option("startingOffsets", starting_offsets_json)
-        .option("kafka.bootstrap.servers", bootstrap_servers)
+    """The pipeline's topics with Spark's own Kafka source, from the epoch's cut
+    (``startingOffsets`` names every partition; later partitions start at their
+    earliest offset)."""
+    reader = spark.readStream.format(spark_kafka.FORMAT)
+    for key, value in spark_kafka.source_options(bootstrap_servers, client_settings).items():
+        reader = reader.option(key, value)
+    reader = reader.option("subscribe", ",".join(pipeline.topics)).option(
+        "startingOffsets", starting_offsets_json
     )
-    for key, value in client_settings.items():
-        reader = reader.option(f"kafka.{key}", value)
-    if hold_until is not None:
-        reader = reader.option("holdUntilFileExists", hold_until)
-    if checkpoint is not None:
-        reader = reader.option("checkpoint", checkpoint)
-        if pipeline.window is not None:
-            reader = reader.option("batchWatermark", "true")
-            reader = reader.option("minWatermarkMs", str(min_watermark_ms))
-    if archive is not None:
-        table, epoch = archive
-        reader = reader.option("archiveTable", table).option("archiveEpoch", str(epoch))
     if pipeline.max_offsets_per_trigger is not None:
         reader = reader.option("maxOffsetsPerTrigger", str(pipeline.max_offsets_per_trigger))
     return reader.load()
@@ -355,29 +344,24 @@ def build(
     bootstrap_servers: str,
     starting_offsets_json: str,
     client_settings: dict[str, str],
+    checkpoint: str,
     seed: DataFrame | None = None,
-    hold_until: str | None = None,
-    archive: tuple[str, int] | None = None,
-    checkpoint: str | None = None,
+    hold: bool = False,
     min_watermark_ms: int = 0,
 ) -> DataFrame:
     """The stream's output; ``seed`` (a stream of state rows) joins it at a cut.
 
-    ``checkpoint`` lets windowed pipelines route late records to the dead letters
-    (the source tells each row its batch's watermark, at least ``min_watermark_ms``)
-    and archive pipelines label their raw files (``archive``: the raw table, epoch).
+    ``hold``: Kafka's place is taken by a stream that stays at the cut's offsets
+    (the seed batches of a seeded epoch run first; the same checkpoint then resumes
+    with Kafka). Windowed pipelines judge lateness by each batch's watermark from
+    ``checkpoint``'s offset log, at least ``min_watermark_ms``.
     """
-    raw = read_kafka(
-        spark,
-        pipeline,
-        bootstrap_servers,
-        starting_offsets_json,
-        client_settings,
-        hold_until,
-        archive,
-        checkpoint,
-        min_watermark_ms,
-    )
+    if hold:
+        raw = hold_stream(spark, starting_offsets_json)
+    else:
+        raw = read_kafka(spark, pipeline, bootstrap_servers, starting_offsets_json, client_settings)
+    if pipeline.window is not None:
+        raw = raw.crossJoin(batch_watermark.batch_watermark(spark, checkpoint, min_watermark_ms))
     contributions = record_contributions(observe_input(classify(raw, pipeline)), pipeline)
     if seed is not None:
         contributions = contributions.unionByName(seed)

@@ -8,9 +8,11 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import FrameType
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming.readwriter import DataStreamWriter
 
 from jobs import kafka_admin
 from jobs.cut import (
@@ -25,8 +27,9 @@ from jobs.cut import (
 from jobs.cut import starting_offsets as start_of
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
-from jobs.errors import ConsistencyError, FencedError
+from jobs.errors import ConsistencyError, FencedError, PlatformError
 from jobs.kafka_source import offsets as plan
+from jobs.kafka_source import spark_kafka
 from jobs.ledger import current_epoch, unfinished_operation
 from jobs.lock import application_lock
 from jobs.metrics import METRICS, push
@@ -53,6 +56,10 @@ class RunSummary:
 
 log = logging.getLogger(__name__)
 FENCE_CHECK_S = 5.0
+# A seeded epoch's checkpoint once its seed batches are committed (absorb_seed).
+SEEDED_MARK = "_platform_seeded"
+# How long the seed query stays idle before it counts as done without a no-data batch.
+SEED_SETTLE_S = 2.0
 
 
 def epoch_cut(layout: AppLayout, pipeline: Pipeline, settings: Settings) -> Cut:
@@ -109,6 +116,33 @@ def broker_watermarks(pipeline: Pipeline, settings: Settings) -> plan.Watermarks
     return kafka_admin.watermarks(config, [(t, p) for t, ps in partitions.items() for p in ps])
 
 
+def absorb_seed(writer: DataStreamWriter, checkpoint: Path, windowed: bool) -> None:
+    """The seeded epoch's first query: the seed batch (and, windowed, the no-data
+    batch in which Spark moves the watermark on from the seeded windows, the one
+    its records must be judged by) with Kafka held at the cut. A mark in the
+    checkpoint says it is done: the next query of the checkpoint reads Kafka from
+    the cut (the hold stood in its place with the same offsets)."""
+    running = writer.trigger(processingTime="200 milliseconds").start()
+    try:
+        settled_since: float | None = None
+        while running.isActive:
+            done = offset_log.committed_batches(checkpoint)
+            if done and done[-1] >= (1 if windowed else 0):
+                break
+            # The watermark did not move (no seeded window): no no-data batch follows.
+            idle = bool(done) and offset_log.offset_batches(checkpoint)[-1] == done[-1]
+            settled_since = (settled_since or time.monotonic()) if idle else None
+            if settled_since is not None and time.monotonic() - settled_since > SEED_SETTLE_S:
+                break
+            time.sleep(0.1)
+        if running.exception() is not None:
+            raise ConsistencyError(f"seeding the epoch's state failed: {running.exception()}")
+    finally:
+        running.stop()
+    (checkpoint / SEEDED_MARK).touch()
+    log.info("seed absorbed in %s; Kafka resumes from the cut", checkpoint)
+
+
 def run_pipeline(
     spark: SparkSession,
     pipeline: Pipeline,
@@ -125,6 +159,9 @@ def run_pipeline(
         # From foreachBatch the fence arrives wrapped in Spark's exception.
         if isinstance(exc, FencedError) or f"jobs.errors.{FencedError.__name__}" in str(exc):
             METRICS.fenced_commit(pipeline.application_id, pipeline.version)
+        lost = None if isinstance(exc, PlatformError) else spark_kafka.data_loss_error(exc)
+        if lost is not None:
+            raise lost from exc
         raise
     finally:
         # Scheduled runs report this way; a continuous one too when it ends (a fence
@@ -187,27 +224,23 @@ def _stream(
     marks = broker_watermarks(pipeline, settings)
     starting = plan.to_json_dict(start_of(cut, marks, first_batch))
     seed_path = seed_file(layout, epoch) if cut.seed_rows is not None else None
-    seed = None
-    if seed_path is not None:
-        seed = seed_stream(spark, pipeline, seed_path)
-    # Records wait for the seed batch (batch 0) and, with a window, for the no-data
-    # batch after it: Spark judges lateness by the previous batch's watermark, so
-    # records must not arrive before the seed has moved the watermark on.
-    seed_batches = 2 if pipeline.window is not None else 1
     name = f"{pipeline.application_id}_epoch{epoch}"
     spark.conf.set("spark.sql.shuffle.partitions", str(pipeline.shuffle_partitions))
-    stream = query.build(
-        spark,
-        pipeline,
-        settings.bootstrap_servers,
-        json.dumps(starting),
-        settings.kafka_client,
-        seed=seed,
-        hold_until=str(checkpoint / "commits" / str(seed_batches - 1)) if seed else None,
-        archive=(str(layout.table("raw")), epoch) if pipeline.archive else None,
-        checkpoint=str(checkpoint),
-        min_watermark_ms=cut.watermark_ms,
-    )
+
+    def stream(hold: bool) -> DataFrame:
+        seed = seed_stream(spark, pipeline, seed_path) if seed_path is not None else None
+        return query.build(
+            spark,
+            pipeline,
+            settings.bootstrap_servers,
+            json.dumps(starting),
+            settings.kafka_client,
+            str(checkpoint),
+            seed=seed,
+            hold=hold,
+            min_watermark_ms=cut.watermark_ms,
+        )
+
     consumer_config = kafka_admin.client_config(settings.bootstrap_servers, settings.kafka_client)
     committer = BatchCommitter(
         spark,
@@ -217,7 +250,8 @@ def _stream(
         checkpoint,
         starting,
         name,
-        consumer_config,
+        settings.bootstrap_servers,
+        settings.kafka_client,
         seed_path,
         watermark_floor_ms=cut.watermark_ms if pipeline.window is not None else 0,
         output=output,
@@ -235,18 +269,24 @@ def _stream(
         cut.seed_rows,
         cut.watermark_ms,
     )
-    writer = (
-        stream.writeStream.queryName(name)
-        .outputMode("update")
-        .foreachBatch(committer)
-        .option("checkpointLocation", str(checkpoint))
-    )
+
+    def writer(hold: bool) -> DataStreamWriter:
+        return (
+            stream(hold)
+            .writeStream.queryName(name)
+            .outputMode("update")
+            .foreachBatch(committer)
+            .option("checkpointLocation", str(checkpoint))
+        )
+
+    if seed_path is not None and not (checkpoint / SEEDED_MARK).exists():
+        absorb_seed(writer(hold=True), checkpoint, pipeline.window is not None)
     mode = trigger or pipeline.trigger_mode
     if mode == "available-now":
-        writer = writer.trigger(availableNow=True)
+        running = writer(hold=False).trigger(availableNow=True).start()
     else:
-        writer = writer.trigger(processingTime=f"{pipeline.trigger_interval_seconds} seconds")
-    running = writer.start()
+        interval = f"{pipeline.trigger_interval_seconds} seconds"
+        running = writer(hold=False).trigger(processingTime=interval).start()
     stop_requested = threading.Event()
 
     def request_stop(_signum: int, _frame: FrameType | None) -> None:

@@ -31,6 +31,11 @@ from jobs.pipeline import Pipeline
 from jobs.snapshot import seed_ddl
 
 FORMAT = "platform_seed"
+HOLD_FORMAT = "platform_hold"
+KAFKA_COLUMNS = (
+    "key binary, value binary, topic string, partition int, offset long, "
+    "timestamp timestamp, timestampType int"
+)
 
 
 def seed_stream(spark: SparkSession, pipeline: Pipeline, path: Path) -> DataFrame:
@@ -39,6 +44,15 @@ def seed_stream(spark: SparkSession, pipeline: Pipeline, path: Path) -> DataFram
         .option("path", str(path))
         .option("schema", seed_ddl(pipeline))
         .load()
+    )
+
+
+def hold_stream(spark: SparkSession, starting_offsets_json: str) -> DataFrame:
+    """Kafka's stand-in while the seed is absorbed: no records, and the cut's offsets
+    in the shape of Spark's Kafka source, which resumes from them (same checkpoint,
+    same position in the query) once the seed batches are committed."""
+    return (
+        spark.readStream.format(HOLD_FORMAT).option("startingOffsets", starting_offsets_json).load()
     )
 
 
@@ -115,3 +129,39 @@ class SeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         yield from pq.ParquetFile(partition.value).iter_batches()
+
+
+class HoldDataSource(DataSource):
+    """A stream that stays at its starting offsets (driver only: no partitions)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return HOLD_FORMAT
+
+    def schema(self) -> str:
+        return KAFKA_COLUMNS
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        import json
+
+        return HoldStreamReader(json.loads(str(self.options["startingOffsets"])))
+
+
+class HoldStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, offsets: dict[str, Any]) -> None:
+        self.offsets = offsets
+
+    def initialOffset(self) -> dict[str, Any]:
+        return self.offsets
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        return start
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Nothing becomes available."""
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
+        return []
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return iter(())

@@ -1,6 +1,7 @@
-"""The SparkSession every job uses: RocksDB state with changelog checkpointing, the
-``kafka`` Python data source registered, and the ``jobs`` package shipped to the
-executors so the same job runs on ``local[N]`` and on any cluster manager."""
+"""The SparkSession every job uses: RocksDB state with changelog checkpointing,
+Spark's Kafka source on the classpath, the platform's small Python sources
+registered (seed, hold, batch watermark), and the ``jobs`` package shipped to
+the executors so the same job runs on ``local[N]`` and on any cluster manager."""
 
 from __future__ import annotations
 
@@ -16,10 +17,10 @@ from pyspark.sql import SparkSession
 
 from jobs.errors import ConfigError
 from jobs.jars import spark_jars
-from jobs.kafka_source.datasource import KafkaDataSource
 from jobs.settings import REPO_ROOT
+from jobs.streaming.batch_watermark import BatchWatermarkSource
 from jobs.streaming.jvm import driver_java_options
-from jobs.streaming.seed import SeedDataSource
+from jobs.streaming.seed import HoldDataSource, SeedDataSource
 
 # Spark's own Kafka source (from the jars ``make setup`` resolved).
 KAFKA_PROVIDER = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
@@ -146,8 +147,9 @@ def check_jars(spark: SparkSession) -> None:
 def register_sources(spark: SparkSession) -> None:
     """The platform's data sources, in ``spark`` (a new session needs them too).
     After shipping: a registered source captures the Python includes it runs with."""
-    spark.dataSource.register(KafkaDataSource)
     spark.dataSource.register(SeedDataSource)
+    spark.dataSource.register(HoldDataSource)
+    spark.dataSource.register(BatchWatermarkSource)
 
 
 def ship_package(spark: SparkSession, archive: Path) -> None:

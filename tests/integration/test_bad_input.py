@@ -16,8 +16,7 @@ from confluent_kafka.admin import AdminClient
 from deltalake import DeltaTable
 
 from jobs import kafka_admin
-from jobs.errors import SourceError
-from jobs.kafka_source.datasource import read_range
+from jobs.kafka_source.spark_kafka import read_range
 from jobs.pipeline import Pipeline, load_pipeline
 from jobs.settings import REPO_ROOT, Settings
 from jobs.status import application_status
@@ -137,26 +136,21 @@ def test_a_topic_recreated_under_the_application_stops_it_with_the_repair(
 
 
 def test_retention_during_a_read_fails_the_read_instead_of_a_short_range(
-    kafka_config, new_topic, monkeypatch
+    spark, kafka_config, new_topic
 ) -> None:  # type: ignore[no-untyped-def]
-    """Retention deletes records after the task checked the log start and before it
-    fetched them. The source's own consumer settings must turn that into an error:
-    librdkafka's default (``auto.offset.reset=latest``) jumps to the log end, and
-    the range would end early with a short batch."""
+    """Retention deletes records after the platform checked the log start and before
+    Spark fetched them: ``failOnDataLoss`` (set on every read) turns that into an
+    error, where Spark's default would skip ahead and commit a short range."""
     topic = new_topic(1)
     produce(kafka_config, topic, [b"x" * 100] * 5000)
     admin = AdminClient(kafka_config)
     for future in admin.delete_records([TopicPartition(topic, 0, 4000)]).values():
         future.result()
-    from jobs.kafka_source import datasource
-
-    # The check passed just before the deletion: skip it to reproduce the race.
-    monkeypatch.setattr(datasource.plan, "check_not_expired", lambda *_: None)
-    options = datasource.SourceOptions(
-        {"kafka.bootstrap.servers": kafka_config["bootstrap.servers"], "subscribe": topic}
+    records = read_range(
+        spark, kafka_config["bootstrap.servers"], {}, {(topic, 0): 100}, {(topic, 0): 5000}
     )
-    with pytest.raises(SourceError, match=rf"{topic}\[0\].*100"):
-        list(read_range(options.consumer_config(), topic, 0, 100, 5000))
+    with pytest.raises(Exception, match=r"(?i)data may have been lost|out of range|fetch offset"):
+        records.count()
 
 
 def test_late_records_after_a_restart_are_dead_letters(

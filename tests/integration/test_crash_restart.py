@@ -30,10 +30,10 @@ BAD = [b"broken", b'{"user_id": "z"}']
 @pytest.mark.parametrize(
     "faults",
     [
-        # a source task half-way through its range; then, on the replay, the
+        # a task half-way through its changelog file; then, on the replay, the
         # changelog committed and the state merge not yet; then the output
         # transaction committed and Spark's own batch commit not yet
-        ("during_read", "after_changelog@1", "after_output@2"),
+        ("during_task", "after_changelog@1", "after_output@2"),
         # dead letters committed; then every table committed and no output
         # transaction begun; then the output records sent, the transaction open
         ("after_dead_letter@0", "after_ledger@1", "during_output@2"),

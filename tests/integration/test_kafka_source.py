@@ -1,4 +1,6 @@
-"""The ``kafka_py`` Spark source against the real embedded broker."""
+"""Spark's own Kafka source, with the options every platform read uses
+(``jobs/kafka_source/spark_kafka.py``), against the real embedded broker: the
+facts about it the platform relies on."""
 
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import NewPartitions
 
 from jobs import kafka_admin
-from jobs.kafka_source.datasource import FORMAT
+from jobs.errors import SourceError
+from jobs.kafka_source import spark_kafka
 from tests.conftest import produce
 
 pytestmark = pytest.mark.integration
@@ -24,7 +27,9 @@ def run_stream(
 ) -> list[list[dict[str, Any]]]:  # type: ignore[no-untyped-def]
     """Runs an availableNow query and returns the rows of each micro-batch."""
     batches: list[list[dict[str, Any]]] = []
-    reader = spark.readStream.format(FORMAT).option("kafka.bootstrap.servers", servers)
+    reader = spark.readStream.format(spark_kafka.FORMAT)
+    for key, value in spark_kafka.source_options(servers, {}).items():
+        reader = reader.option(key, value)
     reader = reader.option("subscribe", topic).option("startingOffsets", "earliest")
     for key, value in options.items():
         reader = reader.option(key, value)
@@ -73,7 +78,8 @@ def test_max_offsets_per_trigger_and_available_now(
     batches = run_stream(
         spark, broker.bootstrap_servers, topic, tmp_path, maxOffsetsPerTrigger="300"
     )
-    assert [len(b) for b in batches] == [300, 300, 300, 100]
+    # Spark shares the limit out over the partitions, rounding down.
+    assert all(len(b) <= 300 for b in batches) and len(batches) >= 4
     offsets = [(r["partition"], r["offset"]) for b in batches for r in b]
     assert len(offsets) == len(set(offsets)) == 1000
 
@@ -135,17 +141,22 @@ def test_starting_offsets_json_and_timestamp(
     assert [r["value"] for b in batches for r in b] == [b"6", b"7", b"8", b"9"]
 
 
-def test_missing_topic_is_a_clear_error(spark, broker, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    with pytest.raises(Exception, match="topic 'no_such_topic' does not exist"):
-        run_stream(spark, broker.bootstrap_servers, "no_such_topic", tmp_path)
+def test_missing_topic_is_a_clear_error(broker) -> None:  # type: ignore[no-untyped-def]
+    """Spark's source would wait for a missing topic: the platform asks first."""
+    config = kafka_admin.client_config(broker.bootstrap_servers)
+    with pytest.raises(SourceError, match="topic 'no_such_topic' does not exist"):
+        kafka_admin.topic_partitions(
+            kafka_admin.admin(config), ["no_such_topic"], broker.bootstrap_servers
+        )
 
 
-def test_unreachable_broker_is_a_clear_error(spark, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_unreachable_broker_is_a_clear_error() -> None:
     from jobs.broker import find_free_port
 
-    port = find_free_port(50000, 60000)
-    with pytest.raises(Exception, match="cannot reach the Kafka broker"):
-        run_stream(spark, f"127.0.0.1:{port}", "x", tmp_path, **{"kafka.socket.timeout.ms": "2000"})
+    servers = f"127.0.0.1:{find_free_port(50000, 60000)}"
+    config = kafka_admin.client_config(servers, {"socket.timeout.ms": "2000"})
+    with pytest.raises(SourceError, match="cannot reach the Kafka broker"):
+        kafka_admin.topic_partitions(kafka_admin.admin(config), ["x"], servers)
 
 
 def test_offsets_below_log_start_are_an_error(
@@ -162,5 +173,5 @@ def test_offsets_below_log_start_are_an_error(
     admin = kafka_admin.admin(kafka_config)
     for future in admin.delete_records([TopicPartition(topic, 0, 6)]).values():
         future.result()
-    with pytest.raises(Exception, match=r"no longer on the broker"):
+    with pytest.raises(Exception, match=r"(?i)data may have been lost|out of range|fetch offset"):
         run_stream(spark, broker.bootstrap_servers, topic, tmp_path, startingOffsets=spec)
