@@ -7,7 +7,6 @@ earliest and -1 means latest, as in Spark.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 
 from jobs.errors import ConfigError, SourceError
@@ -37,27 +36,6 @@ def from_json_dict(data: Mapping[str, Mapping[str, int]]) -> Offsets:
         }
     except (AttributeError, TypeError, ValueError) as exc:
         raise ConfigError(f"offsets must map topic -> partition -> offset, got {data!r}") from exc
-
-
-def parse_starting_offsets(spec: str) -> str | Offsets:
-    """``earliest``, ``latest`` or a JSON ``{"topic": {"0": 42, "1": -2}}``."""
-    text = spec.strip()
-    if text in ("earliest", "latest"):
-        return text
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(
-            f"startingOffsets must be 'earliest', 'latest' or JSON topic -> partition -> offset, "
-            f"got {spec!r}"
-        ) from exc
-    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
-        raise ConfigError(f"startingOffsets JSON must map topic -> partition -> offset: {spec!r}")
-    offsets = from_json_dict(data)
-    bad = {tp: off for tp, off in offsets.items() if off < EARLIEST}
-    if bad:
-        raise ConfigError(f"startingOffsets has offsets below -2: {bad}")
-    return offsets
 
 
 def resolve_starting_offsets(
@@ -131,39 +109,3 @@ def check_continuity(current: Offsets, marks: Watermarks) -> None:
                 f"repair: python -m jobs rewind --to-earliest --topics {tp[0]} --mode skip "
                 "--reason ... (keeps the state, reads the topic from its start)"
             )
-
-
-def plan_end(
-    start: Offsets,
-    marks: Watermarks,
-    max_records: int | None,
-) -> Offsets:
-    """End offsets of the next batch: everything available, or at most ``max_records``.
-
-    Partitions in ``marks`` but not in ``start`` are new: they join at their log
-    start and are read from the next batch on, so every batch's range is fixed by
-    its two offset maps alone (a replay reads the same records).
-    """
-    check_continuity(start, marks)
-    end: Offsets = {}
-    for tp, (low, _high) in marks.items():
-        if tp not in start:
-            end[tp] = low
-    current = dict(start)
-    lag = {tp: marks[tp][1] - off for tp, off in current.items()}
-    total = sum(lag.values())
-    if max_records is None or total <= max_records:
-        end.update({tp: current[tp] + lag[tp] for tp in current})
-        return end
-    # Share the limit in proportion to lag, as Spark's Kafka source does; the
-    # remainder goes to the partitions with the largest lag, in a fixed order.
-    share = {tp: lag[tp] * max_records // total for tp in current}
-    rest = max_records - sum(share.values())
-    for tp in sorted(current, key=lambda t: (-(lag[t] - share[t]), t)):
-        if rest == 0:
-            break
-        if share[tp] < lag[tp]:
-            share[tp] += 1
-            rest -= 1
-    end.update({tp: current[tp] + share[tp] for tp in current})
-    return end

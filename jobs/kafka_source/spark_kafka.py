@@ -17,6 +17,11 @@ from jobs.errors import SourceError
 from jobs.kafka_source.offsets import Offsets, to_json_dict
 
 FORMAT = "kafka"
+# The columns of Spark's Kafka source (without includeHeaders).
+COLUMNS = (
+    "key binary, value binary, topic string, partition int, offset long, "
+    "timestamp timestamp, timestampType int"
+)
 # Records per task of a batch read: both cores work on a one-partition topic, and
 # progress is seen task by task.
 BATCH_SPLIT_RECORDS = 250_000
@@ -79,4 +84,4 @@ def data_loss_error(error: BaseException) -> SourceError | None:
     )
 
 
-__all__ = ["FORMAT", "data_loss_error", "read_range", "source_options"]
+__all__ = ["COLUMNS", "FORMAT", "data_loss_error", "read_range", "source_options"]

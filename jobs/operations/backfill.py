@@ -210,7 +210,7 @@ def archived_records(
     if not files:
         if wanted:
             raise ConfigError(f"the raw archive has none of the {wanted} offsets to recompute")
-        return spark.createDataFrame([], RAW_KAFKA_DDL)
+        return spark.createDataFrame([], spark_kafka.COLUMNS)
     # Values can be large: small columnar batches keep a task's memory in bounds.
     spark.conf.set("spark.sql.parquet.columnarReaderBatchSize", "256")
     raw = spark.read.parquet(*files)
@@ -238,12 +238,6 @@ def archived_records(
     return selected.dropDuplicates(["topic", "partition", "offset"]).select(
         "key", "value", "topic", "partition", "offset", "timestamp", "timestampType"
     )
-
-
-RAW_KAFKA_DDL = (
-    "key binary, value binary, topic string, partition int, offset long, "
-    "timestamp timestamp, timestampType int"
-)
 
 
 def preview(

@@ -27,15 +27,12 @@ from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailable
 from pyspark.sql.types import StructType
 
 from jobs.errors import ConsistencyError
+from jobs.kafka_source import spark_kafka
 from jobs.pipeline import Pipeline
 from jobs.snapshot import seed_ddl
 
 FORMAT = "platform_seed"
 HOLD_FORMAT = "platform_hold"
-KAFKA_COLUMNS = (
-    "key binary, value binary, topic string, partition int, offset long, "
-    "timestamp timestamp, timestampType int"
-)
 
 
 def seed_stream(spark: SparkSession, pipeline: Pipeline, path: Path) -> DataFrame:
@@ -139,7 +136,7 @@ class HoldDataSource(DataSource):
         return HOLD_FORMAT
 
     def schema(self) -> str:
-        return KAFKA_COLUMNS
+        return spark_kafka.COLUMNS
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         import json
