@@ -65,8 +65,8 @@ def start(directory: Path, cores: int = 2, memory: str = "3g") -> Cluster:
     """Start a master and a worker on free loopback ports; return once the worker
     has registered (a job submitted earlier would wait for resources)."""
     directory.mkdir(parents=True, exist_ok=True)
-    port = find_free_port(41000, 45000)
-    web_port = find_free_port(port + 1, 45000)
+    port = find_free_port(11000, 11300)
+    web_port = find_free_port(11300, 11600)
     master_url = f"spark://127.0.0.1:{port}"
     web_ui = f"http://127.0.0.1:{web_port}"
     master = _daemon(
@@ -74,7 +74,7 @@ def start(directory: Path, cores: int = 2, memory: str = "3g") -> Cluster:
         + ["--port", str(port), "--webui-port", str(web_port)],
         directory / "master.log",
     )
-    worker_ui = find_free_port(web_port + 1, 45000)
+    worker_ui = find_free_port(11600, 11900)
     worker = _daemon(
         ["org.apache.spark.deploy.worker.Worker", master_url, "--host", "127.0.0.1"]
         + ["--cores", str(cores), "--memory", memory, "--webui-port", str(worker_ui)]

@@ -60,10 +60,21 @@ def port_is_free(port: int) -> bool:
     return True
 
 
-def find_free_port(start: int = 20000, end: int = 40000, avoid: tuple[int, ...] = ()) -> int:
-    """A free loopback port from a range, for tests that start their own broker."""
-    for port in range(start + os.getpid() % 1000, end):
-        if port not in avoid and port_is_free(port):
+def find_free_port(
+    start: int = 20000, end: int = 32000, avoid: tuple[int, ...] = (), run: int = 1
+) -> int:
+    """The first of ``run`` consecutive free loopback ports in [start, end), for
+    tests and local tools. Keep ranges below the kernel's ephemeral range
+    (32768-60999 by default): a port there may be taken by any outgoing
+    connection between this check and the bind."""
+    span = end - start - run + 1
+    if span <= 0:
+        raise BrokerError(f"no free loopback port in {start}-{end}")
+    offset = os.getpid() % span  # parallel processes start at different places
+    for i in range(span):
+        port = start + (offset + i) % span
+        ports = range(port, port + run)
+        if all(p not in avoid and port_is_free(p) for p in ports):
             return port
     raise BrokerError(f"no free loopback port in {start}-{end}")
 

@@ -4,6 +4,7 @@ client configuration, topic creation, watermarks and bulk producing."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -123,6 +124,26 @@ def create_topic(
             error = exc.args[0] if exc.args else None
             if not isinstance(error, KafkaError) or error.code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise SourceError(f"cannot create topic {topic!r}: {exc}") from exc
+    _await_metadata(client, topic)
+
+
+def _await_metadata(client: AdminClient, topic: str) -> None:
+    """Wait until the broker's metadata shows the topic with its partitions.
+    CreateTopics returns once the controller committed the topic; a broker serves
+    it a moment later (KRaft propagates metadata asynchronously), and a client
+    that asks in between is told the topic does not exist."""
+    deadline = time.monotonic() + REQUEST_TIMEOUT_S
+    while True:
+        try:
+            meta = client.list_topics(topic=topic, timeout=REQUEST_TIMEOUT_S).topics.get(topic)
+        except KafkaException as exc:
+            raise SourceError(f"cannot read the metadata of topic {topic!r}: {exc}") from exc
+        if meta is not None and meta.error is None and meta.partitions:
+            if all(p.leader >= 0 for p in meta.partitions.values()):
+                return
+        if time.monotonic() > deadline:
+            raise SourceError(f"topic {topic!r} was created but the broker does not serve it yet")
+        time.sleep(0.05)
 
 
 def produce_all(

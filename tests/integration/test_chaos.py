@@ -130,7 +130,7 @@ def wait_for_batches(warehouse: Path, more_than: int, timeout: float = 120) -> N
 
 def test_chaos_live_producer_kills_broker_restart_and_lost_checkpoint(tmp_path: Path) -> None:
     data_dir = tmp_path / "broker"
-    port = embedded.find_free_port(41000, 42000)
+    port = embedded.find_free_port(13000, 14000)
     info = embedded.start(data_dir, port)
     servers = info.bootstrap_servers
     config = kafka_admin.client_config(servers)

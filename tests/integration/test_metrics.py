@@ -91,8 +91,8 @@ def stop(process: subprocess.Popen[Any]) -> None:
 def prometheus(tmp_path: Path) -> Iterator[tuple[int, int, int]]:
     """(Prometheus's port, the stream's and the exporter's ports it scrapes every
     second on loopback)."""
-    port, target = find_free_port(43000, 44000), find_free_port(44000, 45000)
-    exporter = find_free_port(45000, 46000)
+    port, target = find_free_port(16000, 16500), find_free_port(16500, 17000)
+    exporter = find_free_port(17000, 17500)
     config = tmp_path / "prometheus.yml"
     config.write_text(
         yaml.safe_dump(
@@ -233,7 +233,7 @@ def test_prometheus_scrapes_a_continuous_run_and_its_counters_equal_the_ledger(
 def test_the_pushgateway_gets_a_scheduled_run_and_an_operation_and_the_exporter_reads_the_ledger(
     settings, kafka_config, new_topic, tmp_path
 ) -> None:  # type: ignore[no-untyped-def]
-    port = find_free_port(45000, 46000)
+    port = find_free_port(17500, 18000)
     gateway = server(
         ["prometheus-pushgateway", f"--web.listen-address=127.0.0.1:{port}"], port, "/-/ready"
     )

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.integration
 
 @contextmanager
 def warm_driver(settings, token: str, fault: str | None = None) -> Iterator[str]:  # type: ignore[no-untyped-def]
-    port = find_free_port(46000, 48000)
+    port = find_free_port(15000, 16000)
     env = {k: v for k, v in os.environ.items() if k != "PLATFORM_FAULT"}
     env["PLATFORM_DRIVER_TOKEN"] = token
     if fault:
