@@ -138,9 +138,9 @@ def _await_metadata(client: AdminClient, topic: str) -> None:
             meta = client.list_topics(topic=topic, timeout=REQUEST_TIMEOUT_S).topics.get(topic)
         except KafkaException as exc:
             raise SourceError(f"cannot read the metadata of topic {topic!r}: {exc}") from exc
-        if meta is not None and meta.error is None and meta.partitions:
-            if all(p.leader >= 0 for p in meta.partitions.values()):
-                return
+        partitions = meta.partitions if meta is not None and meta.error is None else {}
+        if partitions and all(p.leader >= 0 for p in partitions.values()):
+            return
         if time.monotonic() > deadline:
             raise SourceError(f"topic {topic!r} was created but the broker does not serve it yet")
         time.sleep(0.05)
