@@ -11,6 +11,7 @@ import os
 import sys
 import tempfile
 import zipfile
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -28,6 +29,12 @@ ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateS
 PACKAGE = REPO_ROOT / "jobs"
 # Cluster Python default: a worker's interpreter is not at the driver's path.
 CLUSTER_PYTHON = "python3"
+# What the platform's tasks import on executors (checked on a cluster at start).
+EXECUTOR_MODULES = (
+    "jobs.streaming.changelog_files",
+    "jobs.streaming.seed",
+    "jobs.streaming.batch_watermark",
+)
 log = logging.getLogger(__name__)
 
 
@@ -128,6 +135,8 @@ def get_spark(
         check_jars(spark)
     ship_package(spark, archive)
     register_sources(spark)
+    if not master.startswith("local"):
+        check_executors(spark, os.environ["PYSPARK_PYTHON"])
     return spark
 
 
@@ -142,6 +151,56 @@ def check_jars(spark: SparkSession) -> None:
             "Spark's Kafka source is not on the driver's classpath: pass the platform's jars, "
             'spark-submit --jars "$(python -m jobs jars | paste -sd,)" ...'
         ) from err
+
+
+def check_executors(spark: SparkSession, python: str) -> None:
+    """Before anything runs on a cluster: every executor's Python starts and imports
+    what the platform's tasks import. Else the first batch would fail deep in a task
+    with a worker traceback. One small job (a task per core)."""
+    modules = EXECUTOR_MODULES
+
+    def probe(_rows: Iterable[int]) -> Iterator[tuple[str, str, str]]:
+        # Defined here so that it is pickled by value: it must run where ``jobs``
+        # itself may not import.
+        import importlib
+        import sys
+
+        for module in modules:
+            try:
+                importlib.import_module(module)
+            except ImportError as exc:
+                yield sys.executable, module, exc.name or str(exc)
+                return
+        yield sys.executable, "", ""
+
+    context = spark.sparkContext
+    tasks = max(1, context.defaultParallelism)
+    fix = (
+        "install the platform's requirements.txt in every worker's Python, or set "
+        "PLATFORM_SPARK_PYTHON to one that has them"
+    )
+    try:
+        answers = context.parallelize(range(tasks), tasks).mapPartitions(probe).collect()
+    except Exception as err:  # py4j: the worker's Python did not start
+        raise ConfigError(
+            f"the Spark executors cannot run PLATFORM_SPARK_PYTHON={python!r} "
+            f"({_first_reason(err)}): {fix}"
+        ) from err
+    for executable, module, missing in answers:
+        if module:
+            raise ConfigError(
+                f"the Spark executors' Python ({executable}, PLATFORM_SPARK_PYTHON={python!r}) "
+                f"has no module {missing!r}, which {module} needs: {fix}"
+            )
+
+
+def _first_reason(err: Exception) -> str:
+    """The line of a failed job's error that says why (not the whole trace)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    for line in lines:
+        if "Cannot run program" in line or "PYTHON_VERSION_MISMATCH" in line or "Error" in line:
+            return line[:300]
+    return lines[0][:300] if lines else type(err).__name__
 
 
 def register_sources(spark: SparkSession) -> None:

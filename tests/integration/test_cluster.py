@@ -74,3 +74,32 @@ def test_user_clicks_on_a_standalone_cluster(  # type: ignore[no-untyped-def]
 def current_state(warehouse: Path):  # type: ignore[no-untyped-def]
     rows = DeltaTable(str(warehouse / "user_clicks" / "state")).to_pyarrow_table().to_pylist()
     return state_as_counter(rows, "clicks")
+
+
+def test_a_worker_python_that_cannot_run_the_tasks_is_one_error(  # type: ignore[no-untyped-def]
+    cluster, broker, kafka_config, new_topic, settings, tmp_path
+) -> None:
+    topic = new_topic(1)
+    produce(kafka_config, topic, clicks(10, 0))
+    pipeline = pipeline_file(tmp_path, "user_clicks", topic)
+    # A worker Python without PyYAML (which the tasks' modules import): a wrapper
+    # that puts a stand-in first on the path, as if the package were not installed.
+    shadow = tmp_path / "shadow" / "yaml"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'yaml'\", name='yaml')\n"
+    )
+    python = tmp_path / "python-without-yaml"
+    python.write_text(
+        f'#!/bin/sh\nexport PYTHONPATH="{shadow.parent}:$PYTHONPATH"\nexec {sys.executable} "$@"\n'
+    )
+    python.chmod(0o755)
+    cases = {str(python): "has no module 'yaml'", str(tmp_path / "no-such-python"): "cannot run"}
+    for worker_python, reason in cases.items():
+        env = {"PLATFORM_SPARK_MASTER": cluster.master_url, "PLATFORM_SPARK_PYTHON": worker_python}
+        failed = run_jobs(pipeline, settings, "run", env=env)
+        lines = failed.stderr.strip().splitlines()
+        assert failed.returncode == 2, failed.stderr[-3000:]
+        assert len(lines) == 1 and lines[0].startswith("error: "), failed.stderr[-3000:]
+        assert reason in lines[0] and "PLATFORM_SPARK_PYTHON" in lines[0], lines[0]
+        assert not (settings.warehouse / "user_clicks" / "_ledger").exists()
