@@ -55,6 +55,7 @@ class RunSummary:
 
 
 log = logging.getLogger(__name__)
+POLL_S = 0.2
 FENCE_CHECK_S = 5.0
 # A seeded epoch's checkpoint once its seed batches are committed (absorb_seed).
 SEEDED_MARK = "_platform_seeded"
@@ -322,7 +323,9 @@ def _stream(
     finished = False
     try:
         checked = time.monotonic()
-        while not running.awaitTermination(1):
+        # A short wait: a scheduled run exits as soon as its last batch is in
+        # (PySpark takes float seconds, though typed int).
+        while not running.awaitTermination(POLL_S):  # type: ignore[arg-type]
             report()
             if stop_requested.is_set():
                 running.stop()
