@@ -20,6 +20,7 @@ import socket
 import subprocess
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +28,7 @@ import psutil
 
 from jobs.errors import BrokerError
 from jobs.jars import broker_classpath
+from jobs.kafka_settings import jaas_quoted
 from jobs.settings import REPO_ROOT
 
 STATE_FILE = "broker.json"
@@ -121,8 +123,12 @@ def status(data_dir: Path) -> BrokerInfo | None:
     return BrokerInfo(pid=info["pid"], port=info["port"], data_dir=data_dir)
 
 
-def server_properties(data_dir: Path, port: int, controller_port: int) -> str:
-    """A single-node KRaft broker and controller on loopback (static quorum of one)."""
+def server_properties(
+    data_dir: Path, port: int, controller_port: int, sasl_users: Mapping[str, str] | None = None
+) -> str:
+    """A single-node KRaft broker and controller on loopback (static quorum of one).
+    ``sasl_users`` (name -> password): clients must log in with SASL/PLAIN as one
+    of them (how tests check that credentials reach both Kafka clients)."""
     settings = {
         "process.roles": "broker,controller",
         "node.id": "1",
@@ -150,7 +156,31 @@ def server_properties(data_dir: Path, port: int, controller_port: int) -> str:
         # retention see it act; the default checks every 5 minutes).
         "log.retention.check.interval.ms": "5000",
     }
-    return "".join(f"{key}={value}\n" for key, value in settings.items())
+    if sasl_users:
+        first, password = next(iter(sasl_users.items()))  # the broker's own login
+        users = " ".join(
+            f'user_{name}="{jaas_quoted(secret)}"' for name, secret in sasl_users.items()
+        )
+        settings.update(
+            {
+                "listeners": f"SASL_PLAINTEXT://127.0.0.1:{port},"
+                f"CONTROLLER://127.0.0.1:{controller_port}",
+                "advertised.listeners": f"SASL_PLAINTEXT://127.0.0.1:{port}",
+                "inter.broker.listener.name": "SASL_PLAINTEXT",
+                "listener.security.protocol.map": "SASL_PLAINTEXT:SASL_PLAINTEXT,"
+                "CONTROLLER:PLAINTEXT",
+                "sasl.enabled.mechanisms": "PLAIN",
+                "sasl.mechanism.inter.broker.protocol": "PLAIN",
+                "listener.name.sasl_plaintext.plain.sasl.jaas.config": (
+                    "org.apache.kafka.common.security.plain.PlainLoginModule required "
+                    f'username="{first}" password="{jaas_quoted(password)}" {users};'
+                ),
+            }
+        )
+    # A properties file reads a backslash as an escape.
+    return "".join(
+        f"{key}={value.replace(chr(92), chr(92) * 2)}\n" for key, value in settings.items()
+    )
 
 
 def _java() -> str:
@@ -205,7 +235,12 @@ def _ready(log: Path, offset: int) -> bool:
         return READY_MARK.encode() in handle.read()
 
 
-def start(data_dir: Path, port: int, timeout_s: float = 60.0) -> BrokerInfo:
+def start(
+    data_dir: Path,
+    port: int,
+    timeout_s: float = 60.0,
+    sasl_users: Mapping[str, str] | None = None,
+) -> BrokerInfo:
     """Start the broker on 127.0.0.1:port with its data under data_dir."""
     running = status(data_dir)
     if running is not None:
@@ -222,7 +257,7 @@ def start(data_dir: Path, port: int, timeout_s: float = 60.0) -> BrokerInfo:
     if controller_port in (0, port) or not port_is_free(controller_port):
         controller_port = find_free_port(avoid=(port,))
     properties = data_dir / PROPERTIES_FILE
-    properties.write_text(server_properties(data_dir, port, controller_port))
+    properties.write_text(server_properties(data_dir, port, controller_port, sasl_users))
     _format_storage(data_dir, properties)
     log_path = data_dir / LOG_FILE
     log = open(log_path, "ab")  # noqa: SIM115 - handed to the child

@@ -286,8 +286,10 @@ def _counted_operation(args: argparse.Namespace, settings: Settings, pipeline: P
 def failure(exc: BaseException) -> tuple[int, str]:
     """(exit code, one line) of a failed command: the platform's own errors, also
     when Spark wraps them, are expected (2); anything else is a crash (1)."""
+    admin = sys.modules.get("jobs.kafka_admin")  # loaded if a Kafka client ran
+    refused = admin.login_refused() if admin is not None else None
     if isinstance(exc, PlatformError):
-        return int(getattr(exc, "exit_code", EXIT_ERROR)), str(exc)
+        return int(getattr(exc, "exit_code", EXIT_ERROR)), str(exc) + (refused or "")
     found = WRAPPED_ERROR.search(str(exc))
     if found:
         return EXIT_ERROR, found.group(2).strip()

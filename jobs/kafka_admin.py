@@ -19,6 +19,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
+from jobs import kafka_settings
 from jobs.errors import SourceError
 
 REQUEST_TIMEOUT_S = 10.0
@@ -48,11 +49,40 @@ def read_error(message: Message, topic: str, partition: int) -> KafkaError | Non
     return None
 
 
+_refused_logins: list[str] = []
+
+
+def _on_client_error(error: KafkaError) -> None:
+    """librdkafka's error callback: a refused login surfaces to the caller only as a
+    timeout; it is kept so that the command's error line can say why."""
+    if error.code() == KafkaError._AUTHENTICATION:
+        _refused_logins[:] = [error.str()]
+    CLIENT_LOG.warning("Kafka client error: %s", error)
+
+
+def serve_callbacks(client: AdminClient | Consumer | Producer) -> None:
+    """Serve the client's queued callbacks (errors, logs) before reporting a failed
+    request (an admin client or producer: a consumer's poll would consume)."""
+    if not isinstance(client, Consumer):
+        client.poll(0)
+
+
+def login_refused() -> str | None:
+    """The end of an error line when a broker refused this process's Kafka login."""
+    if not _refused_logins:
+        return None
+    return (
+        f" (the broker refused the Kafka login: {_refused_logins[-1][:200]}; check "
+        "PLATFORM_KAFKA_SECURITY_PROTOCOL, _SASL_MECHANISM, _SASL_USERNAME, _SASL_PASSWORD)"
+    )
+
+
 def client_config(bootstrap_servers: str, extra: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Client settings: bootstrap servers plus pass-through settings (security included)."""
-    config: dict[str, Any] = dict(extra or {})
+    config: dict[str, Any] = kafka_settings.for_librdkafka(extra or {})
     config["bootstrap.servers"] = bootstrap_servers
     config.setdefault("logger", CLIENT_LOG)
+    config.setdefault("error_cb", _on_client_error)
     return config
 
 
@@ -68,6 +98,7 @@ def topic_partitions(
     try:
         metadata = client.list_topics(timeout=REQUEST_TIMEOUT_S)
     except KafkaException as exc:
+        serve_callbacks(client)
         raise SourceError(f"cannot reach the Kafka broker at {servers}: {exc}") from exc
     result: dict[str, list[int]] = {}
     for topic in wanted:
@@ -91,6 +122,7 @@ def topic_ids(client: AdminClient, topics: Iterable[str]) -> dict[str, str]:
         futures = client.describe_topics(TopicCollection(wanted), request_timeout=REQUEST_TIMEOUT_S)
         found = {topic: str(future.result().topic_id) for topic, future in futures.items()}
     except KafkaException as exc:
+        serve_callbacks(client)
         raise SourceError(f"cannot describe topics {wanted}: {exc}") from exc
     return {t: i for t, i in found.items() if i and i != NO_TOPIC_ID and set(i) != {"A"}}
 

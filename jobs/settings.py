@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from jobs import kafka_settings
 from jobs.errors import ConfigError
 
 ENV_PREFIX = "PLATFORM_"
@@ -101,6 +102,7 @@ def load_settings() -> Settings:
         for key, value in os.environ.items()
         if key.startswith(KAFKA_CLIENT_ENV_PREFIX)
     }
+    kafka_settings.for_java(kafka_client)  # a setting Spark's client cannot be given fails now
     return Settings(
         bootstrap_servers=_env("BOOTSTRAP_SERVERS", f"127.0.0.1:{broker_port}"),
         warehouse=Path(_env("WAREHOUSE", str(REPO_ROOT / "warehouse"))).resolve(),

@@ -22,10 +22,6 @@ from jobs.broker import BrokerInfo
 from jobs.settings import REPO_ROOT, Settings, load_settings
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-# The tests' Spark drivers live seconds: the JIT's first tier only is 14% faster
-# per cold run here (17.6 -> 15.1 s for a small first run); results do not depend
-# on it. Spark's launcher reads this variable for every driver JVM it starts.
-os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
 # Airflow: a private home (SQLite, logs) per test session; the plugins folder is
 # importable as it is inside Airflow.
 os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="airflow-home-"))

@@ -13,6 +13,7 @@ import json
 
 from pyspark.sql import DataFrame, SparkSession
 
+from jobs import kafka_settings
 from jobs.errors import SourceError
 from jobs.kafka_source.offsets import Offsets, to_json_dict
 
@@ -32,7 +33,8 @@ FIXED = {"isolation.level": "read_committed"}
 def source_options(bootstrap_servers: str, client_settings: dict[str, str]) -> dict[str, str]:
     """Options of every Kafka read: the broker, the client settings users pass
     through (``PLATFORM_KAFKA_*`` -> ``kafka.*``), read-committed, no silent loss."""
-    options = {f"kafka.{key}": value for key, value in client_settings.items()}
+    java = kafka_settings.for_java(client_settings)
+    options = {f"kafka.{key}": value for key, value in java.items()}
     options["kafka.bootstrap.servers"] = bootstrap_servers
     options.update({f"kafka.{key}": value for key, value in FIXED.items()})
     options["failOnDataLoss"] = "true"

@@ -166,6 +166,7 @@ class OutputPublisher:
         try:
             metadata = client.list_topics(timeout=TIMEOUT_S)
         except KafkaException as exc:
+            kafka_admin.serve_callbacks(client)
             raise OutputError(f"cannot reach the Kafka broker for the output: {exc}") from exc
         found = metadata.topics.get(topic)
         try:

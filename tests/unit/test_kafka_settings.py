@@ -1,0 +1,58 @@
+"""One set of PLATFORM_KAFKA_* settings, translated for each Kafka client."""
+
+from __future__ import annotations
+
+import pytest
+
+from jobs.errors import ConfigError
+from jobs.kafka_settings import for_java, for_librdkafka
+
+SASL = {
+    "security.protocol": "SASL_SSL",
+    "sasl.mechanism": "SCRAM-SHA-512",
+    "sasl.username": "alice",
+    "sasl.password": 'a"b\\c',
+    "ssl.ca.location": "/etc/ca.pem",
+}
+
+
+def test_librdkafka_gets_its_own_names_and_no_java_ones() -> None:
+    given = {**SASL, "sasl.jaas.config": "x required;", "ssl.truststore.location": "/t.jks"}
+    assert for_librdkafka(given) == SASL
+
+
+def test_java_gets_a_jaas_login_and_a_pem_trust_store() -> None:
+    assert for_java(SASL) == {
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.jaas.config": "org.apache.kafka.common.security.scram.ScramLoginModule required "
+        'username="alice" password="a\\"b\\\\c";',
+        "ssl.truststore.type": "PEM",
+        "ssl.truststore.location": "/etc/ca.pem",
+    }
+
+
+def test_java_settings_given_explicitly_win() -> None:
+    given = {**SASL, "sasl.jaas.config": "mine required;", "ssl.truststore.location": "/t.jks"}
+    java = for_java(given)
+    assert java["sasl.jaas.config"] == "mine required;"
+    assert java["ssl.truststore.location"] == "/t.jks" and "ssl.truststore.type" not in java
+
+
+def test_librdkafkas_mechanisms_alias_reaches_java_as_mechanism() -> None:
+    java = for_java({"sasl.mechanisms": "PLAIN", "sasl.username": "u", "sasl.password": "p"})
+    assert java["sasl.mechanism"] == "PLAIN" and "sasl.mechanisms" not in java
+    assert java["sasl.jaas.config"].startswith("org.apache.kafka.common.security.plain.")
+
+
+@pytest.mark.parametrize(
+    "given, message",
+    [
+        ({"sasl.username": "u"}, "must be set together"),
+        ({"sasl.mechanism": "GSSAPI", "sasl.username": "u", "sasl.password": "p"}, "JAAS_CONFIG"),
+        ({"ssl.certificate.location": "/c.pem"}, "KEYSTORE_LOCATION"),
+    ],
+)
+def test_what_cannot_be_translated_is_refused(given: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        for_java(given)
