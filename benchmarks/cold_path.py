@@ -83,7 +83,7 @@ def warm_driver_runs(env: dict[str, str], work: Path, runs: int) -> list[dict[st
     """Start a warm driver, then ``runs`` + 1 client runs, each over a fresh
     application folder: the first on the new driver (its JIT still cold), then warm."""
     warehouse = work / "wh-warm"
-    port = find_free_port(46000, 48000)
+    port = find_free_port(18100, 19000)
     env = {**env, "PLATFORM_WAREHOUSE": str(warehouse)}
     started = time.time()
     server = subprocess.Popen(

@@ -173,7 +173,7 @@ def server_properties(
                 "sasl.mechanism.inter.broker.protocol": "PLAIN",
                 "listener.name.sasl_plaintext.plain.sasl.jaas.config": (
                     "org.apache.kafka.common.security.plain.PlainLoginModule required "
-                    f'username="{first}" password="{jaas_quoted(password)}" {users};'
+                    f'username="{jaas_quoted(first)}" password="{jaas_quoted(password)}" {users};'
                 ),
             }
         )

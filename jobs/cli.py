@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from jobs import faults
-from jobs.errors import ConfigError, PlatformError
+from jobs.errors import ConfigError, OutputError, PlatformError, SourceError
 from jobs.lock import LockedError
 from jobs.pipeline import Pipeline, load_pipeline
 from jobs.settings import Settings, load_settings
@@ -287,7 +287,8 @@ def failure(exc: BaseException) -> tuple[int, str]:
     """(exit code, one line) of a failed command: the platform's own errors, also
     when Spark wraps them, are expected (2); anything else is a crash (1)."""
     admin = sys.modules.get("jobs.kafka_admin")  # loaded if a Kafka client ran
-    refused = admin.login_refused() if admin is not None else None
+    kafka_error = isinstance(exc, (SourceError, OutputError))
+    refused = admin.login_refused() if admin is not None and kafka_error else None
     if isinstance(exc, PlatformError):
         return int(getattr(exc, "exit_code", EXIT_ERROR)), str(exc) + (refused or "")
     found = WRAPPED_ERROR.search(str(exc))

@@ -68,11 +68,13 @@ def serve_callbacks(client: AdminClient | Consumer | Producer) -> None:
 
 
 def login_refused() -> str | None:
-    """The end of an error line when a broker refused this process's Kafka login."""
+    """The end of an error line when a broker refused this process's Kafka login
+    (consumed: a later error of a long-lived process is not blamed on it)."""
     if not _refused_logins:
         return None
+    refused = _refused_logins.pop()
     return (
-        f" (the broker refused the Kafka login: {_refused_logins[-1][:200]}; check "
+        f" (the broker refused the Kafka login: {refused[:200]}; check "
         "PLATFORM_KAFKA_SECURITY_PROTOCOL, _SASL_MECHANISM, _SASL_USERNAME, _SASL_PASSWORD)"
     )
 

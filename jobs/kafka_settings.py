@@ -22,22 +22,27 @@ LIBRDKAFKA_ONLY = frozenset(
         "ssl.certificate.location",
         "ssl.key.location",
         "enable.ssl.certificate.verification",
+        "ssl.ca.pem",
+        "ssl.certificate.pem",
+        "ssl.key.pem",
     }
 )
-# Java's names librdkafka does not know.
+# Java's names librdkafka does not know (or reads otherwise: its keystore is
+# PKCS#12 only, so keystores are Spark's; the tools take ssl.certificate/key).
 JAVA_ONLY = frozenset(
     {
         "sasl.jaas.config",
-        "sasl.login.callback.handler.class",
         "sasl.client.callback.handler.class",
-        "ssl.truststore.location",
-        "ssl.truststore.password",
-        "ssl.truststore.type",
-        "ssl.keystore.location",
-        "ssl.keystore.password",
-        "ssl.keystore.type",
+        "ssl.protocol",
+        "ssl.enabled.protocols",
+        "ssl.provider",
+        "ssl.keymanager.algorithm",
+        "ssl.trustmanager.algorithm",
+        "ssl.secure.random.implementation",
+        "security.providers",
     }
 )
+JAVA_ONLY_PREFIXES = ("ssl.truststore.", "ssl.keystore.", "sasl.login.", "sasl.kerberos.min.")
 JAAS_LOGIN_MODULES = {
     "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
     "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
@@ -47,7 +52,11 @@ JAAS_LOGIN_MODULES = {
 
 def for_librdkafka(settings: Mapping[str, str]) -> dict[str, str]:
     """The settings librdkafka is given."""
-    return {key: value for key, value in settings.items() if key not in JAVA_ONLY}
+    return {key: value for key, value in settings.items() if not _java_only(key)}
+
+
+def _java_only(key: str) -> bool:
+    return key in JAVA_ONLY or key.startswith(JAVA_ONLY_PREFIXES)
 
 
 def for_java(settings: Mapping[str, str]) -> dict[str, str]:
@@ -72,10 +81,19 @@ def for_java(settings: Mapping[str, str]) -> dict[str, str]:
         java["sasl.jaas.config"] = (
             f'{module} required username="{jaas_quoted(user)}" password="{jaas_quoted(password)}";'
         )
+    if java.get("ssl.endpoint.identification.algorithm") == "none":
+        java["ssl.endpoint.identification.algorithm"] = ""  # Java's "no host check"
     ca = settings.get("ssl.ca.location")
     if ca and "ssl.truststore.location" not in settings:
         java["ssl.truststore.type"] = "PEM"  # Java reads a PEM file as a trust store
         java["ssl.truststore.location"] = ca
+    for pem in ("ssl.ca.pem", "ssl.certificate.pem", "ssl.key.pem"):
+        if pem in settings:
+            raise ConfigError(
+                f"PLATFORM_KAFKA_{pem.upper().replace('.', '_')} (inline PEM) reaches only "
+                "the platform's tools: give a file instead (PLATFORM_KAFKA_SSL_CA_LOCATION), "
+                "or Spark's client its own PLATFORM_KAFKA_SSL_TRUSTSTORE_*/_KEYSTORE_* as well"
+            )
     if settings.get("ssl.certificate.location") and "ssl.keystore.location" not in settings:
         raise ConfigError(
             "PLATFORM_KAFKA_SSL_CERTIFICATE_LOCATION (a client certificate) reaches only the "

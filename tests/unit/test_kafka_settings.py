@@ -17,8 +17,21 @@ SASL = {
 
 
 def test_librdkafka_gets_its_own_names_and_no_java_ones() -> None:
-    given = {**SASL, "sasl.jaas.config": "x required;", "ssl.truststore.location": "/t.jks"}
-    assert for_librdkafka(given) == SASL
+    java_only = {
+        "sasl.jaas.config": "x required;",
+        "ssl.truststore.location": "/t.jks",
+        "ssl.truststore.certificates": "-----BEGIN",
+        "ssl.keystore.type": "JKS",
+        "sasl.login.connect.timeout.ms": "1000",
+        "ssl.enabled.protocols": "TLSv1.3",
+    }
+    assert for_librdkafka({**SASL, **java_only}) == SASL
+
+
+def test_no_host_check_has_each_clients_spelling() -> None:
+    given = {"ssl.endpoint.identification.algorithm": "none"}
+    assert for_librdkafka(given) == given
+    assert for_java(given) == {"ssl.endpoint.identification.algorithm": ""}
 
 
 def test_java_gets_a_jaas_login_and_a_pem_trust_store() -> None:
@@ -51,6 +64,7 @@ def test_librdkafkas_mechanisms_alias_reaches_java_as_mechanism() -> None:
         ({"sasl.username": "u"}, "must be set together"),
         ({"sasl.mechanism": "GSSAPI", "sasl.username": "u", "sasl.password": "p"}, "JAAS_CONFIG"),
         ({"ssl.certificate.location": "/c.pem"}, "KEYSTORE_LOCATION"),
+        ({"ssl.ca.pem": "-----BEGIN CERTIFICATE-----"}, "SSL_CA_PEM"),
     ],
 )
 def test_what_cannot_be_translated_is_refused(given: dict[str, str], message: str) -> None:
