@@ -171,6 +171,7 @@ def _await_metadata(client: AdminClient, topic: str) -> None:
         try:
             meta = client.list_topics(topic=topic, timeout=REQUEST_TIMEOUT_S).topics.get(topic)
         except KafkaException as exc:
+            serve_callbacks(client)
             raise SourceError(f"cannot read the metadata of topic {topic!r}: {exc}") from exc
         partitions = meta.partitions if meta is not None and meta.error is None else {}
         if partitions and all(p.leader >= 0 for p in partitions.values()):

@@ -45,3 +45,13 @@ def test_the_resolved_jars_hold_sparks_kafka_source_and_no_second_spark() -> Non
     assert any(name.startswith("spark-sql-kafka-0-10_2.13-4.2.0") for name in names)
     # pyspark/jars has Spark, Scala and Hadoop: a second copy would shadow them.
     assert not [n for n in names if n.startswith(("spark-sql_", "scala-library", "hadoop-"))]
+
+
+def test_free_ports_come_from_a_narrow_range_wherever_the_pid_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Before: the search began at start + pid % 1000, past the end of a narrow range.
+    monkeypatch.setattr(broker.os, "getpid", lambda: 999)
+    port = broker.find_free_port(12000, 12010, run=3)
+    assert 12000 <= port <= 12007
+    assert all(broker.port_is_free(p) for p in range(port, port + 3))
