@@ -210,7 +210,10 @@ def _format_storage(data_dir: Path, properties: Path) -> None:
         return
     cluster_id = _cluster_id()
     done = subprocess.run(
-        _java_command("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(properties)),
+        # "--cluster-id=": an id may start with "-", which the tool would take for an option.
+        _java_command(
+            "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(properties)
+        ),
         capture_output=True,
         text=True,
         stdin=subprocess.DEVNULL,

@@ -195,6 +195,9 @@ def configure_logging() -> None:
     root = logging.getLogger("jobs")
     if not root.handlers:
         root.addHandler(handler)
+    for existing in root.handlers:  # a process that runs several commands may redirect
+        if isinstance(existing, logging.StreamHandler):
+            existing.setStream(sys.stderr)
     root.setLevel(logging.INFO)
     root.propagate = False
 
@@ -318,7 +321,7 @@ def _run(args: argparse.Namespace, settings: Settings, pipeline: object) -> int:
     from jobs.pipeline import Pipeline
     from jobs.report import print_run_report
     from jobs.streaming.run import preflight, run_pipeline
-    from jobs.streaming.spark import get_spark
+    from jobs.streaming.spark import command_session
 
     assert isinstance(pipeline, Pipeline)
     preflight(pipeline, settings)
@@ -344,14 +347,8 @@ def _run(args: argparse.Namespace, settings: Settings, pipeline: object) -> int:
 
         serve(settings.metrics_port, settings.metrics_address)
     faults.arm()
-    name = f"platform-{pipeline.application_id}"
-    spark = get_spark(
-        settings.spark_master, name, settings.spark_driver_memory, settings.spark_python
-    )
-    try:
+    with command_session(settings, f"platform-{pipeline.application_id}") as spark:
         summary = run_pipeline(spark, pipeline, settings, args.trigger)
-    finally:
-        spark.stop()  # closes the state stores before the JVM removes their files
     if not args.quiet:
         print_run_report(pipeline, settings, summary)
     return 0
@@ -406,17 +403,12 @@ def _operation(args: argparse.Namespace, settings: Settings, pipeline: object) -
 
 def _verify(args: argparse.Namespace, settings: Settings, pipeline: Pipeline) -> int:
     from jobs.operations.verify import run_verify
-    from jobs.streaming.spark import get_spark
+    from jobs.streaming.spark import command_session
 
     if args.sample is not None and not 0 < args.sample <= 1:
         raise ConfigError(f"--sample must be a fraction in (0, 1], got {args.sample}")
-    spark = get_spark(
-        settings.spark_master, "verify", settings.spark_driver_memory, settings.spark_python
-    )
-    try:
+    with command_session(settings, "verify") as spark:
         run_verify(spark, pipeline, settings, args.sample, args.source)
-    finally:
-        spark.stop()
     return 0
 
 
@@ -429,7 +421,7 @@ def _backfill(args: argparse.Namespace, settings: Settings, pipeline: object) ->
     from jobs.operations.runner import check_reason
     from jobs.operations.targets import TargetSpec
     from jobs.pipeline import Pipeline
-    from jobs.streaming.spark import get_spark
+    from jobs.streaming.spark import command_session
 
     assert isinstance(pipeline, Pipeline)
     reason = check_reason(args.reason)
@@ -441,10 +433,7 @@ def _backfill(args: argparse.Namespace, settings: Settings, pipeline: object) ->
         spec = TargetSpec("datetime", args.from_datetime)
     else:
         spec = TargetSpec("offset", args.from_offset)
-    spark = get_spark(
-        settings.spark_master, "backfill", settings.spark_driver_memory, settings.spark_python
-    )
-    try:
+    with command_session(settings, "backfill") as spark:
         run_backfill(
             spark,
             pipeline,
@@ -456,8 +445,6 @@ def _backfill(args: argparse.Namespace, settings: Settings, pipeline: object) ->
             plan_id=args.plan,
             save_as=args.save_plan,
         )
-    finally:
-        spark.stop()
     return 0
 
 

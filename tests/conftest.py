@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import itertools
 import json
 import os
@@ -11,7 +12,9 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -105,14 +108,25 @@ def pipeline_file(directory: Path, name: str, topic: str, **source: object) -> P
 
 
 def run_jobs(
-    pipeline: Path, settings: Settings, *args: str, env: dict[str, str] | None = None
+    pipeline: Path,
+    settings: Settings,
+    *args: str,
+    env: dict[str, str] | None = None,
+    spark: Any = None,
 ) -> subprocess.CompletedProcess[str]:
-    """``python -m jobs <args> --pipeline <file>`` against the test broker and warehouse
-    (``env``: extra environment, e.g. a cluster's PLATFORM_SPARK_MASTER)."""
+    """``python -m jobs <args> --pipeline <file>`` against the test broker and warehouse:
+    in a new process (``env``: extra environment, e.g. a cluster's
+    PLATFORM_SPARK_MASTER), or with ``spark`` in this one, on that session
+    (``jobs.cli.main`` under ``hosted_by``: the same command without a second
+    Spark's start-up)."""
+    argv = [*args, "--pipeline", str(pipeline)]
+    argv += ["--bootstrap-servers", settings.bootstrap_servers]
+    argv += ["--warehouse", str(settings.warehouse)]
+    if spark is not None:
+        assert env is None, "an in-process command runs in this process's environment"
+        return run_in_process(spark, argv)
     return subprocess.run(
-        [sys.executable, "-m", "jobs", *args, "--pipeline", str(pipeline)]
-        + ["--bootstrap-servers", settings.bootstrap_servers]
-        + ["--warehouse", str(settings.warehouse)],
+        [sys.executable, "-m", "jobs", *argv],
         cwd=REPO_ROOT,
         env={**os.environ, **(env or {})},
         capture_output=True,
@@ -120,6 +134,19 @@ def run_jobs(
         timeout=300,
         start_new_session=True,  # its own process group: a PLATFORM_FAULT kills only it
     )
+
+
+def run_in_process(spark: Any, argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """``jobs.cli.main(argv)`` on ``spark``: exit code, stdout and stderr as a
+    process's (Spark's own JVM output is not in them)."""
+    from jobs.cli import main
+    from jobs.streaming.spark import hosted_by
+
+    assert "PLATFORM_FAULT" not in os.environ, "a fault kills the process: use a subprocess"
+    out, err = io.StringIO(), io.StringIO()
+    with hosted_by(spark), redirect_stdout(out), redirect_stderr(err):
+        code = main(argv)
+    return subprocess.CompletedProcess(["jobs", *argv], code, out.getvalue(), err.getvalue())
 
 
 def continuous_pipeline(directory: Path, name: str, topic: str, **source: object) -> Path:
@@ -156,9 +183,20 @@ def run_with_fault(
     fault: str | None,
     *extra: str,
     env: dict[str, str] | None = None,
+    spark: Any = None,
 ) -> int:
     """``python -m jobs run`` in its own process group, killed at ``fault``
-    (``PLATFORM_FAULT``, see ``jobs/faults.py``) if one is given: returns 0 or -9."""
+    (``PLATFORM_FAULT``, see ``jobs/faults.py``) if one is given: returns 0 or -9.
+    Without a fault and with ``spark``, the run is in this process, on that session
+    (a recovery need not be a new process: what it recovers from is on disk)."""
+    if fault is None and spark is not None and env is None:
+        argv = ["run", "--pipeline", str(pipeline), "--quiet", *extra]
+        done = run_in_process(
+            spark, argv + ["--bootstrap-servers", servers, "--warehouse", str(warehouse)]
+        )
+        if done.returncode != 0:
+            raise AssertionError(done.stderr[-3000:])
+        return 0
     environment = {k: v for k, v in os.environ.items() if k != "PLATFORM_FAULT"}
     environment.update(env or {})
     if fault:

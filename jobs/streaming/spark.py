@@ -12,13 +12,14 @@ import sys
 import tempfile
 import zipfile
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from pyspark.sql import SparkSession
 
 from jobs.errors import ConfigError
 from jobs.jars import spark_jars
-from jobs.settings import REPO_ROOT
+from jobs.settings import REPO_ROOT, Settings
 from jobs.streaming.batch_watermark import BatchWatermarkSource
 from jobs.streaming.jvm import driver_java_options
 from jobs.streaming.seed import HoldDataSource, SeedDataSource
@@ -36,6 +37,8 @@ EXECUTOR_MODULES = (
     "jobs.streaming.batch_watermark",
 )
 log = logging.getLogger(__name__)
+# The session of the process that embeds the platform (``hosted_by``), if any.
+_host: SparkSession | None = None
 
 
 def executor_python(master: str, configured: str | None) -> str:
@@ -138,6 +141,38 @@ def get_spark(
     if not master.startswith("local"):
         check_executors(spark, os.environ["PYSPARK_PYTHON"])
     return spark
+
+
+@contextmanager
+def command_session(settings: Settings, app_name: str) -> Iterator[SparkSession]:
+    """The Spark session of one command (``run``, ``backfill``, ``verify``): a Spark
+    of its own, stopped at the end (which closes the state stores before the JVM
+    removes their files), or the host's session when the process embeds the
+    platform (``hosted_by``)."""
+    if _host is not None:
+        yield _host
+        return
+    spark = get_spark(
+        settings.spark_master, app_name, settings.spark_driver_memory, settings.spark_python
+    )
+    try:
+        yield spark
+    finally:
+        spark.stop()
+
+
+@contextmanager
+def hosted_by(spark: SparkSession) -> Iterator[None]:
+    """Commands (``jobs.cli.main``) run in ``spark``, one at a time, and leave it
+    running: how a process that has a session already (a notebook, the test suite)
+    runs them without starting a second Spark. Its master and settings are the
+    host's; ``PLATFORM_SPARK_*`` do not apply."""
+    global _host
+    previous, _host = _host, spark
+    try:
+        yield
+    finally:
+        _host = previous
 
 
 def check_jars(spark: SparkSession) -> None:

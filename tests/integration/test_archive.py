@@ -52,7 +52,7 @@ def test_backfill_from_the_archive_after_retention(
 
     def backfill(*extra: str) -> subprocess.CompletedProcess[str]:
         reason = ["--reason", "recompute after retention"]
-        return run_jobs(path, settings, "backfill", "--from-earliest", *reason, *extra)
+        return run_jobs(path, settings, "backfill", "--from-earliest", *reason, *extra, spark=spark)
 
     from_kafka = backfill()
     assert from_kafka.returncode == 2

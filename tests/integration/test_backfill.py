@@ -113,7 +113,7 @@ def test_backfill_publishes_the_fix_atomically(
 
     def backfill(*extra: str) -> subprocess.CompletedProcess[str]:
         reason = ["--reason", "returns were subtracted"]
-        return run_jobs(v2, settings, "backfill", "--from-earliest", *reason, *extra)
+        return run_jobs(v2, settings, "backfill", "--from-earliest", *reason, *extra, spark=spark)
 
     preview = backfill("--preview")
     assert preview.returncode == 0, preview.stderr
@@ -139,7 +139,9 @@ def test_backfill_publishes_the_fix_atomically(
     reason = ["--reason", "returns were subtracted"]
     applied, seen = while_polling(
         lambda: state(settings.warehouse),
-        lambda: run_jobs(v2, settings, "backfill", "--plan", plan_id.group(1), *reason),
+        lambda: run_jobs(
+            v2, settings, "backfill", "--plan", plan_id.group(1), *reason, spark=spark
+        ),
     )
     assert applied.returncode == 0, applied.stderr
     assert all(s in (expected(first, 1), expected(first, 2)) for s in seen), "half-corrected"
@@ -218,18 +220,26 @@ def test_backfill_publishes_a_new_definition_in_one_swap(
         return {k: {"quantity": q, "largest": largest[k]} for k, q in expected(events, 2).items()}
 
     assert rows_by_sku(settings.warehouse) == old
-    refused = run_jobs(v2, settings, "run")
+    refused = run_jobs(v2, settings, "run", spark=spark)
     assert refused.returncode == 2 and "backfill --pipeline inventory" in refused.stderr
     # From a batch boundary it would build on the old columns: refused before any fence.
     now = datetime.now(UTC).isoformat(timespec="seconds")
-    seeded = run_jobs(v2, settings, "backfill", "--from-datetime", now, "--reason", "seeded")
+    seeded = run_jobs(
+        v2, settings, "backfill", "--from-datetime", now, "--reason", "seeded", spark=spark
+    )
     assert seeded.returncode == 2 and "use --from-earliest" in seeded.stderr, seeded.stderr
     assert current_epoch(AppLayout(settings.warehouse, "inventory")) == 0
 
     backfill, seen = while_polling(
         lambda: rows_by_sku(settings.warehouse),
         lambda: run_jobs(
-            v2, settings, "backfill", "--from-earliest", "--reason", "largest movement, no count"
+            v2,
+            settings,
+            "backfill",
+            "--from-earliest",
+            "--reason",
+            "largest movement, no count",
+            spark=spark,
         ),
     )
     assert backfill.returncode == 0, backfill.stderr
@@ -304,8 +314,10 @@ def test_a_backfill_killed_between_its_two_tables_is_completed_exactly_once(
     assert changed and "SX" not in changed
 
     def backfill(fault: str | None) -> subprocess.CompletedProcess[str]:
-        env = {"PLATFORM_FAULT": fault} if fault else {}
         reason = ["--reason", "returns were subtracted"]
+        if fault is None:  # the completing run: in this process
+            return run_jobs(v2, settings, "backfill", "--from-earliest", *reason, spark=spark)
+        env = {"PLATFORM_FAULT": fault}
         return run_jobs(v2, settings, "backfill", "--from-earliest", *reason, env=env)
 
     for _attempt in range(2):

@@ -117,9 +117,15 @@ def test_delete_records_moves_the_log_start(kafka_config: dict[str, str], new_to
     assert kafka_admin.watermarks(kafka_config, [(topic, 0)])[(topic, 0)] == (4, 10)
 
 
-def test_restart_keeps_data(tmp_path: Path) -> None:
+def test_restart_keeps_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # One id in 64 starts with "-" (URL-safe base64), which the format tool took
+    # for an option: a fresh data dir then failed to start.
+    dashed = "-AAAAAAAAAAAAAAAAAAAAA"  # 16 bytes, the first 0xf8
+    monkeypatch.setattr(embedded, "_cluster_id", lambda: dashed)
     port = embedded.find_free_port()
     info = embedded.start(tmp_path, port)
+    meta = (tmp_path / embedded.LOG_DIR / "meta.properties").read_text()
+    assert f"cluster.id={dashed}" in meta.splitlines()
     config = kafka_admin.client_config(info.bootstrap_servers)
     kafka_admin.create_topic(kafka_admin.admin(config), "kept", 1)
     produce(config, "kept", [b"a", b"b", b"c"])

@@ -39,7 +39,9 @@ BAD = [b"broken", b'{"user_id": "z"}']
         ("after_dead_letter@0", "after_ledger@1", "during_output@2"),
     ],
 )
-def test_crash_and_restart_is_exact(broker, kafka_config, new_topic, tmp_path, faults) -> None:  # type: ignore[no-untyped-def]
+def test_crash_and_restart_is_exact(
+    spark, broker, kafka_config, new_topic, tmp_path, faults
+) -> None:  # type: ignore[no-untyped-def]
     topic = new_topic(3)
     now = int(time.time())
     values = [
@@ -56,7 +58,8 @@ def test_crash_and_restart_is_exact(broker, kafka_config, new_topic, tmp_path, f
 
     for fault in faults:  # each run is killed at its point; the next one recovers
         assert run_with_fault(pipeline, broker.bootstrap_servers, warehouse, fault) == -9
-    assert run_with_fault(pipeline, broker.bootstrap_servers, warehouse, None) == 0
+    servers = broker.bootstrap_servers  # the recovering run: in this process
+    assert run_with_fault(pipeline, servers, warehouse, None, spark=spark) == 0
 
     root = warehouse / "user_clicks"
     expected, dead, late = clicks_per_window([values])
@@ -101,7 +104,7 @@ def test_crash_and_restart_is_exact(broker, kafka_config, new_topic, tmp_path, f
 
 @pytest.mark.parametrize("guarantee", ["exactly_once", "at_least_once"])
 def test_inventory_crash_after_the_state_commit_is_exact(
-    broker, kafka_config, new_topic, tmp_path, guarantee
+    spark, broker, kafka_config, new_topic, tmp_path, guarantee
 ) -> None:  # type: ignore[no-untyped-def]
     """The other reference pipeline (a running sum, no window), under both
     guarantees: killed after batch 1's state merge, rerun, the state is exact (an
@@ -124,7 +127,7 @@ def test_inventory_crash_after_the_state_commit_is_exact(
 
     servers = broker.bootstrap_servers
     assert run_with_fault(pipeline, servers, warehouse, "after_state@1") == -9
-    assert run_with_fault(pipeline, servers, warehouse, None) == 0
+    assert run_with_fault(pipeline, servers, warehouse, None, spark=spark) == 0
 
     expected: dict[str, list[int]] = {}
     for e in events:

@@ -48,8 +48,8 @@ def setup(tmp_path: Path, topic: str, **source: Any) -> tuple[Pipeline, Path]:
     return load_pipeline(str(path), tmp_path), path
 
 
-def run_job(path: Path, settings: Settings, fault: str | None) -> int:
-    return run_with_fault(path, settings.bootstrap_servers, settings.warehouse, fault)
+def run_job(path: Path, settings: Settings, fault: str | None, spark: Any = None) -> int:
+    return run_with_fault(path, settings.bootstrap_servers, settings.warehouse, fault, spark=spark)
 
 
 def test_an_operation_that_died_after_its_fence_is_refused_then_completed(
@@ -133,7 +133,7 @@ def test_a_batch_cut_off_after_its_state_commit_leaves_nothing_ahead_of_the_ledg
         left = {(r["epoch"], r["batch_id"]) for r in rows(settings, "user_clicks", name)}
         assert left - ledger_batches - {(epoch, -1)} == set(), name
 
-    assert run_job(data, settings, None) == 0
+    assert run_job(data, settings, None, spark) == 0
     expected, _dead, _late = clicks_per_window([values])
     assert state_as_counter(rows(settings, "user_clicks", "state"), "clicks") == expected
     ledger = [r for r in rows(settings, "user_clicks", "_ledger") if r["entry_type"] == "batch"]
@@ -142,7 +142,9 @@ def test_a_batch_cut_off_after_its_state_commit_leaves_nothing_ahead_of_the_ledg
     assert len({(r["partition"], r["offset"]) for r in raw}) == len(values) == len(raw)
 
 
-def test_at_least_once_replays_after_crashes(settings, kafka_config, new_topic, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_at_least_once_replays_after_crashes(
+    spark, settings, kafka_config, new_topic, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
     """Killed after batch 1's state merge (replayed: the merge again, the total
     unchanged), then after batch 2's ledger row (skipped on the replay)."""
     topic = new_topic(2)
@@ -152,7 +154,7 @@ def test_at_least_once_replays_after_crashes(settings, kafka_config, new_topic, 
     produce(kafka_config, topic, values)
     for fault in ("after_state@1", "after_ledger@2"):
         assert run_job(data, settings, fault) == -9, fault
-    assert run_job(data, settings, None) == 0
+    assert run_job(data, settings, None, spark) == 0
     expected, _dead, _late = clicks_per_window([values])
     assert state_as_counter(rows(settings, "user_clicks", "state"), "clicks") == expected
     ledger = [r for r in rows(settings, "user_clicks", "_ledger") if r["entry_type"] == "batch"]
