@@ -187,17 +187,23 @@ def _settings(args: argparse.Namespace) -> Settings:
     return settings
 
 
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to ``sys.stderr`` as it is when a record comes: a process that runs
+    several commands (``hosted_by``) may redirect it between them."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr
+        super().emit(record)
+
+
 def configure_logging() -> None:
     """The platform's module loggers (one line per batch, operations' steps) go to
     stderr; Spark and Kafka clients keep their own quieter settings."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger("jobs")
-    if not root.handlers:
+    if not any(isinstance(h, _StderrHandler) for h in root.handlers):
+        handler = _StderrHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         root.addHandler(handler)
-    for existing in root.handlers:  # a process that runs several commands may redirect
-        if isinstance(existing, logging.StreamHandler):
-            existing.setStream(sys.stderr)
     root.setLevel(logging.INFO)
     root.propagate = False
 

@@ -33,6 +33,30 @@ os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(REPO_ROOT / "dags"))
 os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "True")
 sys.path.insert(0, str(REPO_ROOT / "plugins"))
 _topic_ids = itertools.count()
+# ``make test`` runs two workers, a test file each at a time (``--dist loadfile``):
+# the slowest files go first so that no long file starts last with the other
+# worker idle (measured: the chaos test alone takes about two minutes).
+SLOW_FIRST = (
+    "test_chaos.py",
+    "test_cluster.py",
+    "test_crash_restart.py",
+    "test_operations.py",
+    "test_interrupted_operations.py",
+    "test_airflow_ui.py",
+    "test_backfill_memory.py",
+    "test_backfill.py",
+    "test_stream_dag_run.py",
+    "test_bad_input.py",
+    "test_metrics.py",
+    "test_warm_driver.py",
+    "test_maintain.py",
+    "test_end_to_end.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FIRST)))  # stable
 
 
 @pytest.fixture(scope="session")

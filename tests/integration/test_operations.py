@@ -58,8 +58,10 @@ def assert_topic_is_the_state(settings: Settings, topic: str, *batches: list[byt
         assert last_values(records) == expected_counts(*batches)
 
 
-def cli(path: Path, settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
-    return run_jobs(path, settings, *args)
+def cli(
+    path: Path, settings: Settings, *args: str, spark: Any = None
+) -> subprocess.CompletedProcess[str]:
+    return run_jobs(path, settings, *args, spark=spark)
 
 
 def table(settings: Settings, name: str) -> list[dict[str, Any]]:
@@ -259,11 +261,15 @@ def test_a_changed_window_is_refused_before_spark_and_rebuilt_from_source(
     # recomputes it all and publishes it in one commit (and to the output topic).
     data["version"], data["window"]["size"] = 3, "3 minutes"
     path.write_text(yaml.safe_dump(data))
-    seeded = cli(path, settings, "backfill", "--from-offset", "500", "--reason", "3 min")
+    seeded = cli(
+        path, settings, "backfill", "--from-offset", "500", "--reason", "3 min", spark=spark
+    )
     assert seeded.returncode == 2 and "the state it would be seeded from does not fit" in (
         seeded.stderr
     )
-    backfill = cli(path, settings, "backfill", "--from-earliest", "--reason", "3 min windows")
+    backfill = cli(
+        path, settings, "backfill", "--from-earliest", "--reason", "3 min windows", spark=spark
+    )
     assert backfill.returncode == 0, backfill.stderr
     expected, _dead, late = clicks_per_window([first], window_s=180)
     assert late == 0
