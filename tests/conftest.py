@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import io
 import itertools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -25,9 +27,17 @@ from jobs.broker import BrokerInfo
 from jobs.settings import REPO_ROOT, Settings, load_settings
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-# Airflow: a private home (SQLite, logs) per test session; the plugins folder is
-# importable as it is inside Airflow.
-os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="airflow-home-"))
+# Airflow: a private home (SQLite, logs) per test process, removed at its exit;
+# each xdist worker makes its own (workers inherit the controller's environment).
+# The plugins folder is importable as it is inside Airflow.
+_MADE_HOME = "PLATFORM_TESTS_AIRFLOW_HOME"
+if "AIRFLOW_HOME" not in os.environ or (
+    os.environ.get("PYTEST_XDIST_WORKER")
+    and os.environ["AIRFLOW_HOME"] == os.environ.get(_MADE_HOME)
+):
+    _home = tempfile.mkdtemp(prefix="airflow-home-")
+    os.environ["AIRFLOW_HOME"] = os.environ[_MADE_HOME] = _home
+    atexit.register(shutil.rmtree, _home, ignore_errors=True)
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(REPO_ROOT / "dags"))
 os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "True")

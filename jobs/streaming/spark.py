@@ -10,6 +10,7 @@ import logging
 import os
 import sys
 import tempfile
+import threading
 import zipfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -37,8 +38,10 @@ EXECUTOR_MODULES = (
     "jobs.streaming.batch_watermark",
 )
 log = logging.getLogger(__name__)
-# The session of the process that embeds the platform (``hosted_by``), if any.
+# The session of the process that embeds the platform (``hosted_by``), if any,
+# and the lock that runs its commands one at a time.
 _host: SparkSession | None = None
+_host_commands = threading.Lock()
 
 
 def executor_python(master: str, configured: str | None) -> str:
@@ -150,8 +153,17 @@ def command_session(settings: Settings, app_name: str) -> Iterator[SparkSession]
     removes their files), or the host's session when the process embeds the
     platform (``hosted_by``)."""
     if _host is not None:
-        yield _host
+        with _host_commands:
+            yield _host
         return
+    from pyspark import SparkContext
+
+    if SparkContext._active_spark_context is not None:
+        # getOrCreate would hand back that session, and the end of the command stop it.
+        raise ConfigError(
+            "this process runs a Spark session already: run the command under "
+            "jobs.streaming.spark.hosted_by(spark), or in a process of its own"
+        )
     spark = get_spark(
         settings.spark_master, app_name, settings.spark_driver_memory, settings.spark_python
     )
