@@ -144,6 +144,17 @@ def pipeline_file(directory: Path, name: str, topic: str, **source: object) -> P
     return path
 
 
+def jobs_args(pipeline: Path, servers: str, warehouse: Path, *args: str) -> list[str]:
+    """``python -m jobs``'s arguments for ``args`` on ``pipeline`` against a broker and
+    a warehouse (for a process or for ``run_in_process``)."""
+    return [*args, "--pipeline", str(pipeline)] + [
+        "--bootstrap-servers",
+        servers,
+        "--warehouse",
+        str(warehouse),
+    ]
+
+
 def run_jobs(
     pipeline: Path,
     settings: Settings,
@@ -156,9 +167,7 @@ def run_jobs(
     PLATFORM_SPARK_MASTER), or with ``spark`` in this one, on that session
     (``jobs.cli.main`` under ``hosted_by``: the same command without a second
     Spark's start-up)."""
-    argv = [*args, "--pipeline", str(pipeline)]
-    argv += ["--bootstrap-servers", settings.bootstrap_servers]
-    argv += ["--warehouse", str(settings.warehouse)]
+    argv = jobs_args(pipeline, settings.bootstrap_servers, settings.warehouse, *args)
     if spark is not None:
         assert env is None, "an in-process command runs in this process's environment"
         return run_in_process(spark, argv)
@@ -201,9 +210,8 @@ def start_stream(
     """``python -m jobs run`` of ``pipeline`` in its own session (the caller stops it
     with SIGTERM and reads its output)."""
     return subprocess.Popen(
-        [sys.executable, "-m", "jobs", "run", "--pipeline", str(pipeline), "--quiet"]
-        + ["--bootstrap-servers", settings.bootstrap_servers]
-        + ["--warehouse", str(settings.warehouse)],
+        [sys.executable, "-m", "jobs"]
+        + jobs_args(pipeline, settings.bootstrap_servers, settings.warehouse, "run", "--quiet"),
         cwd=REPO_ROOT,
         env={**os.environ, **(env or {})},
         stdout=subprocess.PIPE,
@@ -226,11 +234,9 @@ def run_with_fault(
     (``PLATFORM_FAULT``, see ``jobs/faults.py``) if one is given: returns 0 or -9.
     Without a fault and with ``spark``, the run is in this process, on that session
     (a recovery need not be a new process: what it recovers from is on disk)."""
+    argv = jobs_args(pipeline, servers, warehouse, "run", "--quiet", *extra)
     if fault is None and spark is not None and env is None:
-        argv = ["run", "--pipeline", str(pipeline), "--quiet", *extra]
-        done = run_in_process(
-            spark, argv + ["--bootstrap-servers", servers, "--warehouse", str(warehouse)]
-        )
+        done = run_in_process(spark, argv)
         if done.returncode != 0:
             raise AssertionError(done.stderr[-3000:])
         return 0
@@ -239,8 +245,7 @@ def run_with_fault(
     if fault:
         environment["PLATFORM_FAULT"] = fault
     proc = subprocess.run(
-        [sys.executable, "-m", "jobs", "run", "--pipeline", str(pipeline), "--quiet", *extra]
-        + ["--bootstrap-servers", servers, "--warehouse", str(warehouse)],
+        [sys.executable, "-m", "jobs", *argv],
         cwd=REPO_ROOT,
         env=environment,
         capture_output=True,

@@ -27,7 +27,7 @@ from deltalake import DeltaTable
 from jobs import broker as embedded
 from jobs import kafka_admin
 from jobs.settings import REPO_ROOT
-from tests.conftest import run_in_process
+from tests.conftest import jobs_args, run_in_process
 from tests.expected import clicks_per_window, state_as_counter
 
 pytestmark = pytest.mark.integration
@@ -85,12 +85,7 @@ class LiveProducer(threading.Thread):
 
 
 def jobs_cmd(path: Path, servers: str, warehouse: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "jobs", *args, "--pipeline", str(path)] + [
-        "--bootstrap-servers",
-        servers,
-        "--warehouse",
-        str(warehouse),
-    ]
+    return [sys.executable, "-m", "jobs", *jobs_args(path, servers, warehouse, *args)]
 
 
 def start_stream(path: Path, servers: str, warehouse: Path) -> subprocess.Popen[str]:
@@ -192,8 +187,10 @@ def test_chaos_live_producer_kills_broker_restart_and_lost_checkpoint(
 
     try:
         # The catch-up needs no process of its own: what it recovers from is on disk.
-        command = jobs_cmd(path, servers, warehouse, "run", "--trigger", "available-now", "--quiet")
-        caught_up = run_in_process(spark, command[3:])
+        command = jobs_args(
+            path, servers, warehouse, "run", "--trigger", "available-now", "--quiet"
+        )
+        caught_up = run_in_process(spark, command)
         assert caught_up.returncode == 0, caught_up.stderr[-3000:]
         marks = kafka_admin.watermarks(config, [(topic, p) for p in range(PARTITIONS)])
     finally:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import pipeline_file, produce, recent_clicks, run_in_process
+from tests.conftest import jobs_args, pipeline_file, produce, recent_clicks, run_in_process
 
 pytestmark = pytest.mark.integration
 
@@ -20,13 +20,7 @@ def test_a_command_outside_hosted_by_is_refused_and_leaves_the_session_running( 
     topic = new_topic(1)
     produce(kafka_config, topic, recent_clicks(20, 0))
     pipeline = pipeline_file(tmp_path, "user_clicks", topic)
-    argv = ["run", "--pipeline", str(pipeline), "--quiet"]
-    argv += [
-        "--bootstrap-servers",
-        settings.bootstrap_servers,
-        "--warehouse",
-        str(settings.warehouse),
-    ]
+    argv = jobs_args(pipeline, settings.bootstrap_servers, settings.warehouse, "run", "--quiet")
 
     err = StringIO()
     with redirect_stdout(StringIO()), redirect_stderr(err):
