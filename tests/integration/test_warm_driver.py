@@ -58,7 +58,11 @@ def warm_driver(settings, token: str, fault: str | None = None) -> Iterator[str]
                 time.sleep(0.3)
         yield url
     finally:
-        if proc.poll() is None:
+        if fault:
+            # The fault killed the driver's process group; the client can see its
+            # socket close a moment before the process can be reaped.
+            assert proc.wait(timeout=60) == -signal.SIGKILL
+        elif proc.poll() is None:
             proc.send_signal(signal.SIGTERM)  # the driver, not its JVM: a clean stop
             assert proc.wait(timeout=60) == 0
         log.close()
