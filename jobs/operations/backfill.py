@@ -203,17 +203,18 @@ def archived_records(
     end: kafka_offsets.Offsets,
 ) -> DataFrame:
     """Records [start, end) per partition from the ``raw`` table, as Kafka rows, read
-    by Spark from exactly the files of the table's current snapshot (the archive can
-    be far larger than the driver's memory)."""
-    files = DeltaTable(str(layout.table("raw"))).file_uris()
+    by Spark (delta-spark) at the table's current version (the archive can be far
+    larger than the driver's memory)."""
+    path = layout.table("raw")
+    archive = DeltaTable(str(path))
     wanted = sum(max(0, stop - start.get(tp, 0)) for tp, stop in end.items())
-    if not files:
+    if not archive.file_uris():
         if wanted:
             raise ConfigError(f"the raw archive has none of the {wanted} offsets to recompute")
         return spark.createDataFrame([], spark_kafka.COLUMNS)
     # Values can be large: small columnar batches keep a task's memory in bounds.
     spark.conf.set("spark.sql.parquet.columnarReaderBatchSize", "256")
-    raw = spark.read.parquet(*files)
+    raw = spark.read.format("delta").option("versionAsOf", archive.version()).load(str(path))
     ranges = [
         (F.col("topic") == topic)
         & (F.col("partition") == part)

@@ -251,13 +251,13 @@ def run_verify(
             recomputed = aggregate_records(spark, pipeline, settings, raw, None, keep)
     schema = tables.aggregate_schema(pipeline)
     version = comparable_version(layout, base_version)
-    state = DeltaTable(str(layout.table("state")), version=version)
-    files = state.file_uris()
-    if keep is None or not files:
+    state_path = layout.table("state")
+    state = DeltaTable(str(state_path), version=version)
+    if keep is None or not state.file_uris():
         current = state.to_pyarrow_table(columns=list(schema.names))
-    else:  # Spark filters the sample (from the version's files): only it reaches the driver
-        frame = keep(spark.read.parquet(*files).select(*schema.names))
-        current = frame.toArrow().cast(schema)
+    else:  # Spark filters the sample (of that version): only it reaches the driver
+        published = spark.read.format("delta").option("versionAsOf", version).load(str(state_path))
+        current = keep(published.select(*schema.names)).toArrow().cast(schema)
     report = preview(pipeline, current, recomputed, same=close)
     differing = report["keys_changed"] + report["keys_added"] + report["keys_removed"]
     result = {

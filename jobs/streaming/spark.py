@@ -1,7 +1,8 @@
 """The SparkSession every job uses: RocksDB state with changelog checkpointing,
-Spark's Kafka source on the classpath, the platform's small Python sources
-registered (seed, hold, batch watermark), and the ``jobs`` package shipped to
-the executors so the same job runs on ``local[N]`` and on any cluster manager."""
+Spark's Kafka source and Delta Lake (delta-spark) on the classpath, the
+platform's small Python sources registered (seed, hold, batch watermark), and
+the ``jobs`` package shipped to the executors so the same job runs on
+``local[N]`` and on any cluster manager."""
 
 from __future__ import annotations
 
@@ -28,6 +29,16 @@ from jobs.streaming.seed import HoldDataSource, SeedDataSource
 # Spark's own Kafka source (from the jars ``make setup`` resolved).
 KAFKA_PROVIDER = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+# Delta Lake's SQL extension and catalog: what ``format("delta")``, ``DeltaTable``
+# and Delta's SQL need in every session (a user's session too: see the README).
+DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
+DELTA_CONF = {
+    "spark.sql.extensions": DELTA_EXTENSION,
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+    # Partitions of a snapshot's log replay (default 50): the platform keeps its logs
+    # small (maintain checkpoints them); 50 tasks cost ~1 s per table read on 2 cores.
+    "spark.databricks.delta.snapshotPartitions": "2",
+}
 PACKAGE = REPO_ROOT / "jobs"
 # Cluster Python default: a worker's interpreter is not at the driver's path.
 CLUSTER_PYTHON = "python3"
@@ -118,6 +129,8 @@ def get_spark(
     if not submitted:
         # Under spark-submit the driver's classpath is fixed already: --jars gives them.
         builder = builder.master(master).config("spark.jars", jars)
+    for key, value in DELTA_CONF.items():
+        builder = builder.config(key, value)
     spark = (
         builder.appName(app_name)
         .config("spark.ui.enabled", "false")
@@ -180,6 +193,7 @@ def hosted_by(spark: SparkSession) -> Iterator[None]:
     runs them without starting a second Spark. Its master and settings are the
     host's; ``PLATFORM_SPARK_*`` do not apply."""
     global _host
+    check_delta_session(spark)
     previous, _host = _host, spark
     try:
         yield
@@ -191,13 +205,25 @@ def check_jars(spark: SparkSession) -> None:
     """A ``spark-submit`` without the platform's jars fails here, with the fix."""
     jvm = spark.sparkContext._jvm
     assert jvm is not None
-    try:
-        jvm.org.apache.spark.util.Utils.classForName(KAFKA_PROVIDER, True, False)
-    except Exception as err:  # py4j wraps the JVM's ClassNotFoundException
-        raise ConfigError(
-            "Spark's Kafka source is not on the driver's classpath: pass the platform's jars, "
-            'spark-submit --jars "$(python -m jobs jars | paste -sd,)" ...'
-        ) from err
+    for what, name in (("Spark's Kafka source", KAFKA_PROVIDER), ("Delta Lake", DELTA_EXTENSION)):
+        try:
+            jvm.org.apache.spark.util.Utils.classForName(name, True, False)
+        except Exception as err:  # py4j wraps the JVM's ClassNotFoundException
+            raise ConfigError(
+                f"{what} is not on the driver's classpath: pass the platform's jars, "
+                'spark-submit --jars "$(python -m jobs jars | paste -sd,)" ...'
+            ) from err
+
+
+def check_delta_session(spark: SparkSession) -> None:
+    """A session the platform did not make (``hosted_by``) must have Delta's extension
+    and catalog: without them ``format("delta")`` fails deep in a command."""
+    for key, value in DELTA_CONF.items():
+        if key.startswith("spark.sql.") and value not in (spark.conf.get(key, "") or ""):
+            raise ConfigError(
+                f"this Spark session lacks {key}={value}: build it with the settings of "
+                "jobs.streaming.spark.DELTA_CONF (README, Command line)"
+            )
 
 
 def check_executors(spark: SparkSession, python: str) -> None:
