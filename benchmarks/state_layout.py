@@ -1,6 +1,8 @@
-"""How the ``state`` table's file layout changes the cost of one batch's MERGE
-(delta-rs only, no Spark): 1,000 rows of the newest windows merged into a windowed
-state of N rows laid out three ways.
+"""How the ``state`` table's file layout, and the engine, change the cost of one
+batch's MERGE: 1,000 rows of the newest windows merged into a windowed state of N
+rows laid out three ways, by delta-rs (in the driver's process, no Spark) and by
+delta-spark (``DeltaTable.merge`` in a warm local[2] session) with deletion
+vectors off and on.
 
     .venv/bin/python -m benchmarks.state_layout [--sizes 200000,2000000,10000000]
 
@@ -19,6 +21,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -60,7 +63,27 @@ def merge_seconds(path: str, source: pa.Table, keys: list[str]) -> float:
     return time.monotonic() - started
 
 
-def measure(n: int, work: Path) -> dict[str, float]:
+def spark_merge_seconds(spark: Any, path: str, source: pa.Table, keys: list[str]) -> float:
+    from delta.tables import DeltaTable as SparkDeltaTable
+
+    frame = spark.createDataFrame(source.to_pandas()).cache()
+    frame.count()
+    started = time.monotonic()
+    predicate = " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
+    (
+        SparkDeltaTable.forPath(spark, path)
+        .alias("t")
+        .merge(frame.alias("s"), predicate)
+        .whenMatchedUpdateAll()
+        .whenNotMatchedInsertAll()
+        .execute()
+    )
+    seconds = time.monotonic() - started
+    frame.unpersist()
+    return seconds
+
+
+def measure(n: int, work: Path, spark: Any) -> dict[str, float]:
     rng = np.random.default_rng(1)
     rows = windowed_rows(n, rng, int(time.time() * 1_000_000))
     batch = rows.slice(n - 1000, 1000)  # the newest windows, as a batch touches
@@ -79,6 +102,15 @@ def measure(n: int, work: Path) -> dict[str, float]:
         else:
             write_deltalake(path, data)
         result[layout] = statistics.median(merge_seconds(path, source, keys) for _ in range(3))
+        if spark is not None:
+            for dv in ("false", "true"):
+                spark.sql(
+                    f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES "
+                    f"('delta.enableDeletionVectors' = '{dv}')"
+                )
+                result[f"{layout}/spark/dv={dv}"] = statistics.median(
+                    spark_merge_seconds(spark, path, source, keys) for _ in range(3)
+                )
         shutil.rmtree(path, ignore_errors=True)
     return result
 
@@ -86,28 +118,42 @@ def measure(n: int, work: Path) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", default="200000,2000000,10000000")
+    parser.add_argument("--no-spark", action="store_true", help="delta-rs only")
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-layout-"))
+    spark = None
+    if not args.no_spark:
+        from jobs.streaming.spark import get_spark
+
+        spark = get_spark("local[2]", "bench-state-layout", "4g")
     try:
-        results = {int(n): measure(int(n), work) for n in args.sizes.split(",")}
+        results = {int(n): measure(int(n), work, spark) for n in args.sizes.split(",")}
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    engines = [("delta-rs", "")]
+    if spark is not None:
+        engines += [
+            ("delta-spark, DVs off", "/spark/dv=false"),
+            ("delta-spark, DVs on", "/spark/dv=true"),
+        ]
     lines = [
-        "## State layout: one batch's MERGE (delta-rs)",
+        "## State layout: one batch's MERGE, delta-rs and delta-spark",
         "",
         f"Command: `.venv/bin/python -m benchmarks.state_layout --sizes {args.sizes}`",
         "",
         f"Machine: {machine()}. 1,000 rows of the newest windows merged into a windowed "
-        "state of N rows (30 days, 100,000 users); median of 3 merges, seconds.",
+        "state of N rows (30 days, 100,000 users); median of 3 merges, seconds. "
+        "delta-rs runs in the driver's process; delta-spark is `DeltaTable.merge` in a "
+        "warm `local[2]` session (the source a cached 1,000-row frame).",
         "",
-        "| state rows | one file | time-clustered files | partitioned by date |",
-        "|---|---|---|---|",
+        "| state rows | engine | one file | time-clustered files | partitioned by date |",
+        "|---|---|---|---|---|",
     ]
     for n, r in results.items():
-        lines.append(
-            f"| {n:,} | {r['one_file']:.2f} | {r['time_clustered']:.2f} | {r['by_date']:.2f} |"
-        )
+        for engine, suffix in engines:
+            cells = " | ".join(f"{r[layout + suffix]:.2f}" for layout in LAYOUTS)
+            lines.append(f"| {n:,} | {engine} | {cells} |")
     report = "\n".join(lines) + "\n"
     print(report)
     if not args.no_write:

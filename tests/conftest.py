@@ -64,6 +64,8 @@ SLOW_FIRST = (
     "test_end_to_end.py",
     "test_kafka_credentials.py",
     "test_distributed_writes.py",
+    "test_delta_engines.py",
+    "test_fencing_race.py",
 )
 
 

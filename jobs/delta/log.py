@@ -13,10 +13,13 @@ time-travels), then deletes the entries below it.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
 from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
 
 from deltalake import DeltaTable
 
@@ -27,6 +30,26 @@ EXPIRED_LOG_CLEANUP = "delta.enableExpiredLogCleanup"
 TABLE_CONFIGURATION = {EXPIRED_LOG_CLEANUP: "false"}
 # Commits, checkpoints (single or multi-part) and their checksums, by version.
 ENTRY = re.compile(r"^(\d{20})\.(json|crc|checkpoint\.parquet|checkpoint\.\d+\.\d+\.parquet)$")
+
+
+def commit_actions(table: Path, version: int) -> list[dict[str, Any]] | None:
+    """The actions of the commit of ``version``, read from its log entry (exact by
+    version, whatever commits land meanwhile), or None when there is no entry."""
+    entry = table / "_delta_log" / f"{version:020d}.json"
+    try:
+        text = entry.read_text()
+    except FileNotFoundError:
+        return None
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def added_files(table: Path, version: int) -> list[str]:
+    """The data files (relative paths) that the commit of ``version`` added: one
+    batch's rows, whichever engine wrote them."""
+    actions = commit_actions(table, version)
+    if actions is None:
+        raise FileNotFoundError(f"{table}: no log entry for version {version}")
+    return [unquote(a["add"]["path"]) for a in actions if "add" in a]
 
 
 def checkpoint_file(table: Path, version: int) -> Path:
