@@ -34,6 +34,7 @@ from deltalake import CommitProperties, DeltaTable
 
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
+from jobs.delta.log import commit_infos
 from jobs.delta.writer import bump_epoch
 from jobs.errors import ConfigError, ConsistencyError, SourceError
 from jobs.kafka_source import offsets as kafka_offsets
@@ -292,10 +293,9 @@ def orphan_state_version(layout: AppLayout, boundary_version: int | None) -> int
     last = last_batches(read_ledger(layout, ["entry_type", "epoch", "batch_id"], IS_BATCH))
     path = layout.table("state")
     versions = [
-        int(e["version"])
-        for e in DeltaTable(str(path)).history()
-        if int(e["version"]) > boundary_version
-        and e.get("platform_operation") == "batch"
+        version
+        for version, e in commit_infos(path, boundary_version + 1).items()
+        if e.get("platform_operation") == "batch"
         and int(e.get("batch_id", -1)) > last.get(int(e.get("epoch", -1)), -1)
     ]
     return min(versions) - 1 if versions else None
@@ -309,8 +309,8 @@ def unfinished_state_version(layout: AppLayout, unfinished: list[int]) -> int | 
     if not epochs:
         return None
     versions = [
-        int(e["version"])
-        for e in DeltaTable(str(layout.table("state"))).history()
+        version
+        for version, e in commit_infos(layout.table("state")).items()
         if e.get("epoch") in epochs
         and e.get("platform_operation") not in (None, "epoch_bump", "batch", "maintain")
     ]

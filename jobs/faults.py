@@ -10,13 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    import pyarrow as pa
-    from pyspark.sql import DataFrame
 
 ENV = "PLATFORM_FAULT"
 GROUP_ENV = "PLATFORM_FAULT_PGID"
@@ -49,23 +42,3 @@ def maybe_crash(point: str, batch_id: int | None = None) -> None:
         return
     group = int(os.environ.get(GROUP_ENV, os.getpgrp()))
     os.killpg(group, signal.SIGKILL)
-
-
-@dataclass(frozen=True)
-class TaskFault:
-    """``during_task``: a Spark task killed half-way through writing its rows (a
-    ``mapInArrow`` that passes them through; pickled to the executors)."""
-
-    batch_id: int
-
-    @staticmethod
-    def wrap(frame: DataFrame, batch_id: int) -> DataFrame:
-        """``frame``, with the kill inside its tasks when this fault is set (else as is)."""
-        if not os.environ.get(ENV, "").startswith("during_task"):
-            return frame
-        return frame.mapInArrow(TaskFault(batch_id), frame.schema)
-
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            yield batch
-            maybe_crash("during_task", self.batch_id)

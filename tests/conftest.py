@@ -65,7 +65,6 @@ SLOW_FIRST = (
     "test_kafka_credentials.py",
     "test_distributed_writes.py",
     "test_delta_engines.py",
-    "test_fencing_race.py",
 )
 
 

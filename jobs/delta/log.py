@@ -19,7 +19,6 @@ import re
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote
 
 from deltalake import DeltaTable
 
@@ -32,24 +31,27 @@ TABLE_CONFIGURATION = {EXPIRED_LOG_CLEANUP: "false"}
 ENTRY = re.compile(r"^(\d{20})\.(json|crc|checkpoint\.parquet|checkpoint\.\d+\.\d+\.parquet)$")
 
 
-def commit_actions(table: Path, version: int) -> list[dict[str, Any]] | None:
-    """The actions of the commit of ``version``, read from its log entry (exact by
-    version, whatever commits land meanwhile), or None when there is no entry."""
-    entry = table / "_delta_log" / f"{version:020d}.json"
-    try:
-        text = entry.read_text()
-    except FileNotFoundError:
-        return None
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
-
-
-def added_files(table: Path, version: int) -> list[str]:
-    """The data files (relative paths) that the commit of ``version`` added: one
-    batch's rows, whichever engine wrote them."""
-    actions = commit_actions(table, version)
-    if actions is None:
-        raise FileNotFoundError(f"{table}: no log entry for version {version}")
-    return [unquote(a["add"]["path"]) for a in actions if "add" in a]
+def commit_infos(table: Path, first: int = 0, last: int | None = None) -> dict[int, dict[str, Any]]:
+    """The commit info of every version from ``first`` to ``last`` (or the newest)
+    whose log entry is still there, read entry by entry: exact by version whatever
+    commits land meanwhile. (delta-rs 1.6's ``history()`` labels versions from the
+    snapshot its table object loaded, so a commit landing after the load shifts
+    every label by one.)"""
+    found: dict[int, dict[str, Any]] = {}
+    for path in (table / "_delta_log").iterdir():
+        entry = ENTRY.match(path.name)
+        if entry is None or entry.group(2) != "json":
+            continue
+        version = int(entry.group(1))
+        if version < first or (last is not None and version > last):
+            continue
+        try:
+            lines = path.read_text().splitlines()
+        except FileNotFoundError:  # dropped by a concurrent maintain
+            continue
+        actions = [json.loads(line) for line in lines if line.strip()]
+        found[version] = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+    return dict(sorted(found.items()))
 
 
 def checkpoint_file(table: Path, version: int) -> Path:

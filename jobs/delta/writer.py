@@ -1,23 +1,17 @@
-"""Idempotent, fenced commits to an application's Delta tables, by either engine.
+"""Idempotent, fenced commits to an application's Delta tables.
 
-Every commit of batch ``b`` in epoch ``e`` carries the batch marker, a Delta app
-transaction ``<app>/epoch=<e>`` at version ``b``:
+Every commit of batch ``b`` in epoch ``e`` carries two Delta app transactions:
 
-* delta-spark appends (``append_frame``: the changelog, the raw archive) give it
-  as ``txnAppId``/``txnVersion``; Delta itself skips a batch already there.
-* delta-rs commits (the state merge, dead letters, the ledger) read it from the
-  snapshot they commit against and skip a batch already there; they also carry
-  ``<app>/fence`` at version ``e``, the epoch fence.
+* ``<app>/epoch=<e>`` at version ``b``: the batch marker. Before writing, the
+  writer reads it from the snapshot it will commit against and skips a batch
+  that is already there (delta-rs records the marker but never skips by itself).
+* ``<app>/fence`` at version ``e``: the epoch fence. A maintenance operation bumps
+  it (``bump_epoch``); a writer whose snapshot shows a newer epoch refuses.
 
-Fencing: a maintenance operation's bump (``bump_epoch``) commits, on every table,
-``<app>/fence`` at the new epoch and the marker of every older epoch at
-``FENCED``, a version no batch reaches. A writer of an older epoch then cannot
-commit: a delta-spark append that reads its marker after the bump is skipped by
-Delta (its version is below ``FENCED``) and one that read it before fails with
-Delta's ``ConcurrentTransactionException`` (the bump set an app id it read); a
-delta-rs commit sees the fence, or fails as a concurrent transaction. Either way
-the check and the write are one atomic commit: the writer looks again and finds
-the epoch fenced (``FencedError``), or its batch there.
+Because both markers are in the commit itself, the check and the write are atomic
+together: if another writer commits the same batch, or bumps the epoch, between
+our check and our commit, delta-rs fails our commit ("concurrent transaction")
+and we look again at the new snapshot instead of duplicating or overwriting.
 """
 
 from __future__ import annotations
@@ -27,31 +21,18 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
+from deltalake.transaction import AddAction, RemoveAction
 
-from jobs.delta.log import commit_actions
+from jobs.delta.files import DataFile, publish
+from jobs.delta.log import commit_infos
 from jobs.errors import ConsistencyError, FencedError
-
-if TYPE_CHECKING:  # Spark-free tools import this module: no pyspark at run time
-    from pyspark.sql import DataFrame
 
 log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 5
-# The marker version of a fenced epoch: above any batch id.
-FENCED = 2**63 - 1
-# Delta's (JVM) exceptions when another commit won: look again at the new snapshot.
-SPARK_CONFLICTS = (
-    "ConcurrentTransactionException",
-    "ConcurrentAppendException",
-    "MetadataChangedException",
-    "ProtocolChangedException",
-    "ConcurrentDeleteReadException",
-    "ConcurrentDeleteDeleteException",
-)
 TableOperation = Callable[[DeltaTable, CommitProperties], None]
 
 
@@ -70,14 +51,7 @@ def table_epoch(table: DeltaTable, application_id: str) -> int:
 
 
 def committed_batch(table: DeltaTable, application_id: str, epoch: int) -> int | None:
-    """The last batch of ``epoch`` committed to ``table``, or None; an epoch that a
-    bump fenced raises ``FencedError`` (its writers may not go on)."""
     version = table.transaction_version(batch_txn_id(application_id, epoch))
-    if version is not None and int(version) == FENCED:
-        raise FencedError(
-            f"application {application_id} moved on from epoch {epoch}; its writers may "
-            f"not commit to {Path(table.table_uri).name} any more"
-        )
     return None if version is None else int(version)
 
 
@@ -157,63 +131,32 @@ class BatchWriter:
 
         return self.commit(path, batch_id, run, metadata)
 
-    def append_frame(
+    def add_files(
         self,
         path: Path,
         batch_id: int,
-        frame: DataFrame,
+        files: list[DataFile],
+        schema: pa.Schema,
         metadata: dict[str, str] | None = None,
-    ) -> tuple[int | None, bool]:
-        """Append a Spark DataFrame with delta-spark as batch ``batch_id``: Spark's
-        tasks write the files, Delta commits them with the batch marker.
+    ) -> int | None:
+        """Commit data files that tasks staged for ``path`` (``files.py``) as one
+        append of batch ``batch_id``: the rows never pass through this process."""
+        publish(path, files, schema)
 
-        Returns (the new table version or None when the batch was there already,
-        whether ``frame`` was computed). A caller whose frame must run anyway (a
-        streaming batch: its state advances) runs it when it was not.
-        """
-        app_id = batch_txn_id(self.application_id, self.epoch)
-        stamp = json.dumps(
-            {
-                "application_id": self.application_id,
-                "epoch": str(self.epoch),
-                "batch_id": str(batch_id),
-                **(metadata or {}),
-            },
-            sort_keys=True,
-        )
-        ran = False
-        for _attempt in range(MAX_ATTEMPTS):
-            table = DeltaTable(str(path))
-            self._check_fence(table, path)
-            done = committed_batch(table, self.application_id, self.epoch)
-            if self.exactly_once and done is not None and done >= batch_id:
-                return None, ran
-            # At least once: a replay commits again, so its version must be new.
-            version = batch_id if self.exactly_once else (-1 if done is None else done) + 1
-            if self.before_commit is not None:
-                self.before_commit(path.name)
-            try:
-                (
-                    frame.write.format("delta")
-                    .mode("append")
-                    .option("txnAppId", app_id)
-                    .option("txnVersion", version)
-                    .option("userMetadata", stamp)
-                    .save(str(path))
-                )
-            except Exception as exc:  # py4j carries Delta's exception by its name
-                ran = True
-                if not any(name in str(exc) for name in SPARK_CONFLICTS):
-                    raise
-                continue
-            committed = find_stamped_commit(path, stamp, table.version())
-            if committed is not None:
-                return committed, True
-            # Delta skipped the write without running it: the marker moved since
-            # our look (the batch committed by another writer, or the epoch fenced).
-        raise ConsistencyError(
-            f"could not commit batch {batch_id} to {path} after {MAX_ATTEMPTS} concurrent conflicts"
-        )
+        def run(table: DeltaTable, props: CommitProperties) -> None:
+            actions: list[AddAction | RemoveAction] = [
+                *add_actions(path, files, self.epoch, batch_id)
+            ]
+            table.create_write_transaction(actions, "append", schema, commit_properties=props)
+
+        committed = self.commit(path, batch_id, run, metadata)
+        if committed is None:
+            return None
+        # The transaction does not move the table object on: find our commit.
+        version = find_commit_version(path, self.application_id, self.epoch, batch_id, limit=20)
+        if version is None:
+            log.warning("%s: the commit of batch %d is not among the newest 20", path, batch_id)
+        return version
 
     def merge(
         self,
@@ -244,6 +187,31 @@ class BatchWriter:
         return self.commit(path, batch_id, run, metadata)
 
 
+def add_actions(table: Path, files: list[DataFile], epoch: int, batch_id: int) -> list[AddAction]:
+    """The Delta add actions of one batch's data files in ``table``. Statistics: row
+    counts, and the batch's epoch and id (the same in every row), so that a reader
+    of one batch skips every other file."""
+    constant = {"epoch": epoch, "batch_id": batch_id}
+    return [
+        AddAction(
+            path=f.name,
+            size=f.size,
+            partition_values={},
+            modification_time=int((table / f.name).stat().st_mtime * 1000),
+            data_change=True,
+            stats=json.dumps(
+                {
+                    "numRecords": f.num_records,
+                    "minValues": constant,
+                    "maxValues": constant,
+                    "nullCount": {"epoch": 0, "batch_id": 0},
+                }
+            ),
+        )
+        for f in files
+    ]
+
+
 def bump_epoch(
     paths: list[Path],
     application_id: str,
@@ -269,14 +237,8 @@ def bump_epoch(
             rows = first_rows if i == 0 and first_rows is not None else None
             if rows is None:
                 rows = pa.Table.from_batches([], schema=pa.schema(table.schema().to_arrow()))
-            # The markers of the epochs since the last bump, at FENCED: a delta-spark
-            # append of one of them is skipped or conflicts (module docstring).
-            fenced = [
-                Transaction(batch_txn_id(application_id, older), FENCED)
-                for older in range(max(current, 0), new_epoch)
-            ]
             props = CommitProperties(
-                app_transactions=[Transaction(fence_txn_id(application_id), new_epoch), *fenced],
+                app_transactions=[Transaction(fence_txn_id(application_id), new_epoch)],
                 custom_metadata={
                     "application_id": application_id,
                     "platform_operation": "epoch_bump",
@@ -309,15 +271,17 @@ def fenced_properties(
     )
 
 
-def find_stamped_commit(path: Path, stamp: str, after: int) -> int | None:
-    """The version after ``after`` whose commit carries ``stamp`` as its user
-    metadata (a delta-spark append of ``append_frame``), or None. Read entry by
-    entry: delta-rs's history labels versions from its snapshot, which a commit
-    landing during the read can shift by one."""
-    version = after + 1
-    while (actions := commit_actions(path, version)) is not None:
-        for action in actions:
-            if action.get("commitInfo", {}).get("userMetadata") == stamp:
-                return version
-        version += 1
+def find_commit_version(
+    path: Path, application_id: str, epoch: int, batch_id: int, limit: int | None = None
+) -> int | None:
+    """The table version that committed batch ``batch_id`` of ``epoch``, from the
+    log (the newest ``limit`` commits, or all)."""
+    first = 0 if limit is None else max(0, DeltaTable(str(path)).version() - limit + 1)
+    for version, info in commit_infos(path, first).items():
+        if (
+            info.get("application_id") == application_id
+            and info.get("epoch") == str(epoch)
+            and info.get("batch_id") == str(batch_id)
+        ):
+            return version
     return None

@@ -37,9 +37,10 @@ from deltalake.exceptions import CommitFailedError
 from jobs import kafka_admin
 from jobs.cut import seed_file
 from jobs.delta import layout as tables
+from jobs.delta.files import stale_staged_files
 from jobs.delta.layout import AppLayout
 from jobs.delta.log import EXPIRED_LOG_CLEANUP, TABLE_CONFIGURATION, keep_loadable_from
-from jobs.delta.writer import MAX_ATTEMPTS
+from jobs.delta.writer import MAX_ATTEMPTS, committed_batch
 from jobs.errors import ConsistencyError, OutputError, PlatformError
 from jobs.ledger import (
     DONE,
@@ -255,16 +256,26 @@ def vacuum_rule(
 
 def stale_paths(layout: AppLayout, epoch: int, names: list[str]) -> list[Path]:
     """Old epochs' Spark checkpoints and seeds (no run or operation reads them again:
-    a new epoch starts from its cut), and the staging folders that versions before
-    delta-spark's appends left in the tables (no writer stages files any more)."""
+    a new epoch starts from its cut); staged data files of batches that can no
+    longer commit (``jobs/delta/files.py``); and the raw staging folder that
+    versions before tasks staged raw files in the table left behind."""
     found = [
         path
         for older in range(epoch)
         for path in (layout.checkpoint(older), seed_file(layout, older))
         if path.exists()
     ]
-    legacy = [layout.table(name) / "_staging" for name in names]
-    found += [path for path in [*legacy, layout.root / "_raw_staging"] if path.exists()]
+    ledger = layout.table(tables.LEDGER)
+    last = (
+        committed_batch(DeltaTable(str(ledger)), layout.application_id, epoch)
+        if DeltaTable.is_deltatable(str(ledger))
+        else None
+    )
+    for name in names:
+        found += stale_staged_files(layout.table(name), epoch, last)
+    legacy_staging = layout.root / "_raw_staging"
+    if legacy_staging.exists():
+        found.append(legacy_staging)
     return found
 
 

@@ -18,6 +18,7 @@ from deltalake import DeltaTable
 
 from jobs.delta import layout as tables
 from jobs.delta.cdf import AFTER, BEFORE, rows_of, version_changes
+from jobs.delta.log import commit_infos as log_commit_infos
 from jobs.errors import ConsistencyError
 from jobs.pipeline import Pipeline
 
@@ -42,12 +43,7 @@ class VersionChanges:
 
 def commit_infos(path: Path, first: int, last: int) -> dict[int, dict[str, Any]]:
     """The commit info of versions ``first..last`` (the newest commits of the log)."""
-    table = DeltaTable(str(path))
-    found = {
-        int(entry["version"]): entry
-        for entry in table.history(table.version() - first + 1)
-        if first <= int(entry.get("version", -1)) <= last
-    }
+    found = log_commit_infos(path, first, last)
     missing = [v for v in range(first, last + 1) if v not in found]
     if missing:
         raise ConsistencyError(

@@ -12,14 +12,11 @@ For batch ``b`` of epoch ``e``, in this order, each commit idempotent and fenced
 6. the output topic, if the pipeline has one: the state versions not yet in it,
    each in one Kafka transaction (``jobs/output/publisher.py``).
 
-The batch runs once (``count`` of its persisted output: the aggregation, the
-observation and Spark's state advance together; a second run would scan Kafka
-again). The driver holds no batch's rows: ``raw`` (the batch's offset range read
-again) and ``changelog`` (the persisted output) are delta-spark appends whose
-tasks write the files; the state merge (delta-rs: a fraction of delta-spark's
-cost per batch, docs/benchmarks.md) streams the changelog commit's files; dead
-letters, rare by nature, are read back from Kafka by position in bounded
-batches (``dead_letters.py``).
+The driver holds no batch's rows: Spark's tasks write the data files of ``raw``
+(the batch's offset range read again) and of ``changelog`` (``changelog_files.py``, per
+output partition) and the driver commits them (``jobs/delta/files.py``); the state
+merge streams the changelog files; dead letters, rare by nature, are read back
+from Kafka by position in bounded batches (``dead_letters.py``).
 
 A crash anywhere before Spark's own batch commit replays the batch with the same
 offsets (Spark's offset log) and the same epoch; tables that already have the
@@ -44,24 +41,22 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
-from pyspark import StorageLevel
-from pyspark.sql import Column, DataFrame, SparkSession
-from pyspark.sql import functions as F
-from pyspark.sql.pandas.types import from_arrow_type
+from pyspark.sql import DataFrame, SparkSession
 
 from jobs import kafka_admin
 from jobs.delta import layout as tables
+from jobs.delta.files import DataFile
 from jobs.delta.layout import AppLayout
-from jobs.delta.log import added_files
 from jobs.delta.writer import BatchWriter, committed_batch
 from jobs.errors import ConsistencyError
-from jobs.faults import TaskFault, maybe_crash
+from jobs.faults import maybe_crash
 from jobs.kafka_source import offsets as kafka_offsets
 from jobs.kafka_source import spark_kafka
 from jobs.metrics import METRICS, Metrics
 from jobs.output.publisher import OutputPublisher
 from jobs.pipeline import Pipeline
 from jobs.streaming import offset_log
+from jobs.streaming.changelog_files import WRITTEN_SCHEMA, StagedFilesTask
 from jobs.streaming.dead_letters import batch_reader
 from jobs.streaming.observed import observed_metrics
 from jobs.streaming.query import OBSERVATION
@@ -74,14 +69,14 @@ MERGE_IN_MEMORY_ROWS = 1_000_000
 
 class ChangedRows:
     """The rows a batch changed, as the state merge's source: streamed from the
-    changelog's files (those of the batch's commit, or on a replay the committed
-    table filtered to the batch), never held whole by the driver."""
+    changelog's files (the tasks' new ones, or on a replay the committed table
+    filtered to the batch), never held whole by the driver."""
 
     def __init__(
         self,
         changelog: Path,
         state_schema: pa.Schema,
-        files: list[str] | None = None,
+        files: list[DataFile] | None = None,
         where: ds.Expression | None = None,
     ) -> None:
         self.changelog = changelog
@@ -91,10 +86,7 @@ class ChangedRows:
         if files is None:
             self.num_rows = DeltaTable(str(changelog)).to_pyarrow_dataset().count_rows(filter=where)
         else:
-            self.num_rows = ds.dataset(self._paths(), format="parquet").count_rows()
-
-    def _paths(self) -> list[str]:
-        return [str(self.changelog / name) for name in self.files or []]
+            self.num_rows = sum(f.num_records for f in files)
 
     def source(self) -> pa.Table | pa.RecordBatchReader:
         """The merge's source, once the files are committed (read from the table's
@@ -108,7 +100,8 @@ class ChangedRows:
         if self.files is None:
             dataset = DeltaTable(str(self.changelog)).to_pyarrow_dataset()
         else:
-            dataset = ds.dataset(self._paths(), format="parquet")
+            paths = [str(self.changelog / f.name) for f in self.files]
+            dataset = ds.dataset(paths, format="parquet")
         # The changelog's columns, with commit_time as the state's updated_at.
         names = [*self.state_schema.names[:-1], "commit_time"]
         batches = dataset.to_batches(columns=names, filter=self.where)
@@ -116,19 +109,6 @@ class ChangedRows:
             self.state_schema,
             (pa.RecordBatch.from_arrays(b.columns, schema=self.state_schema) for b in batches),
         )
-
-
-def as_table_rows(rows: DataFrame, schema: pa.Schema, stamp: dict[str, Column]) -> DataFrame:
-    """``rows`` as a table's columns in its types (Delta's append takes no other),
-    the ``stamp`` columns given as values."""
-    return rows.select(
-        *(
-            (stamp[f.name] if f.name in stamp else F.col(f"`{f.name}`"))
-            .cast(from_arrow_type(f.type))
-            .alias(f.name)
-            for f in schema
-        )
-    )
 
 
 @dataclass
@@ -202,41 +182,37 @@ class BatchCommitter:
                 self.spark, self.checkpoint, self.seed_path, self.pipeline.window is not None
             )
         now = pa.scalar(int(time.time() * 1_000_000), tables.TIMESTAMP)
-        done = committed_batch(
-            DeltaTable(str(self.layout.table(tables.LEDGER))),
-            self.pipeline.application_id,
-            self.epoch,
-        )
-        # The one run of the batch: Spark's update-mode output (exactly the (key,
-        # window) rows this batch changed) persisted, with the observation and the
-        # state's advance; the changelog append below reads the persisted rows.
-        output = batch.persist(StorageLevel.MEMORY_AND_DISK)
-        try:
-            output_rows = output.count()
-            self._commit(output, output_rows, batch_id, now, done, started, extra)
-        finally:
-            output.unpersist()
-
-    def _commit(
-        self,
-        output: DataFrame,
-        output_rows: int,
-        batch_id: int,
-        now: pa.Scalar,
-        done: int | None,
-        started: float,
-        extra: dict[str, Any],
-    ) -> None:
         ledger_path = self.layout.table(tables.LEDGER)
+        done = committed_batch(
+            DeltaTable(str(ledger_path)), self.pipeline.application_id, self.epoch
+        )
         changelog_path = self.layout.table("changelog")
+        changelog_done = self._committed(changelog_path, batch_id)
+        # The one action on this batch: it runs the scan, the aggregation, the
+        # observation and the tasks' changelog files together (a second action would
+        # scan Kafka again). Spark's update-mode output is exactly the (key, window)
+        # rows this batch changed; the seed batch re-emits the cut's snapshot, which
+        # the state table already holds.
+        seed_batch = batch_id == 0 and self.seed_path is not None
+        task = StagedFilesTask(
+            str(changelog_path),
+            self.epoch,
+            batch_id,
+            self.aggregate_schema,
+            self.changelog_schema,
+            (("epoch", self.epoch), ("batch_id", batch_id), ("commit_time", now.value)),
+            write=not (seed_batch or changelog_done or (done is not None and done >= batch_id)),
+        )
+        written = [
+            DataFile(row["name"], row["size"], row["num_records"])
+            for row in batch.mapInArrow(task, WRITTEN_SCHEMA).collect()
+        ]
         timings: dict[str, float] = {}
 
         def lap(name: str) -> None:
             timings[name] = round(time.monotonic() - started - sum(timings.values()), 3)
 
         lap("spark")
-        # The seed batch re-emits the cut's snapshot, which the state table holds.
-        seed_batch = batch_id == 0 and self.seed_path is not None
         if seed_batch and self.seed_path is not None:
             extra["seed_rows"] = pq.read_metadata(self.seed_path).num_rows
         metrics = observed_metrics(self.spark, self.query_name, OBSERVATION)
@@ -253,12 +229,19 @@ class BatchCommitter:
             if batch_id == 0
             else offset_log.read_offsets(self.checkpoint, batch_id - 1).end_offsets
         )
-        changelog_done = self._committed(changelog_path, batch_id)
-        self._changed_rows = 0 if seed_batch else output_rows
+        # A replay whose changelog commit happened before the crash: its rows are
+        # the committed ones (the state still needs them).
+        changes = (
+            self._committed_changes(changelog_path, batch_id)
+            if changelog_done
+            else ChangedRows(changelog_path, self.state_schema, written)
+        )
+        self._changed_rows = changes.num_rows
         counts = self._counts(metrics, batch_id, start, offsets.end_offsets)
         letters = metrics["dead_letters"]
         stamp = {"epoch": self.epoch, "batch_id": batch_id, "commit_time": now.as_py()}
         meta = {"platform_operation": "batch", "pipeline_version": str(self.pipeline.version)}
+
         lap("prepare")
         versions: dict[str, int | None] = {}
         if letters:
@@ -273,23 +256,10 @@ class BatchCommitter:
         if self.pipeline.archive:
             versions["raw"] = self._archive(batch_id, start, offsets.end_offsets, meta)
             lap("raw")
-        if self._changed_rows:
-            changes: ChangedRows | None = None
-            if changelog_done:
-                # A replay whose changelog commit happened before the crash: its rows
-                # are the committed ones (the state still needs them).
-                changes = self._committed_changes(changelog_path, batch_id)
-            else:
-                version, _ran = self.writer.append_frame(
-                    changelog_path, batch_id, self._changelog_rows(output, batch_id, now), meta
-                )
-                versions["changelog"] = version
-                changes = (
-                    self._committed_changes(changelog_path, batch_id)
-                    if version is None
-                    else ChangedRows(
-                        changelog_path, self.state_schema, added_files(changelog_path, version)
-                    )
+        if changes.num_rows:
+            if written:
+                versions["changelog"] = self.writer.add_files(
+                    changelog_path, batch_id, written, self.changelog_schema, meta
                 )
             lap("changelog")
             maybe_crash("after_changelog", batch_id)
@@ -374,17 +344,6 @@ class BatchCommitter:
         where = (ds.field("epoch") == self.epoch) & (ds.field("batch_id") == batch_id)
         return ChangedRows(changelog, self.state_schema, where=where)
 
-    def _changelog_rows(self, output: DataFrame, batch_id: int, now: pa.Scalar) -> DataFrame:
-        """The batch's output as changelog rows: its columns in the table's types,
-        stamped with the epoch, the batch and the commit time."""
-        stamp = {
-            "epoch": F.lit(self.epoch),
-            "batch_id": F.lit(batch_id),
-            "commit_time": F.timestamp_micros(F.lit(now.value)),
-        }
-        rows = as_table_rows(output, self.changelog_schema, stamp)
-        return TaskFault.wrap(rows, batch_id)  # a crash test's kill inside the write
-
     def _archive(
         self,
         batch_id: int,
@@ -393,7 +352,7 @@ class BatchCommitter:
         meta: dict[str, str],
     ) -> int | None:
         """The batch's records, read again from Kafka by exactly its offset range,
-        appended to ``raw`` once (a delta-spark append: Spark's tasks write the files)."""
+        appended to ``raw`` once (Spark's tasks write the files, the driver commits)."""
         path = self.layout.table("raw")
         if self._committed(path, batch_id):
             return None
@@ -404,10 +363,26 @@ class BatchCommitter:
         records = spark_kafka.read_range(
             self.spark, self.bootstrap_servers, self.kafka_client, starts, ends
         )
-        stamp = {"epoch": F.lit(self.epoch), "batch_id": F.lit(batch_id)}
-        rows = as_table_rows(records, tables.RAW_SCHEMA, stamp)
-        version, _ran = self.writer.append_frame(path, batch_id, rows, meta)
-        return version
+        kafka_columns = pa.schema(list(tables.RAW_SCHEMA)[:-2])
+        task = StagedFilesTask(
+            str(path),
+            self.epoch,
+            batch_id,
+            kafka_columns,
+            tables.RAW_SCHEMA,
+            (("epoch", self.epoch), ("batch_id", batch_id)),
+            write=True,
+        )
+        written = [
+            DataFile(row["name"], row["size"], row["num_records"])
+            for row in records.select(*kafka_columns.names)
+            .mapInArrow(task, WRITTEN_SCHEMA)
+            .collect()
+        ]
+        written = [f for f in written if f.num_records]
+        if not written:
+            return None
+        return self.writer.add_files(path, batch_id, written, tables.RAW_SCHEMA, meta)
 
     def _counts(
         self,

@@ -44,7 +44,7 @@ PACKAGE = REPO_ROOT / "jobs"
 CLUSTER_PYTHON = "python3"
 # What the platform's tasks import on executors (checked on a cluster at start).
 EXECUTOR_MODULES = (
-    "jobs.faults",
+    "jobs.streaming.changelog_files",
     "jobs.streaming.seed",
     "jobs.streaming.batch_watermark",
 )

@@ -44,7 +44,7 @@ def test_backfill_from_the_archive_after_retention(
     on_disk = {f.name for f in raw_path.glob("part-*.parquet")}
     assert on_disk == {Path(uri).name for uri in raw_table.file_uris()}
     assert len(on_disk) == len(batches)
-    assert not (raw_path / "_staging").exists()
+    assert not list((raw_path / "_staging").iterdir())
 
     admin = kafka_admin.admin(kafka_config)
     for future in admin.delete_records([TopicPartition(topic, 0, 600)]).values():

@@ -81,3 +81,46 @@ def test_writers_never_drop_entries_by_age_on_platform_tables(tmp_path: Path) ->
         commits(tmp_path / name, 4)
     assert log_versions(tmp_path / "default")[0] > 0  # the check can fail: Delta's rule ran
     assert log_versions(tmp_path / "platform") == list(range(5))
+
+
+def test_commit_infos_are_exact_by_version_when_commits_land_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from deltalake import CommitProperties
+
+    from jobs.delta.writer import find_commit_version
+    from jobs.output.changes import commit_infos
+
+    def commit(n: int) -> None:
+        tags = {"n": str(n), "application_id": "a", "epoch": "0", "batch_id": str(n)}
+        write_deltalake(
+            str(tmp_path),
+            pa.table({"n": [n]}),
+            mode="append",
+            commit_properties=CommitProperties(custom_metadata=tags),
+        )
+
+    for n in range(4):
+        commit(n)  # version n carries n
+    # delta-rs 1.6 labels history() from the snapshot the table object loaded: a
+    # commit landing after the load shifts every version by one.
+    loaded = DeltaTable(str(tmp_path))
+    commit(4)
+    assert {e["version"]: e.get("n") for e in loaded.history()}[3] == "4"
+
+    # A concurrent writer commits between a reader's load and its history read.
+    original = DeltaTable.history
+    next_commit = [5]
+
+    def racing_history(self: DeltaTable, limit: int | None = None) -> list[dict[str, object]]:
+        commit(next_commit[0])
+        next_commit[0] += 1
+        return original(self, limit)
+
+    monkeypatch.setattr(DeltaTable, "history", racing_history)
+    assert {v: i["n"] for v, i in commit_infos(tmp_path, 2, 4).items()} == {
+        2: "2",
+        3: "3",
+        4: "4",
+    }
+    assert find_commit_version(tmp_path, "a", 0, 3, limit=10) == 3

@@ -3,13 +3,13 @@ and what keeps its state version (and every later one) loadable."""
 
 from __future__ import annotations
 
+from jobs.delta.files import stale_staged_files
 from jobs.delta.layout import AppLayout
 from jobs.ledger import Boundary
 from jobs.operations.maintain import (
     HOUR_US,
     PLAN_MARGIN_US,
     oldest_kept,
-    stale_paths,
     vacuum_rule,
 )
 
@@ -50,17 +50,23 @@ def test_grace_is_a_floor_and_nothing_committed_keeps_only_grace() -> None:
     assert vacuum_rule([], None, NOW, grace_hours=2) == (2, ())
 
 
-def test_staging_folders_of_earlier_versions_are_stale(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_staged_files_go_once_their_batch_can_no_longer_commit(tmp_path) -> None:  # type: ignore[no-untyped-def]
     layout = AppLayout(tmp_path, "app")
-    for folder in (layout.table("changelog") / "_staging", layout.root / "_raw_staging"):
-        folder.mkdir(parents=True)
-        (folder / "part-e1-b9-c00000-aa.parquet").write_bytes(b"x")
-    layout.table("state").mkdir(parents=True)
-    layout.checkpoint(0).mkdir(parents=True)
-    layout.checkpoint(2).mkdir(parents=True)
-    found = stale_paths(layout, 2, ["changelog", "state"])
-    assert found == [
-        layout.checkpoint(0),
-        layout.table("changelog") / "_staging",
-        layout.root / "_raw_staging",
-    ]
+    staged = layout.table("changelog") / "_staging"
+    staged.mkdir(parents=True)
+    names = {
+        "old_epoch": "part-e1-b9-c00000-aa.parquet",  # fenced: epoch 1 < 2
+        "committed": "part-e2-b3-c00001-bb.parquet",  # the ledger has batch 3
+        "killed_task": ".part-e2-b3-c00002-cc.parquet.tmp",
+        "in_flight": "part-e2-b4-c00000-dd.parquet",  # batch 4 may still commit
+        "in_flight_tmp": ".part-e2-b4-c00001-ee.parquet.tmp",
+        "foreign": "notes.txt",
+    }
+    for name in names.values():
+        (staged / name).write_bytes(b"x")
+    found = {p.name for p in stale_staged_files(layout.table("changelog"), 2, 3)}
+    assert found == {names["old_epoch"], names["committed"], names["killed_task"]}
+    # Before the epoch's first commit, only older epochs' files are stale.
+    assert {p.name for p in stale_staged_files(layout.table("changelog"), 2, None)} == {
+        names["old_epoch"]
+    }

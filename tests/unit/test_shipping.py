@@ -18,7 +18,7 @@ def test_the_zip_alone_imports_what_executors_run() -> None:
         # Executors read Kafka through Spark's JVM source: no Kafka client in Python.
         "import sys; sys.modules['confluent_kafka'] = None; sys.path.insert(0, sys.argv[1]); "
         "import jobs.streaming.batch_watermark, jobs.streaming.seed, jobs.errors; "
-        "import jobs.faults; "
+        "import jobs.streaming.changelog_files; "
         "print(jobs.streaming.batch_watermark.__file__)"
     )
     result = subprocess.run(
