@@ -9,7 +9,9 @@ Per pipeline ``stream_<application_id>``:
   off), plus ``health_<application_id>``, which fails loudly when the last
   committed batch is too old or the application reports problems;
 * ``verify_<application_id>``: every day, the drift check (``jobs/operations/verify.py``)
-  on a sample of the keys.
+  on a sample of the keys;
+* ``daily_summary_<application_id>`` (windowed pipelines), scheduled on the
+  ``<application_id>_state`` Asset: a downstream Spark batch job (``jobs/daily_summary.py``).
 
 The ``state`` and ``changelog`` tables are Assets (outlets), so downstream DAGs
 can be scheduled on them. Nothing heavy is imported here: DAG files parse fast.
@@ -167,6 +169,36 @@ def verify_dag(pipeline: Pipeline) -> DAG:
     return dag
 
 
+def daily_summary_dag(pipeline: Pipeline, settings: Settings) -> DAG:
+    """The batch half's worked example: each time the stream updates ``state``, a
+    Spark batch job brings ``<app>_daily`` up to date from the state's change data
+    feed, exactly once (``jobs/daily_summary.py``)."""
+    app = pipeline.application_id
+    state = table_assets(pipeline, settings)[0]
+    with DAG(
+        dag_id=f"daily_summary_{app}",
+        description=f"Daily summary of {app}'s state, incrementally (Spark, Delta CDF)",
+        doc_md=f"`python -m jobs summarize --pipeline {app}`: the days the state's change "
+        f"data feed touched since the last run, recomputed from `{app}/state` and merged "
+        f"into `{app}_daily` with Delta's own exactly-once marker (txnAppId "
+        f"`{app}/daily_summary`, txnVersion = the state version). Scheduled on the "
+        f"`{state.name}` Asset.",
+        schedule=[state],
+        start_date=START,
+        catchup=False,
+        max_active_runs=1,
+        tags=["batch", "downstream", app],
+        default_args=default_args(retries=2),
+    ) as dag:
+        PlatformJobOperator(
+            task_id="summarize",
+            command="summarize",
+            pipeline=app,
+            execution_timeout=timedelta(hours=1),
+        )
+    return dag
+
+
 def _fail_with(message: str) -> NoReturn:
     raise ConfigError(message)
 
@@ -200,6 +232,8 @@ def stream_dags(settings: Settings | None = None) -> dict[str, DAG]:
     for pipeline in pipelines:
         dags[f"stream_{pipeline.application_id}"] = stream_dag(pipeline, settings)
         dags[f"verify_{pipeline.application_id}"] = verify_dag(pipeline)
+        if pipeline.window is not None:
+            dags[f"daily_summary_{pipeline.application_id}"] = daily_summary_dag(pipeline, settings)
         if pipeline.trigger_mode == "continuous":
             dags[f"health_{pipeline.application_id}"] = health_dag(pipeline)
     for stem, error in broken.items():

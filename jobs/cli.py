@@ -119,6 +119,12 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--sample", type=float, help="compare only this fraction of the keys")
     verify.add_argument("--source", choices=["kafka", "archive"], default="kafka")
 
+    summarize = commands.add_parser(
+        "summarize",
+        help="bring <app>_daily, the daily summary of a windowed state, up to date (Spark)",
+    )
+    _pipeline_args(summarize)
+
     publish = commands.add_parser(
         "publish",
         help="bring the output topic up to date, or republish the whole state (audited)",
@@ -247,6 +253,14 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command in ("rewind", "rebuild", "backfill", "maintain", "publish", "verify"):
             return _counted_operation(args, settings, pipeline)
+        if args.command == "summarize":
+            from jobs.daily_summary import check_summarizable, summarize
+            from jobs.streaming.spark import command_session
+
+            check_summarizable(pipeline, settings)
+            with command_session(settings, "summarize") as spark:
+                summarize(spark, pipeline, settings)
+            return 0
         return _run(args, settings, pipeline)
     except Exception as exc:
         code, message = failure(exc)

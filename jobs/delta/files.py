@@ -34,6 +34,7 @@ import pyarrow.parquet as pq
 from jobs.errors import ConsistencyError
 
 STAGING = "_staging"
+ROW_GROUP_BYTES = 16 * 2**20
 # What a data file may be called: a plain name, with its epoch and batch.
 FILE_NAME = re.compile(r"^part-e(\d+)-b(\d+)-[A-Za-z0-9._=-]+\.parquet$")
 # A staged file or a task's temporary file (hidden: ``.<name>.tmp``).
@@ -77,8 +78,16 @@ class DataFileWriter:
         return self._writer
 
     def write(self, rows: pa.Table | pa.RecordBatch) -> None:
-        if rows.num_rows:
-            self._open().write(rows)
+        """Append ``rows`` as row groups of at most ``ROW_GROUP_BYTES``: a reader
+        (Spark's Parquet reader holds a whole row group's column chunks) then
+        needs little memory whatever the record size (10,000 records of 10 KB
+        would otherwise be one 100 MB row group)."""
+        if not rows.num_rows:
+            return
+        per_group = max(1, rows.num_rows * ROW_GROUP_BYTES // max(1, rows.nbytes))
+        writer = self._open()
+        for start in range(0, rows.num_rows, per_group):
+            writer.write(rows.slice(start, per_group))
 
     def close(self) -> DataFile | None:
         """The file written, or None when no row came (and not ``eager``)."""

@@ -37,17 +37,21 @@ def commit_infos(table: Path, first: int = 0, last: int | None = None) -> dict[i
     commits land meanwhile. (delta-rs 1.6's ``history()`` labels versions from the
     snapshot its table object loaded, so a commit landing after the load shifts
     every label by one.)"""
+    log_dir = table / "_delta_log"
+    if last is None:  # up to the newest: list the log
+        found_versions = [
+            int(entry.group(1))
+            for path in log_dir.iterdir()
+            if (entry := ENTRY.match(path.name)) and entry.group(2) == "json"
+        ]
+        versions = [v for v in found_versions if v >= first]
+    else:
+        versions = list(range(first, last + 1))
     found: dict[int, dict[str, Any]] = {}
-    for path in (table / "_delta_log").iterdir():
-        entry = ENTRY.match(path.name)
-        if entry is None or entry.group(2) != "json":
-            continue
-        version = int(entry.group(1))
-        if version < first or (last is not None and version > last):
-            continue
+    for version in versions:
         try:
-            lines = path.read_text().splitlines()
-        except FileNotFoundError:  # dropped by a concurrent maintain
+            lines = (log_dir / f"{version:020d}.json").read_text().splitlines()
+        except FileNotFoundError:  # never written, or dropped by maintain
             continue
         actions = [json.loads(line) for line in lines if line.strip()]
         found[version] = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
