@@ -129,6 +129,11 @@ def get_spark(
     if not submitted:
         # Under spark-submit the driver's classpath is fixed already: --jars gives them.
         builder = builder.master(master).config("spark.jars", jars)
+        # Also on the driver's own class path: its JVM loads Delta's classes (used at
+        # session start) from there, so the class-data-sharing archive holds them.
+        builder = builder.config(
+            "spark.driver.extraClassPath", os.pathsep.join(str(jar) for jar in spark_jars())
+        )
     for key, value in DELTA_CONF.items():
         builder = builder.config(key, value)
     spark = (
