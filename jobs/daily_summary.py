@@ -28,6 +28,7 @@ from deltalake import DeltaTable as RsDeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from jobs.delta.layout import AppLayout
 from jobs.errors import ConfigError, ConsistencyError
 from jobs.pipeline import Pipeline
 from jobs.settings import Settings
@@ -94,7 +95,7 @@ def check_summarizable(pipeline: Pipeline, settings: Settings) -> Path:
     app = pipeline.application_id
     if pipeline.window is None:
         raise ConfigError(f"{app} has no window: a daily summary needs window_start")
-    state_path = settings.warehouse / app / "state"
+    state_path = AppLayout(settings.warehouse, app).table("state")
     if not RsDeltaTable.is_deltatable(str(state_path)):
         raise ConfigError(f"{app} has no state table at {state_path}: run the pipeline first")
     return state_path
