@@ -1,16 +1,25 @@
-"""How the ``state`` table's file layout, and the engine, change the cost of one
-batch's MERGE: 1,000 rows of the newest windows merged into a windowed state of N
-rows laid out three ways, by delta-rs (in the driver's process, no Spark) and by
-delta-spark (``DeltaTable.merge`` in a warm local[2] session) with deletion
-vectors off and on.
+"""How the ``state`` table's file layout, the merge's condition and the engine
+change the cost of one batch's MERGE as the state grows.
 
     .venv/bin/python -m benchmarks.state_layout [--sizes 200000,2000000,10000000]
 
-one_file: everything in one file (what merges leave behind when every batch
-touches every file); time_clustered: files of 250,000 rows in window order (what
-appends and merges of recent windows produce); by_date: partitioned by the
-window's date (needs an extra column). Writes its section of docs/benchmarks.md.
-Not a test: it asserts nothing.
+Windowed state (``user_clicks``): 1,000 rows of the newest windows merged into N
+(user, minute) rows over 30 days. Layouts: one_file (what merges leave when every
+batch touches every file); time_clustered (files of 250,000 rows in window order:
+what appends and merges of recent windows produce, and what ``maintain``'s
+compaction keeps); by_date (partitioned by the window's date, an extra column).
+Conditions: the keys alone, or the keys and the batch's window range (what the
+platform's merge adds, ``jobs/delta/writer.window_range``).
+
+Unwindowed state (``inventory``): 1,000 random existing keys of N. Layouts:
+one_file; arrival_files (files of 250,000 rows as keys arrived); key_sorted
+(files of 250,000 rows sorted by key: what a Z-order on the key makes);
+key_buckets (partitioned by a hash bucket of the key, 16 buckets).
+
+delta-rs runs in this process; delta-spark is ``DeltaTable.merge`` in a warm
+local[2] session (the source a cached 1,000-row frame), deletion vectors off and
+on. Median of 3 merges, seconds. Writes its section of docs/benchmarks.md. Not a
+test: it asserts nothing.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +39,27 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
 
 from benchmarks.report import machine, write_section
+from jobs.delta.writer import window_range
 
 TS = pa.timestamp("us", tz="UTC")
 DAY_US = 86_400_000_000
 MINUTE_US = 60_000_000
-LAYOUTS = ("one_file", "time_clustered", "by_date")
+FILE_ROWS = 250_000
+BUCKETS = 16
+WINDOWED = ("one_file", "time_clustered", "by_date")
+UNWINDOWED = ("one_file", "arrival_files", "key_sorted", "key_buckets")
+# (label, engine, condition, deletion vectors) of each column group
+WINDOWED_RUNS = (
+    ("delta-rs, keys", "rs", "keys", None),
+    ("delta-rs, keys and window range (platform)", "rs", "range", None),
+    ("delta-spark, keys and window range, DVs off", "spark", "range", "false"),
+    ("delta-spark, keys and window range, DVs on", "spark", "range", "true"),
+)
+UNWINDOWED_RUNS = (
+    ("delta-rs (platform)", "rs", "keys", None),
+    ("delta-spark, DVs off", "spark", "keys", "false"),
+    ("delta-spark, DVs on", "spark", "keys", "true"),
+)
 
 
 def windowed_rows(n: int, rng: np.random.Generator, now_us: int) -> pa.Table:
@@ -50,9 +76,32 @@ def windowed_rows(n: int, rng: np.random.Generator, now_us: int) -> pa.Table:
     )
 
 
-def merge_seconds(path: str, source: pa.Table, keys: list[str]) -> float:
+def unwindowed_rows(n: int, rng: np.random.Generator) -> pa.Table:
+    """N distinct keys in arrival order (random), with a bucket column."""
+    ids = rng.permutation(n)
+    return pa.table(
+        {
+            "sku": pa.array([f"sku-{i:09d}" for i in ids], pa.string()),
+            "quantity": pa.array(rng.integers(0, 1000, n), pa.int64()),
+            "bucket": pa.array((ids % BUCKETS).astype("int32"), pa.int32()),
+        }
+    )
+
+
+def build(path: str, data: pa.Table, layout: str, partition: str) -> None:
+    if layout == "one_file":
+        write_deltalake(path, data.drop([partition]))
+    elif layout in ("by_date", "key_buckets"):
+        write_deltalake(path, data, partition_by=[partition])
+    else:
+        if layout == "key_sorted":
+            data = data.sort_by(data.column_names[0])
+        for start in range(0, data.num_rows, FILE_ROWS):
+            write_deltalake(path, data.slice(start, FILE_ROWS).drop([partition]), mode="append")
+
+
+def rs_merge(path: str, source: pa.Table, predicate: str) -> float:
     started = time.monotonic()
-    predicate = " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
     (
         DeltaTable(path)
         .merge(source, predicate, source_alias="s", target_alias="t")
@@ -63,13 +112,12 @@ def merge_seconds(path: str, source: pa.Table, keys: list[str]) -> float:
     return time.monotonic() - started
 
 
-def spark_merge_seconds(spark: Any, path: str, source: pa.Table, keys: list[str]) -> float:
+def spark_merge(spark: Any, path: str, source: pa.Table, predicate: str) -> float:
     from delta.tables import DeltaTable as SparkDeltaTable
 
     frame = spark.createDataFrame(source.to_pandas()).cache()
     frame.count()
     started = time.monotonic()
-    predicate = " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
     (
         SparkDeltaTable.forPath(spark, path)
         .alias("t")
@@ -83,36 +131,106 @@ def spark_merge_seconds(spark: Any, path: str, source: pa.Table, keys: list[str]
     return seconds
 
 
-def measure(n: int, work: Path, spark: Any) -> dict[str, float]:
+def spark_range(source: pa.Table) -> str:
+    low, high = (v.value for v in pc.min_max(source["window_start"]).values())
+    return f"t.window_start BETWEEN timestamp_micros({low}) AND timestamp_micros({high})"
+
+
+def measure_layouts(
+    work: Path,
+    spark: Any,
+    data: pa.Table,
+    source: pa.Table,
+    keys: list[str],
+    layouts: tuple[str, ...],
+    runs: tuple[tuple[str, str, str, str | None], ...],
+    partition: str,
+    within: Callable[[pa.Table, str], str | None],
+) -> dict[tuple[str, str], float]:
+    result: dict[tuple[str, str], float] = {}
+    for layout in layouts:
+        path = str(work / layout)
+        build(path, data, layout, partition)
+        partitioned = layout in ("by_date", "key_buckets")
+        layout_keys = [partition, *keys] if partitioned else keys
+        batch = source if partitioned else source.drop([partition])
+        on_keys = " AND ".join(f"t.`{k}` = s.`{k}`" for k in layout_keys)
+        for label, engine, condition, dvs in runs:
+            if engine == "spark" and spark is None:
+                continue
+            extra = within(batch, engine) if condition == "range" else None
+            predicate = on_keys if extra is None else f"{on_keys} AND {extra}"
+            if engine == "rs":
+                seconds = [rs_merge(path, batch, predicate) for _ in range(3)]
+            else:
+                spark.sql(
+                    f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES "
+                    f"('delta.enableDeletionVectors' = '{dvs}')"
+                )
+                seconds = [spark_merge(spark, path, batch, predicate) for _ in range(3)]
+            result[(label, layout)] = statistics.median(seconds)
+        shutil.rmtree(path, ignore_errors=True)
+    return result
+
+
+def windowed_within(batch: pa.Table, engine: str) -> str | None:
+    if engine == "spark":
+        return spark_range(batch)
+    return window_range("window_start", batch["window_start"])
+
+
+def measure(n: int, work: Path, spark: Any) -> dict[str, dict[tuple[str, str], float]]:
     rng = np.random.default_rng(1)
     rows = windowed_rows(n, rng, int(time.time() * 1_000_000))
     batch = rows.slice(n - 1000, 1000)  # the newest windows, as a batch touches
     batch = batch.set_column(3, "clicks", pc.add(batch["clicks"], 1))
-    result = {}
-    for layout in LAYOUTS:
-        path = str(work / layout)
-        keys = ["user_id", "window_start", "window_end"]
-        data, source = rows.drop(["window_date"]), batch.drop(["window_date"])
-        if layout == "by_date":
-            data, source, keys = rows, batch, ["window_date", *keys]
-            write_deltalake(path, data, partition_by=["window_date"])
-        elif layout == "time_clustered":
-            for start in range(0, n, 250_000):
-                write_deltalake(path, data.slice(start, 250_000), mode="append")
-        else:
-            write_deltalake(path, data)
-        result[layout] = statistics.median(merge_seconds(path, source, keys) for _ in range(3))
-        if spark is not None:
-            for dv in ("false", "true"):
-                spark.sql(
-                    f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES "
-                    f"('delta.enableDeletionVectors' = '{dv}')"
-                )
-                result[f"{layout}/spark/dv={dv}"] = statistics.median(
-                    spark_merge_seconds(spark, path, source, keys) for _ in range(3)
-                )
-        shutil.rmtree(path, ignore_errors=True)
-    return result
+    windowed = measure_layouts(
+        work,
+        spark,
+        rows,
+        batch,
+        ["user_id", "window_start", "window_end"],
+        WINDOWED,
+        WINDOWED_RUNS,
+        "window_date",
+        windowed_within,
+    )
+    del rows
+    stock = unwindowed_rows(n, rng)
+    picked = stock.take(pa.array(rng.choice(n, 1000, replace=False)))
+    picked = picked.set_column(1, "quantity", pc.add(picked["quantity"], 1))
+    unwindowed = measure_layouts(
+        work,
+        spark,
+        stock,
+        picked,
+        ["sku"],
+        UNWINDOWED,
+        UNWINDOWED_RUNS,
+        "bucket",
+        lambda _batch, _engine: None,
+    )
+    return {"windowed": windowed, "unwindowed": unwindowed}
+
+
+def table(
+    results: dict[int, dict[str, dict[tuple[str, str], float]]],
+    kind: str,
+    layouts: tuple[str, ...],
+    runs: tuple[tuple[str, str, str, str | None], ...],
+) -> list[str]:
+    lines = [
+        f"| state rows | engine, condition | {' | '.join(layouts)} |",
+        "|---|---|" + "---|" * len(layouts),
+    ]
+    for n, by_kind in results.items():
+        for label, *_ in runs:
+            cells = [by_kind[kind].get((label, layout)) for layout in layouts]
+            if all(c is None for c in cells):
+                continue
+            shown = " | ".join("-" if c is None else f"{c:.2f}" for c in cells)
+            lines.append(f"| {n:,} | {label} | {shown} |")
+    return lines
 
 
 def main() -> None:
@@ -126,34 +244,29 @@ def main() -> None:
     if not args.no_spark:
         from jobs.streaming.spark import get_spark
 
-        spark = get_spark("local[2]", "bench-state-layout", "4g")
+        spark = get_spark("local[2]", "bench-state-layout", "6g")
     try:
         results = {int(n): measure(int(n), work, spark) for n in args.sizes.split(",")}
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    engines = [("delta-rs", "")]
-    if spark is not None:
-        engines += [
-            ("delta-spark, DVs off", "/spark/dv=false"),
-            ("delta-spark, DVs on", "/spark/dv=true"),
-        ]
     lines = [
         "## State layout: one batch's MERGE, delta-rs and delta-spark",
         "",
         f"Command: `.venv/bin/python -m benchmarks.state_layout --sizes {args.sizes}`",
         "",
-        f"Machine: {machine()}. 1,000 rows of the newest windows merged into a windowed "
-        "state of N rows (30 days, 100,000 users); median of 3 merges, seconds. "
-        "delta-rs runs in the driver's process; delta-spark is `DeltaTable.merge` in a "
-        "warm `local[2]` session (the source a cached 1,000-row frame).",
+        f"Machine: {machine()}. One 1,000-row MERGE into a state of N rows; median of 3 "
+        "merges, seconds. delta-rs runs in the driver's process; delta-spark is "
+        "`DeltaTable.merge` in a warm `local[2]` session (the source a cached 1,000-row "
+        "frame). The layouts and conditions are described in `benchmarks/state_layout.py`.",
         "",
-        "| state rows | engine | one file | time-clustered files | partitioned by date |",
-        "|---|---|---|---|---|",
+        "Windowed state (`user_clicks`: 1,000 rows of the newest windows; 30 days, 100,000 users):",
+        "",
+        *table(results, "windowed", WINDOWED, WINDOWED_RUNS),
+        "",
+        f"Unwindowed state (`inventory`: 1,000 random existing keys; {BUCKETS} buckets):",
+        "",
+        *table(results, "unwindowed", UNWINDOWED, UNWINDOWED_RUNS),
     ]
-    for n, r in results.items():
-        for engine, suffix in engines:
-            cells = " | ".join(f"{r[layout + suffix]:.2f}" for layout in LAYOUTS)
-            lines.append(f"| {n:,} | {engine} | {cells} |")
     report = "\n".join(lines) + "\n"
     print(report)
     if not args.no_write:

