@@ -24,6 +24,7 @@ from jobs.ledger import (
     read_ledger,
     unfinished_operation,
 )
+from jobs.lock import holder
 from jobs.output.bookmark import repair
 from jobs.output.publisher import read_bookmark
 from jobs.pipeline import Pipeline
@@ -226,22 +227,33 @@ def _check_checkpoint(
             f"{batches}: the aggregation would restart from nothing"
         )
         return "rebuild"
-    if not commits and planned:
+    # Spark writes offsets/<n> before batch n, and commits/<n> after it returned
+    # (the platform's ledger row is written in between); it plans n+1 only after
+    # commits/<n>. So the newest planned batch may be in flight, but a planned batch
+    # below it without its commit is one Spark could not have left.
+    in_flight = planned[-1] if planned and planned[-1] not in commits else None
+    gone = [b for b in planned if b not in commits and b != in_flight]
+    if gone:
         problems.append(
-            f"offsets for batches {planned} but no commits in {checkpoint}: the commit log is gone"
+            f"offsets for batches {gone} but no commits in {checkpoint}: the commit log is gone"
         )
         return "rebuild"
+    if commits and max(commits) > newest_in_epoch:
+        # The ledger was read before this listing: a batch may have committed since.
+        newest = last_batch(layout)
+        if newest is not None and newest["epoch"] == epoch:
+            newest_in_epoch = max(newest_in_epoch, int(newest["batch_id"]))
     if commits and max(commits) > newest_in_epoch:
         problems.append(
             f"Spark committed batch {max(commits)} but the ledger ends at {newest_in_epoch}: "
             "batches were committed without the platform's commit"
         )
         return "rebuild"
-    pending = sorted(set(planned) - set(commits))
-    if pending:
+    running = holder(layout)
+    if in_flight is not None and not (running and running["purpose"].startswith("run")):
         problems.append(
-            f"batches {pending} are planned but not committed by Spark (a crash or a running "
-            "query): the next run replays them with the same offsets"
+            f"batch {in_flight} was planned but not committed by Spark (the run stopped "
+            "in it): the next run replays it with the same offsets"
         )
     return None
 

@@ -1,0 +1,130 @@
+"""``status``'s reading of the Spark checkpoint against the ledger, without Spark: a
+hand-written ledger and offset/commit logs in Spark's file format.
+
+A batch in flight is normal: Spark writes ``offsets/<n>`` before the batch, the
+platform's ledger row inside it, ``commits/<n>`` after it. Only a gap that Spark
+itself could not have left (a planned batch before the newest without its commit)
+means the commit log is gone."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import write_deltalake
+
+from jobs.delta import layout as tables
+from jobs.delta.layout import AppLayout, ensure_tables
+from jobs.lock import application_lock
+from jobs.pipeline import load_pipeline
+from jobs.settings import REPO_ROOT, Settings, load_settings
+from jobs.status import application_status
+
+PIPELINE = load_pipeline("user_clicks", REPO_ROOT / "include" / "pipelines")
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    ensure_tables(AppLayout(tmp_path, PIPELINE.application_id), PIPELINE)
+    return dataclasses.replace(load_settings(), warehouse=tmp_path)
+
+
+@pytest.fixture
+def layout(settings: Settings) -> AppLayout:
+    return AppLayout(settings.warehouse, PIPELINE.application_id)
+
+
+def ledger_rows(layout: AppLayout, batch_ids: range) -> None:
+    rows = [
+        {
+            "application_id": PIPELINE.application_id,
+            "entry_type": "batch",
+            "epoch": 0,
+            "batch_id": b,
+            "start_offsets": json.dumps({"clicks": {"0": 100 * b}}),
+            "end_offsets": json.dumps({"clicks": {"0": 100 * (b + 1)}}),
+            "records_in": 100,
+            "records_valid": 100,
+            "dead_lettered": 0,
+            "aggregated": 100,
+            "late_dropped": 0,
+            "windows_per_record": 1,
+            "pipeline_version": PIPELINE.version,
+            "processing_guarantee": "exactly_once",
+            "delta_versions": json.dumps({"state_after": 0}),
+            "watermark_ms": 0,
+            "commit_time": int(time.time() * 1_000_000),
+        }
+        for b in batch_ids
+    ]
+    write_deltalake(
+        str(layout.table(tables.LEDGER)),
+        pa.Table.from_pylist(rows, tables.LEDGER_SCHEMA),
+        mode="append",
+    )
+
+
+def spark_logs(layout: AppLayout, planned: range, committed: range) -> None:
+    checkpoint = layout.checkpoint(0)
+    for name, ids in (("offsets", planned), ("commits", committed)):
+        (checkpoint / name).mkdir(parents=True, exist_ok=True)
+        for b in ids:
+            lines = ["v1", json.dumps({"batchWatermarkMs": 0, "batchTimestampMs": 0})]
+            if name == "offsets":
+                lines.append(json.dumps({"clicks": {"0": 100 * (b + 1)}}))
+            (checkpoint / name / str(b)).write_text("\n".join(lines) + "\n")
+    (checkpoint / "state" / "0").mkdir(parents=True, exist_ok=True)
+    (checkpoint / "state" / "0" / "1.changelog").write_text("")
+
+
+@pytest.fixture
+def running(layout: AppLayout) -> Iterator[None]:
+    with application_lock(layout, "run --trigger continuous"):
+        yield
+
+
+@pytest.mark.usefixtures("running")
+def test_the_first_batch_of_an_epoch_in_flight_is_no_problem(
+    settings: Settings, layout: AppLayout
+) -> None:
+    # The ledger row of batch 0 is written; Spark's commits/0 comes when it returns.
+    ledger_rows(layout, range(1))
+    spark_logs(layout, planned=range(1), committed=range(0))
+    status = application_status(PIPELINE, settings, with_broker=False)
+    assert status.repair is None
+    assert status.problems == []
+
+
+@pytest.mark.usefixtures("running")
+def test_a_later_batch_in_flight_is_no_problem(settings: Settings, layout: AppLayout) -> None:
+    ledger_rows(layout, range(3))
+    spark_logs(layout, planned=range(4), committed=range(3))
+    status = application_status(PIPELINE, settings, with_broker=False)
+    assert status.repair is None
+    assert status.problems == []
+
+
+def test_a_batch_cut_off_by_a_crash_is_replayed_not_rebuilt(
+    settings: Settings, layout: AppLayout
+) -> None:
+    ledger_rows(layout, range(1))
+    spark_logs(layout, planned=range(1), committed=range(0))
+    status = application_status(PIPELINE, settings, with_broker=False)
+    assert status.repair is None
+    assert any("replays" in p for p in status.problems), status.problems
+
+
+def test_planned_batches_without_their_commits_mean_the_commit_log_is_gone(
+    settings: Settings, layout: AppLayout
+) -> None:
+    # Spark plans batch n+1 only after commits/n: a gap below the newest is damage.
+    ledger_rows(layout, range(3))
+    spark_logs(layout, planned=range(3), committed=range(0))
+    status = application_status(PIPELINE, settings, with_broker=False)
+    assert status.repair == "rebuild"
+    assert any("commit log is gone" in p for p in status.problems), status.problems
