@@ -25,8 +25,9 @@ def clicks_pipeline(output: str | None = None, partitions: int = 3) -> Pipeline:
     return parse_pipeline(data, "user_clicks.yaml")
 
 
-def state_rows(pipeline: Pipeline, counts: dict[str, int], batch_id: int) -> pa.Table:
-    """One row per user, all in the window starting at ``START``."""
+def state_rows(pipeline: Pipeline, counts: dict[str, int | None], batch_id: int) -> pa.Table:
+    """One row per user, all in the window starting at ``START`` (a count of None: a
+    NULL aggregate from one record)."""
     end = START.replace(minute=1)
     rows = [
         {
@@ -34,7 +35,7 @@ def state_rows(pipeline: Pipeline, counts: dict[str, int], batch_id: int) -> pa.
             "window_start": START,
             "window_end": end,
             "clicks": n,
-            "_records": n,
+            "_records": 1 if n is None else n,
             "epoch": 0,
             "batch_id": batch_id,
             "updated_at": START,
@@ -56,7 +57,7 @@ class StateWriter:
     def path(self) -> Path:
         return self.layout.table("state")
 
-    def batch(self, counts: dict[str, int]) -> int:
+    def batch(self, counts: dict[str, int | None]) -> int:
         """A batch's merge of these users' new counts; returns the state version."""
         version = self.writer.merge(
             self.path,

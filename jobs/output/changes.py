@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from jobs.delta import layout as tables
@@ -69,7 +70,7 @@ def net_changes(
     deletes = deletes.group_by(keys).aggregate([])
     if before.num_rows and after.num_rows:
         # A row removed and added back as it was (a restore's whole files): no change.
-        after = after.join(before, keys=columns, join_type="left anti")
+        after = without_unchanged(after, before, keys, columns)
     operation = str(info.get("platform_operation", info.get("operation", "unknown")))
     return VersionChanges(
         version=version,
@@ -81,6 +82,34 @@ def net_changes(
         upserts=after.select(columns),
         deletes=deletes.select(keys),
     )
+
+
+def without_unchanged(
+    after: pa.Table, before: pa.Table, keys: list[str], columns: list[str]
+) -> pa.Table:
+    """``after`` without the rows identical to their key's ``before`` row. Compared
+    column by column, NULL equal to NULL and NaN to NaN (a join on all columns
+    never matches a NULL, so a restore would re-send every row holding one)."""
+    values = [c for c in columns if c not in keys]
+    renamed = [f"{c}\0before" for c in values]
+    pairs = after.select(keys + values).join(
+        before.select(keys + values).rename_columns(keys + renamed), keys, join_type="inner"
+    )
+    if not pairs.num_rows:
+        return after
+    same = pa.array([True] * pairs.num_rows)
+    for column, other in zip(values, renamed, strict=True):
+        same = pc.and_(same, _equal(pairs[column], pairs[other]))
+    unchanged = pairs.filter(same).select(keys)
+    return after.join(unchanged, keys, join_type="left anti")
+
+
+def _equal(a: pa.ChunkedArray, b: pa.ChunkedArray) -> pa.ChunkedArray:
+    equal = pc.equal(a, b)
+    if pa.types.is_floating(a.type):
+        equal = pc.or_kleene(equal, pc.and_kleene(pc.is_nan(a), pc.is_nan(b)))
+    both_null = pc.and_(pc.is_null(a), pc.is_null(b))
+    return pc.fill_null(pc.or_kleene(equal, both_null), False)
 
 
 def snapshot(pipeline: Pipeline, path: Path, version: int, epoch: int) -> VersionChanges:

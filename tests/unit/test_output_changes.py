@@ -47,6 +47,17 @@ def test_a_restore_is_a_correction_of_only_what_it_changed(tmp_path: Path) -> No
     assert users(changes.deletes) == {"c": None}
 
 
+def test_a_restore_does_not_resend_unchanged_rows_holding_null(tmp_path: Path) -> None:
+    writer = StateWriter(tmp_path, clicks_pipeline())
+    first = writer.batch({"a": 1, "n": None})
+    writer.batch({"a": 2})
+    DeltaTable(str(writer.path)).restore(first)
+    changes = changes_of(writer, DeltaTable(str(writer.path)).version())
+    # n's row (a NULL aggregate) was removed and added back as it was.
+    assert users(changes.upserts) == {"a": 1}
+    assert changes.deletes.num_rows == 0
+
+
 def test_emptying_the_state_removes_every_key(tmp_path: Path) -> None:
     writer = StateWriter(tmp_path, clicks_pipeline())
     writer.batch({"a": 1, "b": 1})
