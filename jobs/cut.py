@@ -41,10 +41,14 @@ from jobs.kafka_source import offsets as kafka_offsets
 from jobs.ledger import (
     BOUNDARY_COLUMNS,
     IS_BATCH,
+    Boundary,
+    LedgerSnapshot,
     batch_rows,
+    current_epoch,
     last_batches,
     last_boundary,
     read_ledger,
+    snapshot,
     unfinished_epochs,
 )
 from jobs.pipeline import Pipeline, shape_changes
@@ -127,6 +131,20 @@ def read_cut(layout: AppLayout, epoch: int) -> Cut | None:
     if cut.epoch != epoch:
         raise ConsistencyError(f"cut file {path} is for epoch {cut.epoch}, not {epoch}")
     return cut
+
+
+def epochs_on_other_logs(layout: AppLayout, topic_ids: dict[str, str]) -> frozenset[int]:
+    """The epochs that read another log of a topic than the one with ``topic_ids``
+    (the topic was deleted and recreated since): their offsets are positions in a
+    log that is gone, and compare with nothing in the new one."""
+    found, ids = set(), {}
+    for epoch in range(current_epoch(layout) + 1):
+        cut = read_cut(layout, epoch)
+        if cut is not None and cut.topic_ids:
+            ids = cut.topic_ids
+        if any(t in topic_ids and known != topic_ids[t] for t, known in ids.items()):
+            found.add(epoch)
+    return frozenset(found)
 
 
 def latest_cut(layout: AppLayout, epoch: int) -> Cut | None:
@@ -317,11 +335,34 @@ def unfinished_state_version(layout: AppLayout, unfinished: list[int]) -> int | 
     return min(versions) - 1 if versions else None
 
 
+def lineage_head(layout: AppLayout, snap: LedgerSnapshot | None = None) -> Boundary | None:
+    """Where the application's live lineage ends: its last batch boundary or, when a
+    completed operation began an epoch after that batch and no batch ran since, the
+    operation's cut (its offsets and the state version it left, batch id -1). What a
+    rebuild or a skip continues from: the last batch would undo that operation."""
+    snap = snap or snapshot(layout)
+    if snap is None:
+        return None
+    last = last_boundary(layout, snap)
+    began = snap.lineage.began
+    if began is None or (last is not None and last.epoch >= began):
+        return last
+    step = snap.lineage.steps[began]
+    cut = read_cut(layout, began)
+    if step.state_version is None or cut is None:
+        raise ConsistencyError(
+            f"{layout.application_id}: epoch {began} began from an operation whose cut or "
+            "resulting state version is not recorded; repair: python -m jobs rebuild "
+            f"--pipeline {layout.application_id} --from-source --reason '...'"
+        )
+    return Boundary(began, -1, cut.offsets(), step.state_version, cut.watermark_ms)
+
+
 def state_behind(layout: AppLayout) -> int | None:
     """The state version an operation starts from when ``state`` is ahead of the
-    ledger: batches merged after the last boundary without their ledger row, or
+    ledger: batches merged after the lineage's head without their ledger row, or
     operations that died after their fence wrote it. None: it is consistent."""
-    last = last_boundary(layout)
+    last = lineage_head(layout)
     versions = [
         v
         for v in (

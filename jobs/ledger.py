@@ -9,7 +9,7 @@ and the planners use it without starting Spark.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -61,15 +61,130 @@ class UnfinishedOperation:
         )
 
 
+@dataclass(frozen=True)
+class Step:
+    """How an epoch began: the operation's plan, as its "done" ledger row holds it."""
+
+    action: str  # keep, restore, empty, publish
+    boundary: tuple[int, int] | None  # (epoch, batch id) the state was taken at
+    recomputed: tuple[Offsets, Offsets] | None  # a backfill's [read_from, target)
+    starting_offsets: Offsets = field(default_factory=dict)  # where its stream starts
+    state_version: int | None = None  # the state version it left
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """The application's live lineage: the batches its state is still made of.
+
+    From the current epoch back: an epoch an operation began continues from the
+    batch boundary its plan took the state at (that epoch's later batches were
+    discarded); an epoch no operation began (the first, or a fence's) continues the
+    one before with all its batches; an operation that emptied the state, or took
+    it from before any batch, ends the walk. Rewinds, backfills and ``maintain``
+    choose boundaries from this only: a discarded epoch's state never comes back.
+    """
+
+    epoch: int
+    upto: dict[int, int | None]  # live epoch -> its last live batch id (None: all)
+    steps: dict[int, Step]
+
+    def holds(self, epoch: int, batch_id: int) -> bool:
+        if epoch not in self.upto:
+            return False
+        limit = self.upto[epoch]
+        return limit is None or batch_id <= limit
+
+    @property
+    def began(self) -> int | None:
+        """The newest live epoch a completed operation began (its cut is where the
+        stream continues when no batch ran since)."""
+        return max((e for e in self.upto if e in self.steps), default=None)
+
+
+def epoch_steps(rows: list[dict[str, Any]]) -> dict[int, Step]:
+    """The completed operations (their "done" rows) by the epoch they began."""
+    steps = {}
+    for row in rows:
+        if row["entry_type"] in (BATCH, MAINTAIN, "verify"):
+            continue
+        details = row["details"]
+        details = json.loads(details or "{}") if isinstance(details, str | None) else details
+        if details.get("phase") != DONE or details.get("dry_run"):
+            continue
+        plan = details.get("plan") or {}
+        boundary = plan.get("boundary")
+        recomputed = None
+        if plan.get("state_action") == "publish":
+            recomputed = (
+                kafka_offsets.from_json_dict(plan.get("read_from") or {}),
+                kafka_offsets.from_json_dict(plan.get("target_offsets") or {}),
+            )
+        version = (details.get("result") or {}).get("state_version")
+        steps[int(row["epoch"])] = Step(
+            action=str(plan.get("state_action", "keep")),
+            boundary=None
+            if boundary is None
+            else (int(boundary["epoch"]), int(boundary["batch_id"])),
+            recomputed=recomputed,
+            starting_offsets=kafka_offsets.from_json_dict(plan.get("target_offsets") or {}),
+            state_version=None if version is None else int(version),
+        )
+    return steps
+
+
+def live_lineage(steps: dict[int, Step], epoch: int) -> Lineage:
+    upto: dict[int, int | None] = {}
+    at, last = epoch, None
+    while at >= 0 and at not in upto:
+        upto[at] = last
+        step = steps.get(at)
+        if step is None:  # the first epoch, a fence's, or one whose operation died
+            at, last = at - 1, None
+        elif step.action == "empty" or step.boundary is None:
+            break
+        else:
+            at, last = step.boundary
+    return Lineage(epoch, upto, steps)
+
+
+class LedgerSnapshot:
+    """The ledger at one version: every read from it agrees with the others and
+    with its epoch (a batch committed meanwhile is in none of them)."""
+
+    def __init__(self, layout: AppLayout, table: DeltaTable) -> None:
+        self.layout = layout
+        self.version = int(table.version())
+        self.epoch = max(0, table_epoch(table, layout.application_id))
+        self._dataset = table.to_pyarrow_dataset()
+        self._lineage: Lineage | None = None
+
+    def rows(
+        self, columns: list[str] | None = None, where: ds.Expression | None = None
+    ) -> pa.Table:
+        return self._dataset.to_table(columns=columns, filter=where)
+
+    @property
+    def lineage(self) -> Lineage:
+        if self._lineage is None:
+            rows = self.rows(["entry_type", "epoch", "details"], ~IS_BATCH).to_pylist()
+            self._lineage = live_lineage(epoch_steps(rows), self.epoch)
+        return self._lineage
+
+
+def snapshot(layout: AppLayout) -> LedgerSnapshot | None:
+    path = layout.table(tables.LEDGER)
+    if not DeltaTable.is_deltatable(str(path)):
+        return None
+    return LedgerSnapshot(layout, DeltaTable(str(path)))
+
+
 def read_ledger(
     layout: AppLayout, columns: list[str] | None = None, where: ds.Expression | None = None
 ) -> pa.Table | None:
     """The ledger's rows (only ``columns``, only those matching ``where``: the ledger
     grows by a row per batch, so callers read what they need)."""
-    dataset = ledger_dataset(layout)
-    if dataset is None:
-        return None
-    return dataset.to_table(columns=columns, filter=where)
+    snap = snapshot(layout)
+    return None if snap is None else snap.rows(columns, where)
 
 
 def ledger_dataset(layout: AppLayout) -> ds.Dataset | None:
@@ -140,10 +255,16 @@ BOUNDARY_COLUMNS = [
 ]
 
 
-def batch_boundaries(layout: AppLayout) -> list[Boundary]:
-    """Every committed batch end (all epochs), oldest first."""
+def batch_boundaries(layout: AppLayout, snap: LedgerSnapshot | None = None) -> list[Boundary]:
+    """Every committed batch end of the application's live lineage, oldest first."""
+    snap = snap or snapshot(layout)
+    if snap is None:
+        return []
+    lineage = snap.lineage
     result = []
-    for row in batch_rows(read_ledger(layout, BOUNDARY_COLUMNS, IS_BATCH)):
+    for row in batch_rows(snap.rows(BOUNDARY_COLUMNS, IS_BATCH)):
+        if not lineage.holds(int(row["epoch"]), int(row["batch_id"])):
+            continue
         versions = json.loads(row["delta_versions"] or "{}")
         if versions.get("state_after") is None:
             continue
@@ -163,13 +284,15 @@ def batch_boundaries(layout: AppLayout) -> list[Boundary]:
 Range = tuple[str, int, int, int, int, int]
 
 
-def watermark_ranges(ledger: pa.Table | None) -> list[Range]:
+def watermark_ranges(ledger: pa.Table | None, lineage: Lineage) -> list[Range]:
     """(topic, partition, begin, end, watermark_ms, batch_time_ms): the watermark and
-    the batch time each committed offset range was judged with, without overlaps. A
-    range read again in a later epoch (after a rewind) takes the later decision, the
-    one the state reflects."""
+    the batch time each offset range of the live lineage was judged with, without
+    overlaps. A range read again in a later epoch (after a rewind) takes the later
+    decision, the one the state reflects."""
     spans: dict[tuple[str, int], list[tuple[int, int, tuple[int, int]]]] = {}
     for row in batch_rows(ledger):
+        if not lineage.holds(int(row["epoch"]), int(row["batch_id"])):
+            continue
         details = json.loads(row["details"] or "{}")
         # Rows written before the batch time was recorded: their commit time (the
         # same batch, seconds later).
@@ -201,17 +324,22 @@ def _micros(value: Any) -> int:
     return int(value or 0)
 
 
-def last_boundary(layout: AppLayout) -> Boundary | None:
-    boundaries = batch_boundaries(layout)
+def last_boundary(layout: AppLayout, snap: LedgerSnapshot | None = None) -> Boundary | None:
+    boundaries = batch_boundaries(layout, snap)
     return boundaries[-1] if boundaries else None
 
 
-def boundary_at_or_before(layout: AppLayout, target: Offsets) -> Boundary | None:
-    """The latest batch end with every partition at or before ``target``."""
+def boundary_at_or_before(
+    layout: AppLayout, target: Offsets, other_logs: frozenset[int] = frozenset()
+) -> Boundary | None:
+    """The latest batch end of the live lineage with every partition at or before
+    ``target``. ``other_logs``: epochs that read an earlier log of a topic (deleted
+    and recreated since): their offsets do not compare with ``target``'s."""
     fits = [
         (sum(b.end_offsets.values()), i, b)
         for i, b in enumerate(batch_boundaries(layout))
-        if all(off <= target.get(tp, off) for tp, off in b.end_offsets.items())
+        if b.epoch not in other_logs
+        and all(off <= target.get(tp, off) for tp, off in b.end_offsets.items())
     ]
     # Furthest along; for the same offsets, the later batch (latest state).
     if not fits:
@@ -246,10 +374,13 @@ def kept_state_version(layout: AppLayout) -> int | None:
     return max(versions) if versions else None
 
 
-def _operations_by_epoch(layout: AppLayout, since: int) -> dict[int, list[dict[str, Any]]]:
+def _operations_by_epoch(
+    layout: AppLayout, since: int, snap: LedgerSnapshot | None = None
+) -> dict[int, list[dict[str, Any]]]:
     """The applied (not dry-run, not maintain) operation rows of epochs ``since`` and
     later, oldest first, with their details parsed."""
-    ledger = read_ledger(layout, where=(ds.field("epoch") >= since) & ~IS_BATCH)
+    where = (ds.field("epoch") >= since) & ~IS_BATCH
+    ledger = read_ledger(layout, where=where) if snap is None else snap.rows(where=where)
     found: dict[int, list[dict[str, Any]]] = {}
     for row in sorted(ledger.to_pylist() if ledger else [], key=lambda r: r["commit_time"]):
         details = json.loads(row["details"] or "{}")
@@ -272,13 +403,15 @@ def beyond_horizon(layout: AppLayout, state_version: int | None) -> int | None:
     return kept
 
 
-def unfinished_operation(layout: AppLayout) -> UnfinishedOperation | None:
+def unfinished_operation(
+    layout: AppLayout, snap: LedgerSnapshot | None = None
+) -> UnfinishedOperation | None:
     """The operation that moved the application to its current epoch, if it has not
     recorded that it finished (it died after the fence: its cut may be incomplete)."""
-    epoch = current_epoch(layout)
+    epoch = current_epoch(layout) if snap is None else snap.epoch
     if epoch == 0:
         return None
-    applied = _operations_by_epoch(layout, epoch).get(epoch, [])
+    applied = _operations_by_epoch(layout, epoch, snap).get(epoch, [])
     if not _died(applied):
         return None
     # The epoch's first row: the operation's bump ("started"), or the fence it put

@@ -29,7 +29,13 @@ from deltalake import CommitProperties, DeltaTable, write_deltalake
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from jobs.cut import StateAction, fill_from_first, replay_from_origin, state_behind
+from jobs.cut import (
+    StateAction,
+    fill_from_first,
+    lineage_head,
+    replay_from_origin,
+    state_behind,
+)
 from jobs.delta import layout as tables
 from jobs.delta.cdf import AFTER, rows_of, version_changes
 from jobs.delta.layout import AppLayout
@@ -41,15 +47,16 @@ from jobs.kafka_source import spark_kafka
 from jobs.ledger import (
     BOUNDARY_COLUMNS,
     IS_BATCH,
+    Lineage,
     batch_rows,
     boundary_at_or_before,
     current_epoch,
-    last_boundary,
-    read_ledger,
+    live_lineage,
+    snapshot,
     watermark_ranges,
 )
 from jobs.operations.plan import Plan, header
-from jobs.operations.restart import broker_marks
+from jobs.operations.restart import broker_marks, other_logs
 from jobs.operations.targets import TargetSpec, resolve_targets
 from jobs.pipeline import Pipeline
 from jobs.progress import SparkJobProgress
@@ -71,7 +78,7 @@ def plan_backfill(
 ) -> Plan:
     layout = AppLayout(settings.warehouse, pipeline.application_id)
     epoch = current_epoch(layout)
-    last = last_boundary(layout)
+    last = lineage_head(layout)
     current = last.end_offsets if last else {}
     config, marks = broker_marks(pipeline, settings)
     head = {tp: high for tp, (_low, high) in marks.items()}
@@ -85,7 +92,7 @@ def plan_backfill(
     boundary = None
     if start.kind != "earliest":
         wanted = resolve_targets(start, current, marks, config)
-        boundary = boundary_at_or_before(layout, wanted)
+        boundary = boundary_at_or_before(layout, wanted, other_logs(pipeline, settings, layout))
     # Every partition of the head gets its first offset: a partition the boundary
     # does not name (added later) is read from where the application first read it.
     if boundary is None:
@@ -151,8 +158,10 @@ def aggregate_records(
     times), aggregated with the pipeline, plus a seed state version's rows;
     ``keep`` filters the contributions (a sample of keys)."""
     layout = AppLayout(settings.warehouse, pipeline.application_id)
-    decided = read_ledger(layout, [*BOUNDARY_COLUMNS, "details"], IS_BATCH)
-    raw = with_stream_decisions(spark, raw, decided, pipeline.window is not None)
+    snap = snapshot(layout)
+    decided = None if snap is None else snap.rows([*BOUNDARY_COLUMNS, "details"], IS_BATCH)
+    lineage = live_lineage({}, 0) if snap is None else snap.lineage
+    raw = with_stream_decisions(spark, raw, decided, lineage, pipeline.window is not None)
     contributions = record_contributions(classify(raw, pipeline), pipeline)
     if seed_state_version is not None:
         base = DeltaTable(str(layout.table("state")), version=seed_state_version)
@@ -166,14 +175,25 @@ def aggregate_records(
 
 
 def with_stream_decisions(
-    spark: SparkSession, raw: DataFrame, ledger: pa.Table | None, windowed: bool
+    spark: SparkSession,
+    raw: DataFrame,
+    ledger: pa.Table | None,
+    lineage: Lineage,
+    windowed: bool,
 ) -> DataFrame:
     """Each record with the watermark and the batch time the stream judged it with
-    (from the ledger), so that ``classify`` leaves out exactly the records the stream
-    dead-lettered (late, or too far ahead of its batch); records the stream has not
-    read yet get its last watermark and the time of this backfill."""
-    ranges = watermark_ranges(ledger)
-    last = max((int(r["watermark_ms"] or 0) for r in batch_rows(ledger)), default=0)
+    (from the ledger's live lineage), so that ``classify`` leaves out exactly the
+    records the stream dead-lettered (late, or too far ahead of its batch); records
+    the stream has not read yet get its last watermark and the time of this backfill."""
+    ranges = watermark_ranges(ledger, lineage)
+    last = max(
+        (
+            int(r["watermark_ms"] or 0)
+            for r in batch_rows(ledger)
+            if lineage.holds(int(r["epoch"]), int(r["batch_id"]))
+        ),
+        default=0,
+    )
     schema = (
         "r_topic string, r_partition int, r_begin long, r_end long, r_watermark long, r_time long"
     )

@@ -22,7 +22,9 @@ from jobs.cut import (
     StateAction,
     apply_cut,
     check_state_shape,
+    epochs_on_other_logs,
     latest_cut,
+    lineage_head,
     read_cut,
     replay_from_origin,
     state_behind,
@@ -33,13 +35,10 @@ from jobs.delta.writer import fenced_properties
 from jobs.errors import ConfigError
 from jobs.kafka_source import offsets as kafka_offsets
 from jobs.ledger import (
-    Boundary,
     batch_boundaries,
     boundary_at_or_before,
     current_epoch,
-    last_boundary,
     unfinished_epochs,
-    unfinished_operation,
 )
 from jobs.operations.audit import append_audit, audit_row
 from jobs.operations.plan import Plan, header
@@ -69,7 +68,7 @@ def broker_marks(
 def plan_rebuild(pipeline: Pipeline, settings: Settings, reason: str, from_source: bool) -> Plan:
     layout = AppLayout(settings.warehouse, pipeline.application_id)
     epoch = current_epoch(layout)
-    last = last_boundary(layout)
+    last = lineage_head(layout)
     current = last.end_offsets if last else {}
     if from_source or last is None:
         _config, marks = broker_marks(pipeline, settings)
@@ -85,7 +84,6 @@ def plan_rebuild(pipeline: Pipeline, settings: Settings, reason: str, from_sourc
                 "empty until the replay has caught up"
             ],
         )
-    refuse_before_first_batch(layout, last, "rebuild")
     check_seedable(pipeline)
     return Plan(
         **header("rebuild", pipeline.application_id, reason, epoch, current),
@@ -95,22 +93,6 @@ def plan_rebuild(pipeline: Pipeline, settings: Settings, reason: str, from_sourc
         boundary=last,
         notes=["restores Spark's state from Delta; Kafka is not re-read"],
     )
-
-
-def refuse_before_first_batch(layout: AppLayout, last: Boundary, operation: str) -> None:
-    """An operation began the current epoch (it has a cut) and no batch ran since:
-    the state and offsets are the cut's, not the last batch's (a backfill's
-    corrections, a rewind's boundary). Seeding from the last batch would undo it."""
-    epoch = current_epoch(layout)
-    if unfinished_operation(layout) is not None:
-        return  # run again to complete it: it plans from where it began
-    if last.epoch < epoch and read_cut(layout, epoch) is not None:
-        raise ConfigError(
-            f"{layout.application_id}: epoch {epoch} began from an operation's cut and has no "
-            f"batch yet; {operation} would start from epoch {last.epoch} batch {last.batch_id} "
-            "and undo that operation; run the pipeline first (python -m jobs run --pipeline "
-            f"{layout.application_id}), or use rebuild --from-source"
-        )
 
 
 def plan_rewind(
@@ -123,7 +105,7 @@ def plan_rewind(
 ) -> Plan:
     layout = AppLayout(settings.warehouse, pipeline.application_id)
     epoch = current_epoch(layout)
-    last = last_boundary(layout)
+    last = lineage_head(layout)
     if last is None:
         raise ConfigError(f"{pipeline.application_id} has no committed batch: nothing to rewind")
     current = last.end_offsets
@@ -154,7 +136,6 @@ def plan_rewind(
                 f"--mode skip only moves forward (it keeps the state); these would go back: "
                 f"{_names(backwards)}; use --mode reprocess"
             )
-        refuse_before_first_batch(layout, last, "rewind --mode skip")
         check_seedable(pipeline)
         skipped = {
             f"{tp[0]}[{tp[1]}]": [current.get(tp, off), off]
@@ -176,7 +157,7 @@ def plan_rewind(
             boundary=last,
             skipped=skipped,
         )
-    boundary = boundary_at_or_before(layout, target)
+    boundary = boundary_at_or_before(layout, target, other_logs(pipeline, settings, layout))
     if boundary is None:
         origin = replay_from_origin(layout, marks, "a rewind before the first batch")
         return Plan(
@@ -212,6 +193,17 @@ def _names(pairs: dict[tuple[str, int], tuple[Any, int]]) -> str:
     return ", ".join(f"{t}[{p}]->{off}" for (t, p), (_cur, off) in sorted(pairs.items()))
 
 
+def broker_topic_ids(pipeline: Pipeline, settings: Settings) -> dict[str, str]:
+    config = kafka_admin.client_config(settings.bootstrap_servers, settings.kafka_client)
+    return kafka_admin.topic_ids(kafka_admin.admin(config), pipeline.topics)
+
+
+def other_logs(pipeline: Pipeline, settings: Settings, layout: AppLayout) -> frozenset[int]:
+    """Epochs whose offsets are in an earlier log of a topic than the broker's now:
+    no boundary of theirs compares with a target in the new log."""
+    return epochs_on_other_logs(layout, broker_topic_ids(pipeline, settings))
+
+
 def recreated_topics(
     pipeline: Pipeline, settings: Settings, layout: AppLayout, epoch: int
 ) -> set[str]:
@@ -219,8 +211,7 @@ def recreated_topics(
     cut = read_cut(layout, epoch)
     if cut is None or not cut.topic_ids:
         return set()
-    config = kafka_admin.client_config(settings.bootstrap_servers, settings.kafka_client)
-    now = kafka_admin.topic_ids(kafka_admin.admin(config), pipeline.topics)
+    now = broker_topic_ids(pipeline, settings)
     return {t for t, i in cut.topic_ids.items() if t in now and now[t] != i}
 
 
@@ -229,8 +220,7 @@ def checked_topic_ids(
 ) -> dict[str, str]:
     """The topic ids the new cut records. A topic recreated since the current cut is
     accepted only when this operation points it at its new log (a rewind of it)."""
-    config = kafka_admin.client_config(settings.bootstrap_servers, settings.kafka_client)
-    now = kafka_admin.topic_ids(kafka_admin.admin(config), pipeline.topics)
+    now = broker_topic_ids(pipeline, settings)
     previous = read_cut(layout, plan.epoch_before)
     if previous is not None:
         kept = {t: i for t, i in previous.topic_ids.items() if t not in plan.reset_topics}

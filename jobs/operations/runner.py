@@ -12,13 +12,13 @@ from jobs.cut import fenced_tables
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
 from jobs.delta.writer import bump_epoch
-from jobs.errors import ConfigError
+from jobs.errors import ConfigError, PlatformError
 from jobs.ledger import current_epoch
 from jobs.lock import LockedError, application_lock, describe, holder
 from jobs.operations import saved
 from jobs.operations.audit import audit_row
 from jobs.operations.plan import Plan
-from jobs.operations.restart import apply_plan, audit_dry_run
+from jobs.operations.restart import apply_plan, audit_dry_run, plan_rebuild
 from jobs.output.publisher import OutputPublisher
 from jobs.pipeline import Pipeline
 from jobs.settings import Settings
@@ -81,7 +81,12 @@ def run_operation(
     if busy is not None:
         fence_running_stream(pipeline, layout, plan, busy, echo)
     with application_lock(layout, f"{plan.operation} --reason {plan.reason!r}"):
-        plan = make_plan()  # again: the stream may have committed more before the fence
+        try:
+            plan = make_plan()  # again: the stream may have committed more before the fence
+        except PlatformError as refused:
+            if busy is None:
+                raise
+            raise resume_unchanged(pipeline, settings, plan.operation, refused, echo) from refused
         echo(f"plan under the lock:\n{plan.describe()}")
         result = apply(plan) if apply is not None else apply_plan(pipeline, settings, plan)
         echo(f"applied: {result}; epoch {plan.epoch_before} -> {plan.epoch_after}")
@@ -147,6 +152,35 @@ def publish_corrections(
     echo(
         f"output: {records} record(s) of {len(done)} state version(s) published to "
         f"{pipeline.output.topic}"
+    )
+
+
+def resume_unchanged(
+    pipeline: Pipeline,
+    settings: Settings,
+    operation: str,
+    refused: PlatformError,
+    echo: Callable[[str], None],
+) -> PlatformError:
+    """An operation refused after it fenced the running stream (the stream committed
+    more meanwhile, and the plan no longer holds): the fence epoch is completed as
+    a rebuild that keeps the state as the ledger has it, so ``run`` resumes the
+    application unchanged. Returns the error to raise: the operation was refused."""
+    reason = f"resume after a refused {operation}: {refused}"[:500]
+    try:
+        plan = plan_rebuild(pipeline, settings, reason, from_source=False)
+    except PlatformError as cannot:  # a hopping window cannot be seeded
+        return ConfigError(
+            f"{refused}; the stream was fenced before this was known, and it cannot "
+            f"resume unchanged ({cannot}); complete the fence with python -m jobs rebuild "
+            f"--pipeline {pipeline.application_id} --from-source --reason '...'"
+        )
+    result = apply_plan(pipeline, settings, plan)
+    echo(f"resumed unchanged: {result}; epoch {plan.epoch_before} -> {plan.epoch_after}")
+    return ConfigError(
+        f"{refused}; nothing was changed: the fenced stream resumes from epoch "
+        f"{plan.epoch_after} with its state as the ledger has it (python -m jobs run "
+        f"--pipeline {pipeline.application_id})"
     )
 
 

@@ -26,7 +26,6 @@ import json
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -39,12 +38,12 @@ from jobs.delta.layout import AppLayout
 from jobs.errors import ConfigError, ConsistencyError
 from jobs.kafka_source import offsets as kafka_offsets
 from jobs.ledger import (
-    DONE,
     IS_BATCH,
-    MAINTAIN,
-    current_epoch,
+    LedgerSnapshot,
+    Step,
     last_boundary,
-    read_ledger,
+    live_lineage,
+    snapshot,
     unfinished_operation,
 )
 from jobs.operations.audit import append_audit, audit_row
@@ -59,15 +58,6 @@ VERIFY = "verify"
 SAMPLE_BUCKETS = 1_000_000
 
 Intervals = dict[tuple[str, int], list[tuple[int, int]]]  # merged [start, end) per partition
-
-
-@dataclass(frozen=True)
-class Step:
-    """How an epoch began: the operation's plan, as its "done" ledger row holds it."""
-
-    action: str  # keep, restore, empty, publish
-    boundary: tuple[int, int] | None  # (epoch, batch id) the state was taken at
-    recomputed: tuple[kafka_offsets.Offsets, kafka_offsets.Offsets] | None  # a backfill's
 
 
 def merge(intervals: Intervals) -> Intervals:
@@ -87,7 +77,9 @@ def merge(intervals: Intervals) -> Intervals:
 def lineage(
     batches: list[dict[str, Any]], steps: dict[int, Step], epoch: int, upto: int | None = None
 ) -> Intervals:
-    """The offsets the state of ``epoch`` (after batch ``upto``) is made of."""
+    """The offsets the state of ``epoch`` (after batch ``upto``) is made of: the
+    batches of its live lineage and the ranges its backfills recomputed."""
+    live = live_lineage(steps, epoch)
     found: Intervals = {}
 
     def add(start: kafka_offsets.Offsets, end: kafka_offsets.Offsets) -> None:
@@ -95,45 +87,17 @@ def lineage(
             found.setdefault(tp, []).append((start.get(tp, stop), stop))
 
     for row in batches:
-        if row["epoch"] == epoch and (upto is None or row["batch_id"] <= upto):
+        at, batch_id = int(row["epoch"]), int(row["batch_id"])
+        if live.holds(at, batch_id) and (at != epoch or upto is None or batch_id <= upto):
             add(
                 kafka_offsets.from_json_dict(json.loads(row["start_offsets"])),
                 kafka_offsets.from_json_dict(json.loads(row["end_offsets"])),
             )
-    step = steps.get(epoch)
-    if step is not None and step.action != "empty":
-        if step.boundary is not None:
-            for tp, spans in lineage(batches, steps, *step.boundary).items():
-                found.setdefault(tp, []).extend(spans)
-        if step.recomputed is not None:
+    for at in live.upto:
+        step = steps.get(at)
+        if step is not None and step.action != "empty" and step.recomputed is not None:
             add(*step.recomputed)
     return merge(found)
-
-
-def epoch_steps(ledger: list[dict[str, Any]]) -> dict[int, Step]:
-    steps = {}
-    for row in ledger:
-        if row["entry_type"] in (MAINTAIN, VERIFY):
-            continue
-        details = json.loads(row["details"] or "{}")
-        if details.get("phase") != DONE or details.get("dry_run"):
-            continue
-        plan = details.get("plan") or {}
-        boundary = plan.get("boundary")
-        recomputed = None
-        if plan.get("state_action") == "publish":
-            recomputed = (
-                kafka_offsets.from_json_dict(plan.get("read_from") or {}),
-                kafka_offsets.from_json_dict(plan.get("target_offsets") or {}),
-            )
-        steps[int(row["epoch"])] = Step(
-            action=str(plan.get("state_action", "keep")),
-            boundary=None
-            if boundary is None
-            else (int(boundary["epoch"]), int(boundary["batch_id"])),
-            recomputed=recomputed,
-        )
-    return steps
 
 
 def layers(intervals: Intervals) -> list[tuple[kafka_offsets.Offsets, kafka_offsets.Offsets]]:
@@ -161,45 +125,56 @@ def sampled(pipeline: Pipeline, fraction: float | None) -> Callable[[DataFrame],
     return lambda frame: frame.filter(bucket < threshold)
 
 
-def comparable_version(layout: AppLayout, base_version: int) -> int:
-    """The newest state version that the ledger accounts for: every commit after
-    ``base_version`` up to the first batch of this epoch the ledger does not hold
-    yet (one being committed next to verify, or one a crash left, which the next
-    run undoes). Commits that are not batches (maintenance, an edit by hand) are
-    included."""
+def comparable_version(layout: AppLayout, base_version: int, epoch: int) -> int:
+    """The newest state version that the ledger (read at ``epoch``) accounts for:
+    every commit after ``base_version`` up to the first batch of this epoch the
+    ledger read does not hold (one committed next to verify, or one a crash left,
+    which the next run undoes), or the first commit of a later epoch (an operation
+    that began after the read). Commits that are not batches (maintenance, an edit
+    by hand) are included."""
     current = DeltaTable(str(layout.table("state"))).version()
     if current <= max(base_version, 0):
         return current
     infos = commit_infos(layout.table("state"), base_version + 1, current)
     # An older epoch's batch (a fenced stream's last merge) was undone or overwritten
     # by the operation that started this epoch: only this epoch's count.
-    epoch = str(current_epoch(layout))
-    batches = [
+    unaccounted = [
         v
         for v, info in infos.items()
-        if info.get("platform_operation") == "batch" and str(info.get("epoch")) == epoch
+        if (info.get("platform_operation") == "batch" and str(info.get("epoch")) == str(epoch))
+        or _epoch_of(info) > epoch
     ]
-    return min(batches) - 1 if batches else current
+    return min(unaccounted) - 1 if unaccounted else current
 
 
-def state_lineage(
-    layout: AppLayout, batches: list[dict[str, Any]], steps: dict[int, Step]
-) -> tuple[str, int, Intervals]:
-    """What the published state stands for now: a description, the state version
-    its lineage was committed at (or after), and the lineage."""
-    unfinished = unfinished_operation(layout)
+def _epoch_of(info: dict[str, Any]) -> int:
+    try:
+        return int(info.get("epoch", -1))
+    except (TypeError, ValueError):
+        return -1
+
+
+def state_lineage(snap: LedgerSnapshot) -> tuple[str, int, Intervals]:
+    """What the published state stands for as of one read of the ledger: a
+    description, the state version its lineage was committed at (or after), and
+    the lineage."""
+    layout = snap.layout
+    unfinished = unfinished_operation(layout, snap)
     if unfinished is not None:
         raise ConsistencyError(
             f"{layout.application_id}: {unfinished.describe()}; verify after it is completed"
         )
-    boundary = last_boundary(layout)
-    epoch = current_epoch(layout)
+    batches = snap.rows(["epoch", "batch_id", "start_offsets", "end_offsets"], IS_BATCH)
+    rows = batches.to_pylist()
+    steps = snap.lineage.steps
+    boundary = last_boundary(layout, snap)
+    epoch = snap.epoch
     if boundary is not None and boundary.epoch == epoch:
         where = f"epoch {epoch} batch {boundary.batch_id}"
-        return where, boundary.state_version, lineage(batches, steps, epoch, boundary.batch_id)
+        return where, boundary.state_version, lineage(rows, steps, epoch, boundary.batch_id)
     if epoch in steps:  # an operation started this epoch; no batch of it yet
         base = -1 if boundary is None else boundary.state_version
-        return f"epoch {epoch} as its operation began it", base, lineage(batches, steps, epoch)
+        return f"epoch {epoch} as its operation began it", base, lineage(rows, steps, epoch)
     raise ConfigError(f"{layout.application_id} has no committed batch: nothing to verify")
 
 
@@ -224,14 +199,12 @@ def run_verify(
     layout = AppLayout(settings.warehouse, pipeline.application_id)
     if not DeltaTable.is_deltatable(str(layout.table("state"))):
         raise ConfigError(f"{pipeline.application_id} has no state table: nothing to verify")
-    # Only the columns needed: the ledger grows by a row per batch.
-    batch_table = read_ledger(
-        layout, ["epoch", "batch_id", "start_offsets", "end_offsets"], IS_BATCH
-    )
-    operations = read_ledger(layout, ["entry_type", "epoch", "details"], ~IS_BATCH)
-    batches = [] if batch_table is None else batch_table.to_pylist()
-    steps = epoch_steps([] if operations is None else operations.to_pylist())
-    where, base_version, intervals = state_lineage(layout, batches, steps)
+    # One read of the ledger: the lineage, the base version and the epoch agree
+    # (a batch committed meanwhile is in none of them).
+    snap = snapshot(layout)
+    if snap is None:
+        raise ConfigError(f"{pipeline.application_id} has no ledger: nothing to verify")
+    where, base_version, intervals = state_lineage(snap)
     reads = layers(intervals)
     records = sum(end - start for spans in intervals.values() for start, end in spans)
     echo(
@@ -250,7 +223,7 @@ def run_verify(
         with SparkJobProgress(spark, "verify", records):
             recomputed = aggregate_records(spark, pipeline, settings, raw, None, keep)
     schema = tables.aggregate_schema(pipeline)
-    version = comparable_version(layout, base_version)
+    version = comparable_version(layout, base_version, snap.epoch)
     state_path = layout.table("state")
     state = DeltaTable(str(state_path), version=version)
     if keep is None or not state.file_uris():
@@ -270,7 +243,7 @@ def run_verify(
     }
     append_audit(
         layout,
-        audit_row(pipeline, VERIFY, current_epoch(layout), {"reason": "drift check", **result}),
+        audit_row(pipeline, VERIFY, snap.epoch, {"reason": "drift check", **result}),
     )
     echo(
         f"verify: {result['rows_compared']} rows compared, {differing} differ "

@@ -173,16 +173,16 @@ def test_backfill_publishes_the_fix_atomically(
     )
     assert topic_table(records) == expected(first, 2)
 
-    # Before the new epoch's first batch, seeding from the last batch would undo the
-    # backfill in Spark's state: refused, naming the run.
-    early = run_jobs(v2, settings, "rebuild", "--reason", "too early")
-    assert early.returncode == 2 and "run the pipeline first" in early.stderr, early.stderr
+    # Before the new epoch's first batch, a rebuild continues from the backfill's cut
+    # (its offsets, its corrected state), not from the last batch (which would undo it).
+    early = run_jobs(v2, settings, "rebuild", "--reason", "right after the backfill")
+    assert early.returncode == 0, early.stderr
 
     # The stream resumes from the backfill's end offsets with the corrected state.
     later = movements(300, 2)
     produce(kafka_config, topic, [json.dumps(e).encode() for e in later])
     summary = run_pipeline(spark, load_pipeline(str(v2), tmp_path), settings)
-    assert summary.epoch == 1
+    assert summary.epoch == 2
     assert state(settings.warehouse) == expected(first + later, 2)
     assert topic_table(read_output(kafka_config, f"out_{topic}")) == expected(first + later, 2)
     ledger = DeltaTable(str(settings.warehouse / "inventory" / "_ledger")).to_pyarrow_table()

@@ -94,6 +94,7 @@ def test_batch_boundaries_follow_epoch_and_batch_not_the_wall_clock(tmp_path: Pa
     now = time.time()
     # A clock that went backwards between two batches must not reorder them.
     write_ledger(where, [ledger_row(0, 0, at=now), ledger_row(0, 1, at=now - 3600)])
+    bump_epoch([where.table(tables.LEDGER)], APP, 1, "a fence")
     write_ledger(where, [ledger_row(1, 0, at=now - 7200)])
     assert [(b.epoch, b.batch_id) for b in batch_boundaries(where)] == [(0, 0), (0, 1), (1, 0)]
 
@@ -167,9 +168,10 @@ def test_status_and_the_planners_do_not_import_spark() -> None:
 
 
 def test_watermark_ranges_take_the_later_epochs_decision(tmp_path: Path) -> None:
-    from jobs.ledger import read_ledger, watermark_ranges
+    from jobs.ledger import Lineage, read_ledger, watermark_ranges
 
     where = layout(tmp_path)
+    every_batch = Lineage(2, {2: None, 1: None, 0: None}, {})
 
     def batch(epoch: int, batch_id: int, begin: int, end: int, watermark: int) -> dict:  # type: ignore[type-arg]
         return {
@@ -183,15 +185,22 @@ def test_watermark_ranges_take_the_later_epochs_decision(tmp_path: Path) -> None
     # Epoch 0 read 0..100 and 100..200; a rewind made epoch 1 read 50..150 again.
     write_ledger(where, [batch(0, 0, 0, 100, 10), batch(0, 1, 100, 200, 20)])
     write_ledger(where, [batch(1, 0, 50, 150, 30)])
-    assert watermark_ranges(read_ledger(where)) == [
+    assert watermark_ranges(read_ledger(where), every_batch) == [
         ("t", 0, 0, 50, 10, 70),
         ("t", 0, 50, 150, 30, 210),
         ("t", 0, 150, 200, 20, 140),
     ]
+    # Epoch 1 continued from epoch 0's batch 0: batch 1's decision was discarded.
+    discarded = Lineage(1, {1: None, 0: 0}, {})
+    assert watermark_ranges(read_ledger(where), discarded) == [
+        ("t", 0, 0, 50, 10, 70),
+        ("t", 0, 50, 150, 30, 210),
+    ]
     # A row from before the batch time was recorded: its commit time stands in.
     old = {**batch(2, 0, 200, 210, 40), "details": None}
     write_ledger(where, [old])
-    assert watermark_ranges(read_ledger(where))[-1] == ("t", 0, 200, 210, 40, 1_000_000)
+    last = watermark_ranges(read_ledger(where), every_batch)[-1]
+    assert last == ("t", 0, 200, 210, 40, 1_000_000)
 
 
 def test_a_partition_added_later_replays_from_where_the_application_first_read_it(
@@ -279,3 +288,47 @@ def test_the_last_batch_is_found_by_epoch_and_batch_in_bounded_reads(tmp_path: P
         ],
     )
     assert kept_state_version(where) == 3
+
+
+def test_an_orphan_a_completed_operation_undid_counts_no_more(tmp_path: Path) -> None:
+    from deltalake import CommitProperties
+
+    from jobs.cut import state_behind
+    from tests.output_tables import StateWriter, clicks_pipeline
+
+    state = StateWriter(tmp_path, clicks_pipeline())
+    where = state.layout
+    versions = [state.batch({"a": n}) for n in (1, 2, 3)]
+
+    def batch(batch_id: int) -> dict:  # type: ignore[type-arg]
+        return {
+            **ledger_row(0, batch_id),
+            "application_id": where.application_id,
+            "delta_versions": json.dumps({"state_after": versions[batch_id]}),
+        }
+
+    # Batches 0 and 1 reached the ledger; batch 2 merged and was fenced before its row.
+    write_ledger(where, [batch(0), batch(1)])
+    assert state_behind(where) == versions[1]
+    # A backfill undid it (restore), published its corrections and finished.
+    bump_epoch([where.table(tables.LEDGER)], where.application_id, 1, "backfill")
+    props = CommitProperties(custom_metadata={"epoch": "1", "platform_operation": "backfill"})
+    DeltaTable(str(state.path)).restore(versions[1], commit_properties=props)
+    left = state.batch({"a": 9})  # stands in for the backfill's publish (a merge)
+    write_cut(where, Cut(1, {"t": {"0": 20}}, "backfill"))
+    done = {
+        "phase": "done",
+        "plan": {"state_action": "publish", "boundary": {"epoch": 0, "batch_id": 1}},
+        "result": {"state_version": left},
+    }
+    write_ledger(
+        where,
+        [
+            {
+                **ledger_row(1, None, entry="backfill"),
+                "application_id": where.application_id,
+                "details": json.dumps(done),
+            }
+        ],
+    )
+    assert state_behind(where) is None

@@ -57,6 +57,7 @@ def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, marks):  # type: i
     ]
     write_deltalake(str(path), pa.Table.from_pylist(rows, tables.LEDGER_SCHEMA), mode="append")
     monkeypatch.setattr(restart, "broker_marks", lambda *_a, **_k: ({}, marks))
+    monkeypatch.setattr(restart.kafka_admin, "topic_ids", lambda *_a: {})  # ids unknown
     return dataclasses.replace(load_settings(), warehouse=tmp_path)
 
 
@@ -139,3 +140,97 @@ def test_rewind_skip_back_is_allowed_only_for_a_topic_with_a_new_id(settings, mo
     plan = restart.plan_rewind(PIPELINE, settings, "x", TargetSpec("earliest"), "skip", None)
     assert plan.target_offsets == {TP: 0} and plan.state_action is StateAction.KEEP
     assert plan.reset_topics == ["clicks"]
+
+
+def append_rows(settings, rows: list[dict]) -> None:  # type: ignore[no-untyped-def, type-arg]
+    layout = AppLayout(settings.warehouse, PIPELINE.application_id)
+    full = [
+        {
+            "application_id": PIPELINE.application_id,
+            "pipeline_version": 1,
+            "processing_guarantee": "exactly_once",
+            "commit_time": int(time.time() * 1_000_000),
+            **row,
+        }
+        for row in rows
+    ]
+    write_deltalake(
+        str(layout.table(tables.LEDGER)),
+        pa.Table.from_pylist(full, tables.LEDGER_SCHEMA),
+        mode="append",
+    )
+
+
+def operation_done(epoch: int, operation: str, plan: dict, state_version: int) -> dict:  # type: ignore[type-arg]
+    details = {"phase": "done", "plan": plan, "result": {"state_version": state_version}}
+    return {"entry_type": operation, "epoch": epoch, "details": json.dumps(details)}
+
+
+def batch_row(epoch: int, batch_id: int, start: int, end: int, state_after: int) -> dict:  # type: ignore[type-arg]
+    return {
+        "entry_type": "batch",
+        "epoch": epoch,
+        "batch_id": batch_id,
+        "start_offsets": json.dumps({"clicks": {"0": start}}),
+        "end_offsets": json.dumps({"clicks": {"0": end}}),
+        "delta_versions": json.dumps({"state_after": state_after}),
+        "watermark_ms": 0,
+    }
+
+
+def bump(settings, epoch: int) -> None:  # type: ignore[no-untyped-def]
+    from jobs.delta.writer import bump_epoch
+
+    layout = AppLayout(settings.warehouse, PIPELINE.application_id)
+    bump_epoch([layout.table(tables.LEDGER)], PIPELINE.application_id, epoch, "test")
+
+
+def test_a_rewind_never_restores_a_state_an_earlier_rewind_discarded(settings) -> None:  # type: ignore[no-untyped-def]
+    # Epoch 0 (a buggy version) ended batches at 300, 600, 900. A rewind to 300
+    # (epoch 1) discarded batches 1 and 2 and replayed 300..900 in one batch.
+    bump(settings, 1)
+    restore = {"state_action": "restore", "boundary": {"epoch": 0, "batch_id": 0}}
+    append_rows(settings, [operation_done(1, "rewind", restore, 4), batch_row(1, 0, 300, 900, 5)])
+    # A second rewind to 650: epoch 0's boundary at 600 is a discarded state.
+    spec = TargetSpec("offset", "650")
+    plan = restart.plan_rewind(PIPELINE, settings, "again", spec, "reprocess", None)
+    assert plan.boundary is not None
+    assert (plan.boundary.epoch, plan.boundary.batch_id) == (0, 0)
+    assert plan.restore_version == 1
+    assert plan.target_offsets == {TP: 300}
+
+
+def test_a_rewind_never_picks_a_boundary_in_a_deleted_topics_log(settings, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    layout = AppLayout(settings.warehouse, PIPELINE.application_id)
+    write_cut(layout, Cut(0, {"clicks": {"0": 0}}, "pipeline", topic_ids={"clicks": "old"}))
+    # The topic was recreated; a skip rewind pointed epoch 1 at the new log's start.
+    bump(settings, 1)
+    write_cut(layout, Cut(1, {"clicks": {"0": 0}}, "rewind", topic_ids={"clicks": "new"}))
+    keep = {"state_action": "keep", "boundary": {"epoch": 0, "batch_id": 2}}
+    append_rows(settings, [operation_done(1, "rewind", keep, 3), batch_row(1, 0, 0, 500, 4)])
+    monkeypatch.setattr(restart.kafka_admin, "topic_ids", lambda *_a: {"clicks": "new"})
+    spec = TargetSpec("offset", "950")
+    plan = restart.plan_rewind(PIPELINE, settings, "x", spec, "reprocess", None)
+    assert plan.boundary is not None
+    # Epoch 0's 900 is a position in the deleted log, not the new log's 950.
+    assert (plan.boundary.epoch, plan.boundary.batch_id) == (1, 0)
+    assert plan.target_offsets == {TP: 500}
+
+
+def test_a_rebuild_after_a_completed_backfill_continues_from_the_backfills_cut(settings) -> None:  # type: ignore[no-untyped-def]
+    # A backfill began epoch 1 (to the head, 1000; it left state version 5); no
+    # batch ran since. Then the recovery DAG's rebuild fenced the new stream (epoch 2).
+    layout = AppLayout(settings.warehouse, PIPELINE.application_id)
+    bump(settings, 1)
+    write_cut(layout, Cut(1, {"clicks": {"0": 1000}}, "backfill", watermark_ms=2500))
+    publish = {"state_action": "publish", "boundary": {"epoch": 0, "batch_id": 2}}
+    append_rows(settings, [operation_done(1, "backfill", publish, 5)])
+    bump(settings, 2)
+    fence = {"reason": "recovery", "for": "rebuild"}
+    append_rows(settings, [{"entry_type": "fence", "epoch": 2, "details": json.dumps(fence)}])
+    plan = restart.plan_rebuild(PIPELINE, settings, "recovery", from_source=False)
+    # Not epoch 0's last batch (900, version 3): that would undo the backfill.
+    assert plan.target_offsets == {TP: 1000}
+    assert plan.seed_state_version == 5
+    assert plan.boundary is not None and plan.boundary.epoch == 1
+    assert restart.watermark_floor(layout, plan) == 2500

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from jobs.operations.verify import Step, epoch_steps, layers, lineage, merge
+from jobs.ledger import Step, epoch_steps
+from jobs.operations.verify import layers, lineage, merge
 
 T = "clicks"
 
@@ -69,3 +70,45 @@ def test_disjoint_intervals_are_read_in_layers() -> None:
         ({(T, 0): 0, (T, 1): 5}, {(T, 0): 10, (T, 1): 8}),
         ({(T, 0): 20, (T, 1): 8}, {(T, 0): 30, (T, 1): 8}),
     ]
+
+
+def test_one_read_of_the_ledger_next_to_a_committing_stream(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A batch committed after verify read the ledger is in neither the lineage nor
+    the state version compared (before: the lineage from one read, the version from
+    a second, and a false drift)."""
+    import time
+
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from jobs.delta import layout as tables
+    from jobs.ledger import snapshot
+    from jobs.operations.verify import comparable_version, state_lineage
+    from tests.output_tables import StateWriter, clicks_pipeline
+
+    writer = StateWriter(tmp_path, clicks_pipeline())
+    ledger = writer.layout.table(tables.LEDGER)
+
+    def commit_batch(batch_id: int, counts: dict[str, int | None]) -> int:
+        version = writer.batch(counts)
+        row = {
+            "application_id": writer.pipeline.application_id,
+            "entry_type": "batch",
+            "pipeline_version": 1,
+            "processing_guarantee": "exactly_once",
+            "commit_time": int(time.time() * 1_000_000),
+            **batch(0, batch_id, 100 * batch_id, 100 * (batch_id + 1)),
+            "delta_versions": json.dumps({"state_after": version}),
+        }
+        write_deltalake(
+            str(ledger), pa.Table.from_pylist([row], tables.LEDGER_SCHEMA), mode="append"
+        )
+        return version
+
+    first = commit_batch(0, {"a": 1})
+    snap = snapshot(writer.layout)
+    assert snap is not None
+    commit_batch(1, {"a": 2})  # the stream, between verify's reads
+    where, base, intervals = state_lineage(snap)
+    assert (where, base, intervals) == ("epoch 0 batch 0", first, {(T, 0): [(0, 100)]})
+    assert comparable_version(writer.layout, base, snap.epoch) == first

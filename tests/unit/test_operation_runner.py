@@ -1,0 +1,90 @@
+"""The operation runner around the fence, without Spark or a broker: a real state
+table and ledger (delta-rs), a stand-in for the running stream's lock."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from jobs.cut import read_cut
+from jobs.delta import layout as tables
+from jobs.errors import ConfigError
+from jobs.ledger import current_epoch, unfinished_operation
+from jobs.operations import restart, runner
+from jobs.operations.plan import Plan
+from jobs.settings import Settings, load_settings
+from tests.output_tables import StateWriter, clicks_pipeline
+
+
+def batch_row(app: str, batch_id: int, state_after: int) -> dict[str, Any]:
+    return {
+        "application_id": app,
+        "entry_type": "batch",
+        "epoch": 0,
+        "batch_id": batch_id,
+        "start_offsets": json.dumps({"clicks": {"0": 100 * batch_id}}),
+        "end_offsets": json.dumps({"clicks": {"0": 100 * (batch_id + 1)}}),
+        "pipeline_version": 1,
+        "processing_guarantee": "exactly_once",
+        "delta_versions": json.dumps({"state_after": state_after}),
+        "watermark_ms": 0,
+        "commit_time": int(time.time() * 1_000_000),
+    }
+
+
+@pytest.fixture
+def stream(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[StateWriter, Settings]:
+    """Two batches committed (state and ledger); the stream holds the application
+    until it is fenced (the first look at the lock sees it, later ones do not)."""
+    state = StateWriter(tmp_path, clicks_pipeline())
+    rows = [
+        batch_row(state.pipeline.application_id, b, state.batch(counts))
+        for b, counts in enumerate(({"a": 1, "b": 2}, {"a": 3}))
+    ]
+    write_deltalake(
+        str(state.layout.table(tables.LEDGER)),
+        pa.Table.from_pylist(rows, tables.LEDGER_SCHEMA),
+        mode="append",
+    )
+    looks = iter([{"purpose": "run --trigger continuous", "pid": 1}])
+    monkeypatch.setattr(runner, "holder", lambda _layout: next(looks, None))
+    monkeypatch.setattr(restart, "broker_topic_ids", lambda *_a: {})
+    return state, dataclasses.replace(load_settings(), warehouse=tmp_path)
+
+
+def state_rows(state: StateWriter) -> list[tuple[str, int]]:
+    table = DeltaTable(str(state.path)).to_pyarrow_table(columns=["user_id", "clicks"])
+    return sorted(zip(table["user_id"].to_pylist(), table["clicks"].to_pylist(), strict=True))
+
+
+def test_a_plan_refused_after_the_fence_leaves_the_stream_resumable(stream) -> None:  # type: ignore[no-untyped-def]
+    state, settings = stream
+    pipeline, layout = state.pipeline, state.layout
+    before = state_rows(state)
+    plans = iter([restart.plan_rebuild(pipeline, settings, "stand-in", from_source=False)])
+
+    def make_plan() -> Plan:
+        # The first plan holds; the one under the lock (after the fence) is refused,
+        # as a skip rewind is when the stream committed past its target meanwhile.
+        found = next(plans, None)
+        if found is None:
+            raise ConfigError("--mode skip only moves forward")
+        return found
+
+    with pytest.raises(ConfigError, match=r"only moves forward.*nothing was changed"):
+        runner.run_operation(pipeline, settings, make_plan, dry_run=False, echo=lambda _m: None)
+    # Not stuck: nothing unfinished, the new epoch has a cut at the stream's position,
+    # and the state is as the ledger has it.
+    assert unfinished_operation(layout) is None
+    epoch = current_epoch(layout)
+    assert epoch == 2  # the fence, then the epoch that resumes the stream
+    cut = read_cut(layout, epoch)
+    assert cut is not None and cut.offsets() == {("clicks", 0): 200}
+    assert state_rows(state) == before == [("a", 3), ("b", 2)]
