@@ -124,7 +124,7 @@ def _apply_saved(
     echo(f"applying plan {plan_id} (made {reviewed.created_at} by {reviewed.created_by}):")
     echo(plan.describe())
     with application_lock(layout, f"{plan.operation} --plan {plan_id}"):
-        saved.check_unmoved(layout, pipeline, reviewed)
+        plan = saved.check_unmoved(layout, pipeline, reviewed)
         result = apply(plan) if apply is not None else apply_plan(pipeline, settings, plan)
         echo(f"applied: {result}; epoch {plan.epoch_before} -> {plan.epoch_after}")
         publish_corrections(pipeline, settings, echo)

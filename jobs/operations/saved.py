@@ -11,6 +11,7 @@ commits to the state table change no row and do not count). Plans live in
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -20,6 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow.dataset as ds
 from deltalake import DeltaTable
 
 from jobs.delta.layout import AppLayout
@@ -28,10 +30,12 @@ from jobs.ledger import (
     DONE,
     IS_BATCH,
     MAINTAIN,
+    STARTED,
     beyond_horizon,
     current_epoch,
     last_batch,
     read_ledger,
+    unfinished_epochs,
 )
 from jobs.operations.audit import append_audit, audit_row, who
 from jobs.operations.plan import Plan
@@ -174,14 +178,43 @@ def load(layout: AppLayout, plan_id: str, operation: str) -> SavedPlan:
     )
 
 
-def check_unmoved(layout: AppLayout, pipeline: Pipeline, saved: SavedPlan) -> None:
+def own_attempts(layout: AppLayout, plan_id: str) -> list[int]:
+    """The epochs this plan's earlier applies began and did not finish (each died
+    after its fence; Airflow's retry of the task completes it), oldest first: the
+    unfinished epochs, when every one of them is this plan's."""
+    chain = unfinished_epochs(layout)
+    if not chain:
+        return []
+    rows = read_ledger(layout, ["epoch", "details"], (ds.field("epoch") >= chain[0]) & ~IS_BATCH)
+    ours = set()
+    for row in [] if rows is None else rows.to_pylist():
+        details = json.loads(row["details"] or "{}")
+        if (
+            details.get("phase") == STARTED
+            and (details.get("plan") or {}).get("plan_id") == plan_id
+        ):
+            ours.add(int(row["epoch"]))
+    return chain if set(chain) <= ours else []
+
+
+def check_unmoved(layout: AppLayout, pipeline: Pipeline, saved: SavedPlan) -> Plan:
     """Refuse a plan the application has moved away from since it was made: a new
     batch, epoch or pipeline version, a data change to ``state`` (maintenance's
-    compaction is none), or a state version it restores that maintain removed."""
+    compaction is none), or a state version it restores that maintain removed.
+    The plan's own applies that died after their fence are no move: the plan is
+    returned to start from the newest of them (``apply_plan`` undoes what they
+    wrote), else as it was saved."""
     now = position(layout, pipeline)
+    attempts = own_attempts(layout, saved.plan_id)
+    if attempts and attempts[0] == saved.position.epoch + 1 and attempts[-1] == now.epoch:
+        now = dataclasses.replace(now, epoch=saved.position.epoch)
+    else:
+        attempts = []
     changes = now.changes_since(saved.position)
     if not changes:
-        changes = state_changes(layout, saved.position.state_version, now.state_version)
+        changes = state_changes(
+            layout, saved.position.state_version, now.state_version, {str(e) for e in attempts}
+        )
     restores = [
         v
         for v in (
@@ -202,11 +235,17 @@ def check_unmoved(layout: AppLayout, pipeline: Pipeline, saved: SavedPlan) -> No
             f"fits {saved.plan.application_id}: {'; '.join(changes)}; make a new plan with "
             "--dry-run and review it"
         )
+    if not attempts:
+        return saved.plan
+    return dataclasses.replace(saved.plan, epoch_before=attempts[-1], epoch_after=attempts[-1] + 1)
 
 
-def state_changes(layout: AppLayout, before: int, now: int) -> list[str]:
+def state_changes(
+    layout: AppLayout, before: int, now: int, own_epochs: set[str] | None = None
+) -> list[str]:
     """How ``state`` changed between two versions, leaving out maintenance commits
-    (compaction and vacuum change no row: a plan waiting for review survives them)."""
+    (compaction and vacuum change no row: a plan waiting for review survives them)
+    and those of ``own_epochs`` (the plan's own dead applies)."""
     if now == before:
         return []
     moved = f"the state table moved from version {before} to {now}"
@@ -216,7 +255,12 @@ def state_changes(layout: AppLayout, before: int, now: int) -> list[str]:
         infos = commit_infos(layout.table("state"), before + 1, now)
     except ConsistencyError:
         return [f"{moved} (its log no longer holds the versions between)"]
-    data = [v for v, info in sorted(infos.items()) if info.get("platform_operation") != MAINTAIN]
+    data = [
+        v
+        for v, info in sorted(infos.items())
+        if info.get("platform_operation") != MAINTAIN
+        and str(info.get("epoch")) not in (own_epochs or set())
+    ]
     if not data:
         return []
     return [f"{moved} (version {data[0]} was a {operation_of(infos[data[0]])})"]

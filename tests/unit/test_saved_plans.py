@@ -115,3 +115,63 @@ def test_a_plan_of_another_operation_is_refused(tmp_path: Path) -> None:
     plan_id = saved.save(writer.layout, writer.pipeline, a_plan())
     with pytest.raises(ConfigError, match="is a rewind of user_clicks, not a backfill"):
         saved.load(writer.layout, plan_id, "backfill")
+
+
+def test_a_reviewed_plan_whose_apply_died_after_its_fence_completes_on_a_retry(
+    tmp_path: Path,
+) -> None:
+    from jobs.cut import fenced_tables
+    from jobs.delta.writer import bump_epoch, fenced_properties
+
+    writer = StateWriter(tmp_path, clicks_pipeline())
+    first = writer.batch({"a": 1})
+    writer.batch({"a": 2})
+    layout, pipeline = writer.layout, writer.pipeline
+    plan = dataclasses.replace(
+        a_plan(), epoch_before=0, epoch_after=1, restore_version=first, seed_state_version=first
+    )
+    plan_id = saved.save(layout, pipeline, plan)
+    reviewed = saved.load(layout, plan_id, "rewind")
+
+    def dies_after_its_fence(epoch: int, plan_of_attempt: Plan) -> None:
+        # What apply_plan does before it dies: the bump with its "started" row, then
+        # the restore of ``state`` (a retry must undo it, not be refused by it).
+        started = {"reason": "replay", "plan": plan_of_attempt.to_dict(), "phase": STARTED}
+        bump_epoch(
+            fenced_tables(layout, pipeline),
+            pipeline.application_id,
+            epoch,
+            "replay",
+            first_rows=audit_row(pipeline, "rewind", epoch, started),
+        )
+        props = fenced_properties(pipeline.application_id, epoch, "rewind", {"reason": "x"})
+        DeltaTable(str(writer.path)).restore(first, commit_properties=props)
+
+    dies_after_its_fence(1, reviewed.plan)
+    retry = saved.check_unmoved(layout, pipeline, reviewed)
+    assert (retry.epoch_before, retry.epoch_after) == (1, 2)
+    assert dataclasses.replace(retry, epoch_before=0, epoch_after=1) == reviewed.plan
+    # The retry died too: the next one takes up from the newest attempt.
+    dies_after_its_fence(2, retry)
+    again = saved.check_unmoved(layout, pipeline, reviewed)
+    assert (again.epoch_before, again.epoch_after) == (2, 3)
+
+
+def test_another_operations_dead_attempt_still_moves_a_plan(tmp_path: Path) -> None:
+    from jobs.cut import fenced_tables
+    from jobs.delta.writer import bump_epoch
+
+    writer = StateWriter(tmp_path, clicks_pipeline())
+    layout, pipeline = writer.layout, writer.pipeline
+    plan = dataclasses.replace(a_plan(), epoch_before=0, epoch_after=1)
+    reviewed = saved.load(layout, saved.save(layout, pipeline, plan), "rewind")
+    other = {"reason": "other", "plan": {**plan.to_dict(), "plan_id": None}, "phase": STARTED}
+    bump_epoch(
+        fenced_tables(layout, pipeline),
+        pipeline.application_id,
+        1,
+        "other",
+        first_rows=audit_row(pipeline, "rewind", 1, other),
+    )
+    with pytest.raises(ConfigError, match="the epoch moved from 0 to 1"):
+        saved.check_unmoved(layout, pipeline, reviewed)
