@@ -4,7 +4,11 @@ stream from the backfill's end offsets with the corrected state.
 
 The recomputation starts at a batch boundary at or before the requested start
 (``--from-earliest``: the application's first offsets, empty state) and reads up to
-the head offsets at the time of the backfill. Publishing is one MERGE commit on
+where the application's live lineage ends (its last batch, or the cut of the
+operation that began the epoch): only records the stream has judged, each with
+the watermark and batch time its batch recorded and its dead letters already
+written. The stream reads the rest from Kafka as usual after the backfill, so
+every record's decision is recorded once. Publishing is one MERGE commit on
 ``state`` (the change data feed shows every correction as an update pre/post image;
 a reader sees the state before or after, never half) and one append of the
 corrections to ``changelog``, both in the new epoch after the stream was fenced.
@@ -80,14 +84,15 @@ def plan_backfill(
     epoch = current_epoch(layout)
     last = lineage_head(layout)
     current = last.end_offsets if last else {}
+    if last is None:
+        raise ConfigError(
+            f"{pipeline.application_id} has no committed batch: nothing to backfill (run the "
+            "pipeline; it judges every record as it reads it)"
+        )
     config, marks = broker_marks(pipeline, settings)
-    head = {tp: high for tp, (_low, high) in marks.items()}
     if source == "archive":
         if not pipeline.archive:
             raise ConfigError(f"{pipeline.application_id} keeps no raw archive (archive: false)")
-        # The archive holds what the stream committed: the backfill ends there and the
-        # stream reads the rest from Kafka as usual.
-        head = dict(current)
         marks = {tp: (0, off) for tp, off in current.items()}
     boundary = None
     if start.kind != "earliest":
@@ -99,6 +104,8 @@ def plan_backfill(
         read_from = replay_from_origin(layout, marks, f"a backfill from {source}")
     else:
         read_from = fill_from_first(layout, boundary.end_offsets, marks)
+    # To where the stream's decisions are recorded (a partition it never read: none).
+    head = {tp: current.get(tp, off) for tp, off in read_from.items()}
     plan = Plan(
         **header("backfill", pipeline.application_id, reason, epoch, current),
         target_offsets=head,
@@ -110,7 +117,8 @@ def plan_backfill(
         read_from=read_from,
         notes=[
             f"recomputes with pipeline version {pipeline.version} from "
-            f"{kafka_offsets.to_json_dict(read_from)} to the head offsets, in one batch job"
+            f"{kafka_offsets.to_json_dict(read_from)} to the stream's last committed offsets, "
+            "in one batch job; the stream reads on from there"
         ],
     )
     # Refusals before anything is fenced (the plan is made before and under the lock).
@@ -183,8 +191,9 @@ def with_stream_decisions(
 ) -> DataFrame:
     """Each record with the watermark and the batch time the stream judged it with
     (from the ledger's live lineage), so that ``classify`` leaves out exactly the
-    records the stream dead-lettered (late, or too far ahead of its batch); records
-    the stream has not read yet get its last watermark and the time of this backfill."""
+    records the stream dead-lettered (late, or too far ahead of its batch). A backfill
+    and verify read only ranges the stream judged; a record outside them (a ledger
+    of an older version of the platform) gets the last watermark and the time now."""
     ranges = watermark_ranges(ledger, lineage)
     last = max(
         (

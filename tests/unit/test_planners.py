@@ -234,3 +234,15 @@ def test_a_rebuild_after_a_completed_backfill_continues_from_the_backfills_cut(s
     assert plan.seed_state_version == 5
     assert plan.boundary is not None and plan.boundary.epoch == 1
     assert restart.watermark_floor(layout, plan) == 2500
+
+
+def test_a_backfill_reads_only_what_the_stream_has_judged(settings, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from jobs.operations import backfill
+
+    # The broker holds 0..1000; the stream committed batches up to 900. Records
+    # 900..1000 are judged (dead letters, watermark) by the stream's next batch.
+    monkeypatch.setattr(backfill, "broker_marks", lambda *_a, **_k: ({}, {TP: (0, 1000)}))
+    plan = backfill.plan_backfill(PIPELINE, settings, "fix", TargetSpec("earliest"))
+    assert plan.read_from == {TP: 0}
+    assert plan.target_offsets == {TP: 900}
+    assert plan.records_to_replay == 900
