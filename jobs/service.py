@@ -12,8 +12,11 @@ deploy). Each application has one Spark session here (its own SQL settings and
 streams), reused by its runs; at most ``MAX_RUNS`` run at once, and one per
 application. If the driver dies during a run, nothing of the unfinished batch is
 committed and the next run, here or anywhere, replays it. Continuous runs are
-long-lived processes of their own and never come here. With
-``PLATFORM_DRIVER_TOKEN`` set, a request must carry it (``Authorization: Bearer``).
+long-lived processes of their own and never come here. A request must carry the
+driver's token (``Authorization: Bearer``): ``PLATFORM_DRIVER_TOKEN``, or when it is
+not set, one the driver makes at start and writes where only its user can read it
+(``<warehouse>/_driver/token-<port>``, mode 600), where a client of that user finds
+it. The driver runs only pipeline files under ``PLATFORM_PIPELINES_DIR``.
 A client that goes away does not stop its run (it commits exactly once anyway):
 the next run of the application waits for the lock or is refused, as locally.
 """
@@ -26,12 +29,15 @@ import http.client
 import json
 import logging
 import os
+import secrets
 import signal
 import threading
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -62,6 +68,42 @@ class DriverError(PlatformError):
     def __init__(self, message: str, code: int) -> None:
         super().__init__(message)
         self.exit_code = code
+
+
+def token_file(settings: Settings, port: int) -> Path:
+    return settings.warehouse / "_driver" / f"token-{port}"
+
+
+def driver_token(settings: Settings, port: int, given: str | None) -> tuple[str, Path | None]:
+    """The token a request must carry, and the file it was written to (None: it was
+    given, and is written nowhere)."""
+    if given:
+        return given, None
+    token = secrets.token_urlsafe(32)
+    path = token_file(settings, port)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.chmod(0o700)
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.unlink(missing_ok=True)
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(token)
+    temporary.replace(path)
+    return token, path
+
+
+def client_token(settings: Settings, url: str, given: str | None) -> str:
+    if given:
+        return given
+    port = urllib.parse.urlsplit(url).port
+    path = token_file(settings, port or 0)
+    try:
+        return path.read_text().strip()
+    except OSError as exc:
+        raise ConfigError(
+            f"the warm driver at {url} requires its token: set {TOKEN_ENV}, or run as the "
+            f"user that started it (it writes {path})"
+        ) from exc
 
 
 def settings_digest(settings: Settings) -> str:
@@ -149,6 +191,12 @@ class WarmDriver:
                 f"{self.settings.bootstrap_servers}): start it with the client's "
                 "PLATFORM_* environment"
             )
+        folder = self.settings.pipelines_dir.resolve()
+        if not Path(request.pipeline).resolve().is_relative_to(folder):
+            raise ConfigError(
+                f"the warm driver runs only pipelines under {folder} "
+                f"({ENV_PREFIX}PIPELINES_DIR), not {request.pipeline}"
+            )
         if file_sha256(request.pipeline) != request.pipeline_sha256:
             raise ConfigError(f"{request.pipeline} changed while the run was sent: send it again")
         return load_pipeline(request.pipeline, self.settings.pipelines_dir)
@@ -191,7 +239,7 @@ class WarmDriver:
                 query.stop()
 
 
-def _handler(driver: WarmDriver, token: str | None) -> type[BaseHTTPRequestHandler]:
+def _handler(driver: WarmDriver, token: str) -> type[BaseHTTPRequestHandler]:
     from jobs.cli import failure
 
     class Handler(BaseHTTPRequestHandler):
@@ -213,8 +261,6 @@ def _handler(driver: WarmDriver, token: str | None) -> type[BaseHTTPRequestHandl
             self._reply(status, {"ok": False, "code": 2, "error": message})
 
         def _authorized(self) -> bool:
-            if token is None:
-                return True
             given = self.headers.get("Authorization", "")
             return hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
 
@@ -273,7 +319,7 @@ def serve(settings: Settings, port: int) -> int:
         settings.spark_driver_memory,
         settings.spark_python,
     )
-    token = os.environ.get(TOKEN_ENV) or None
+    token, written = driver_token(settings, port, os.environ.get(TOKEN_ENV))
     driver = WarmDriver(spark, settings)
     server = ThreadingHTTPServer(("127.0.0.1", port), _handler(driver, token))
     server.daemon_threads = False  # close() waits for the runs to return
@@ -287,9 +333,13 @@ def serve(settings: Settings, port: int) -> int:
     thread = threading.Thread(target=server.serve_forever, name="warm-driver", daemon=True)
     thread.start()
     print(f"warm driver listening on http://127.0.0.1:{port} (jobs {driver.code})", flush=True)
+    if written is not None:
+        print(f"its token is in {written} (readable by this user only)", flush=True)
     try:
         stop.wait()
     finally:
+        if written is not None:
+            written.unlink(missing_ok=True)
         server.shutdown()
         driver.stop_runs()
         server.server_close()
@@ -317,10 +367,8 @@ def run_remote(settings: Settings, pipeline: Pipeline) -> Any:
         "code": package_digest(),
         "settings": settings_digest(settings),
     }
-    headers = {"Content-Type": "application/json"}
-    token = os.environ.get(TOKEN_ENV)
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
+    token = client_token(settings, settings.driver_url, os.environ.get(TOKEN_ENV))
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
     request = urllib.request.Request(
         settings.driver_url + RUN_PATH, data=json.dumps(body).encode(), headers=headers
     )

@@ -89,12 +89,50 @@ def test_no_secrets_in_the_file() -> None:
                 assert str(value).startswith("${"), key
 
 
+def published_ports() -> list[tuple[str, str]]:
+    return [(n, str(m)) for n, s in SERVICES.items() for m in s.get("ports", [])]
+
+
 def test_host_ports_do_not_clash() -> None:
-    ports: list[str] = []
-    for service in SERVICES.values():
-        for mapping in service.get("ports", []):
-            ports.append(str(mapping).split(":")[0])
+    ports = [mapping.split(":")[-2] for _name, mapping in published_ports()]
     assert len(ports) == len(set(ports)), ports
+
+
+def test_published_ports_listen_on_loopback_unless_opened() -> None:
+    # Anyone who reaches Kafka's PLAINTEXT listener could move the output bookmark
+    # or fence the publisher; the UIs have no TLS. Opening them is a decision.
+    loopback = re.compile(r"^\$\{PLATFORM_BIND_ADDRESS:-127\.0\.0\.1\}:\d+:\d+$")
+    for name, mapping in published_ports():
+        assert loopback.match(mapping), f"{name}: {mapping!r} is published on every interface"
+    assert "PLATFORM_BIND_ADDRESS" in (REPO_ROOT / "README.md").read_text()
+
+
+def test_the_spark_uis_cannot_kill_jobs() -> None:
+    master = SERVICES["spark-master"]["environment"]["SPARK_MASTER_OPTS"]
+    worker = SERVICES["spark-worker"]["environment"]["SPARK_WORKER_OPTS"]
+    assert "-Dspark.ui.killEnabled=false" in master.split()
+    assert "-Dspark.ui.killEnabled=false" in worker.split()
+
+
+def test_the_warehouse_volume_is_writable_from_both_images() -> None:
+    """The driver (Airflow image) and the executors (Spark image) write the same
+    files: the same uid and group, and the volume's folder owned by them in both
+    images (a new named volume takes the ownership of the first image's folder)."""
+    airflow_uid, airflow_gid = "50000", "0"  # the official apache/airflow image's user
+
+    def dockerfile(service: str) -> str:
+        build = SERVICES[service]["build"]
+        return (REPO_ROOT / build["context"] / build["dockerfile"]).read_text()
+
+    airflow, spark = dockerfile("airflow-scheduler"), dockerfile("spark-master")
+    assert re.search(r"^FROM apache/airflow:", airflow, re.MULTILINE)
+    user = re.search(r"useradd .*--uid (\d+) --gid (\d+)", spark)
+    assert user and user.groups() == (airflow_uid, airflow_gid)
+    assert re.findall(r"^USER (\S+)", spark, re.MULTILINE)[-1] == f"{airflow_uid}:{airflow_gid}"
+    folder = f"install -d -o {airflow_uid} -g {airflow_gid} -m 2775 /data/warehouse"
+    assert folder in airflow and folder in spark
+    for name in ("airflow-scheduler", "spark-master", "spark-worker"):
+        assert "warehouse:/data/warehouse" in SERVICES[name]["volumes"], name
 
 
 def test_compose_file_is_where_readme_says() -> None:

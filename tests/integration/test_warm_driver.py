@@ -28,10 +28,11 @@ pytestmark = pytest.mark.integration
 
 
 @contextmanager
-def warm_driver(settings, token: str, fault: str | None = None) -> Iterator[str]:  # type: ignore[no-untyped-def]
+def warm_driver(settings, token: str, pipelines: Path, fault: str | None = None) -> Iterator[str]:  # type: ignore[no-untyped-def]
     port = find_free_port(15000, 16000)
     env = {k: v for k, v in os.environ.items() if k != "PLATFORM_FAULT"}
     env["PLATFORM_DRIVER_TOKEN"] = token
+    env["PLATFORM_PIPELINES_DIR"] = str(pipelines)  # it runs only pipelines from there
     if fault:
         env["PLATFORM_FAULT"] = fault
     log = open(settings.warehouse.parent / f"driver-{port}.log", "wb")  # noqa: SIM115
@@ -81,7 +82,7 @@ def test_runs_on_a_warm_driver_are_exact(  # type: ignore[no-untyped-def]
         rows = DeltaTable(str(app / "state")).to_pyarrow_table().to_pylist()
         return state_as_counter(rows, "clicks")
 
-    with warm_driver(settings, token) as url:
+    with warm_driver(settings, token, tmp_path) as url:
         remote = {"PLATFORM_DRIVER_URL": url, "PLATFORM_DRIVER_TOKEN": token}
         produce(kafka_config, topic, first)
         result = run_jobs(path, settings, "run", env=remote)
@@ -122,7 +123,7 @@ def test_runs_on_a_warm_driver_are_exact(  # type: ignore[no-untyped-def]
     # The driver dies after batch 0's changelog commit: the client says so, and a
     # run in its own process replays the batch exactly.
     produce(kafka_config, topic, third)
-    with warm_driver(settings, token, fault="after_changelog") as url:
+    with warm_driver(settings, token, tmp_path, fault="after_changelog") as url:
         remote = {"PLATFORM_DRIVER_URL": url, "PLATFORM_DRIVER_TOKEN": token}
         died = run_jobs(path, settings, "run", env=remote)
         assert died.returncode == 2
