@@ -15,6 +15,7 @@ pipeline's ``maintenance.rewind_horizon``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -59,14 +60,24 @@ def backfill_args(params: dict[str, Any]) -> list[str]:
     return [*args, *_reason(params)]
 
 
+# What Markdown (and the HTML it may carry) would read as markup in a line or cell.
+MARKUP = re.compile(r"([\\`*_\[\]<>|!#~])")
+
+
+def md(value: object) -> str:
+    """``value`` as literal text in the approval's Markdown: a key or a reason from
+    outside (a record's field, a form) can add no link, image, HTML or table cell."""
+    return MARKUP.sub(r"\\\1", " ".join(str(value).split()))
+
+
 def plan_markdown(saved_plan: SavedPlan) -> str:
     """The approval's body: what applying will do, in numbers."""
     plan = saved_plan.plan
     lines = [
-        f"**{plan.operation} of `{plan.application_id}`**: {plan.reason}",
+        f"**{plan.operation} of `{plan.application_id}`**: {md(plan.reason)}",
         "",
-        f"Plan `{saved_plan.plan_id}`, made {saved_plan.created_at} by {saved_plan.created_by}; "
-        f"epoch {plan.epoch_before} -> {plan.epoch_after}.",
+        f"Plan `{saved_plan.plan_id}`, made {md(saved_plan.created_at)} by "
+        f"{md(saved_plan.created_by)}; epoch {plan.epoch_before} -> {plan.epoch_after}.",
         "",
         "| partition | current | target |",
         "|---|---:|---:|",
@@ -83,7 +94,7 @@ def plan_markdown(saved_plan: SavedPlan) -> str:
         f"- records skipped: **{plan.records_skipped}**",
         f"- published state table: {action}",
     ]
-    lines += [f"- {note}" for note in plan.notes]
+    lines += [f"- {md(note)}" for note in plan.notes]
     preview = saved_plan.extra.get("preview")
     if preview:
         lines += [
@@ -96,7 +107,7 @@ def plan_markdown(saved_plan: SavedPlan) -> str:
         ]
         for sample in preview.get("samples", []):
             key = ", ".join(f"{k}={v}" for k, v in sample.items() if k not in ("before", "after"))
-            lines.append(f"| {key} | {sample['before']} | {sample['after']} |")
+            lines.append(f"| {md(key)} | {md(sample['before'])} | {md(sample['after'])} |")
         for name, hist in (preview.get("differences") or {}).items():
             lines += [
                 "",
@@ -107,7 +118,7 @@ def plan_markdown(saved_plan: SavedPlan) -> str:
             lines += [
                 "",
                 f"Plot of the corrections (top keys, spread of the differences): "
-                f"`{preview['plot']}`",
+                f"{md(preview['plot'])}",
             ]
     return "\n".join(lines)
 
@@ -175,6 +186,7 @@ def operation_dag(
             pipeline="{{ params.pipeline }}",
             subject=f"Apply this {name} of {{{{ params.pipeline }}}}?",
             body="{{ ti.xcom_pull(task_ids='describe_plan') }}",
+            assigned_users=[{"id": u, "name": u} for u in load_settings().approvers] or None,
             retries=0,
         )
         apply = PlatformJobOperator(

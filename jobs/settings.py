@@ -47,6 +47,8 @@ class Settings:
     metrics_port: int | None = None
     metrics_address: str = "127.0.0.1"
     pushgateway_url: str | None = None
+    # Airflow users who may approve a repair plan (empty: anyone who can see it).
+    approvers: tuple[str, ...] = ()
 
 
 # Every variable the platform reads (besides PLATFORM_KAFKA_*), for docs and checks.
@@ -72,6 +74,7 @@ ENV_NAMES = tuple(
         "METRICS_PORT",
         "METRICS_ADDRESS",
         "PUSHGATEWAY_URL",
+        "APPROVERS",
     )
 )
 # Loopback only: runs (and the token) never cross a network in clear text.
@@ -123,7 +126,22 @@ def load_settings() -> Settings:
         metrics_port=_optional_port(_env("METRICS_PORT", "").strip(), "METRICS_PORT"),
         metrics_address=_address(_env("METRICS_ADDRESS", "127.0.0.1").strip()),
         pushgateway_url=_pushgateway_url(_env("PUSHGATEWAY_URL", "").strip()),
+        approvers=_approvers(_env("APPROVERS", "")),
     )
+
+
+USER_NAME = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
+
+
+def _approvers(raw: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in raw.split(",") if n.strip())
+    bad = [n for n in names if not USER_NAME.match(n)]
+    if bad:
+        raise ConfigError(
+            f"{ENV_PREFIX}APPROVERS must be a comma list of Airflow user names (letters, "
+            f"digits, _ . @ -), got {bad[0]!r}"
+        )
+    return names
 
 
 def _optional_port(raw: str, name: str) -> int | None:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import re
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
+from jobs.errors import ConfigError
 from jobs.settings import REPO_ROOT, load_settings
 
 DAGS = REPO_ROOT / "dags"
@@ -158,7 +161,7 @@ def test_the_approval_shows_the_plan_in_markdown() -> None:
     assert "2 keys changed, 0 added, 1 removed" in text
     assert "| sku=S1 | {'quantity': -3} | {'quantity': 5} |" in text
     assert "Spread of quantity after - before over the changed keys, -2 to 8: `▂ █`" in text
-    assert "`/warehouse/inventory/_backfill/preview-epoch0-1.png`" in text
+    assert "/warehouse/inventory/\\_backfill/preview-epoch0-1.png" in text
 
 
 def test_tables_are_maintained_on_a_schedule(dagbag) -> None:  # type: ignore[no-untyped-def]
@@ -217,3 +220,44 @@ def test_operation_arguments_from_the_form() -> None:
         "--reason",
         "why",
     ]
+
+
+def test_values_from_records_cannot_write_markdown_into_the_approval() -> None:
+    from include.maintenance_dags import plan_markdown
+    from jobs.operations.saved import SavedPlan
+    from tests.unit.test_saved_plans import a_plan
+
+    hostile = "[click](http://evil.example) <img src=x onerror=alert(1)> a|b **x**\n# h"
+    preview = {
+        "keys_changed": 1,
+        "keys_added": 0,
+        "keys_removed": 0,
+        "samples": [{"sku": hostile, "before": {"quantity": hostile}, "after": {"quantity": 1}}],
+    }
+    plan = dataclasses.replace(a_plan(), reason="fix <b>it</b> [now](x)")
+    text = plan_markdown(
+        SavedPlan("20261123T101500Z-1a2b3c4d", plan, None, "t", "`ana`", {"preview": preview})  # type: ignore[arg-type]
+    )
+    row = next(line for line in text.splitlines() if "evil" in line)
+    # One table row of three cells: no pipe, bracket, angle bracket, star or
+    # newline of the value is left unescaped.
+    assert len(re.findall(r"(?<!\\)\|", row)) == 4, row
+    for special in "[]<>*`":
+        assert not re.search(rf"(?<!\\){re.escape(special)}", row), (special, row)
+    assert "\\[click\\](http://evil.example)" in row and "\\<img" in row
+    assert "fix \\<b\\>it\\</b\\> \\[now\\](x)" in text and "\\`ana\\`" in text
+
+
+def test_the_approval_names_its_approvers_when_the_deployment_sets_them(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from include.maintenance_dags import operation_dag, rebuild_args
+
+    monkeypatch.setenv("PLATFORM_APPROVERS", "ana,li.wei")
+    dag = operation_dag("rebuild", "Rebuild", {}, rebuild_args)
+    approval = dag.get_task("approval")
+    assert approval.assigned_users == [
+        {"id": "ana", "name": "ana"},
+        {"id": "li.wei", "name": "li.wei"},
+    ]
+    monkeypatch.setenv("PLATFORM_APPROVERS", "ana,<script>")
+    with pytest.raises(ConfigError, match="PLATFORM_APPROVERS"):
+        operation_dag("rebuild", "Rebuild", {}, rebuild_args)
