@@ -43,10 +43,12 @@ from jobs.ledger import (
     IS_BATCH,
     Boundary,
     LedgerSnapshot,
+    Lineage,
+    batch_boundaries,
     batch_rows,
+    beyond_horizon,
     current_epoch,
     last_batches,
-    last_boundary,
     read_ledger,
     snapshot,
     unfinished_epochs,
@@ -335,27 +337,76 @@ def unfinished_state_version(layout: AppLayout, unfinished: list[int]) -> int | 
     return min(versions) - 1 if versions else None
 
 
+def live_boundaries(
+    layout: AppLayout,
+    snap: LedgerSnapshot | None = None,
+    other_logs: frozenset[int] = frozenset(),
+) -> list[Boundary]:
+    """Every point of the live lineage the state can be taken from, in order: its
+    batch boundaries, and the cut of each completed operation on it (batch id -1:
+    its offsets and the state version it left; a skip's target, a backfill's end).
+    ``other_logs``: epochs that read a topic's deleted log, left out."""
+    snap = snap or snapshot(layout)
+    if snap is None:
+        return []
+    found = [b for b in batch_boundaries(layout, snap) if b.epoch not in other_logs]
+    for epoch in snap.lineage.upto:
+        step = snap.lineage.steps.get(epoch)
+        if step is None or step.state_version is None or epoch in other_logs:
+            continue
+        cut = read_cut(layout, epoch)
+        if cut is not None:
+            found.append(
+                Boundary(
+                    epoch, -1, cut.offsets(), step.state_version, cut.watermark_ms, step.done_us
+                )
+            )
+    return sorted(found, key=lambda b: (b.epoch, b.batch_id))
+
+
 def lineage_head(layout: AppLayout, snap: LedgerSnapshot | None = None) -> Boundary | None:
     """Where the application's live lineage ends: its last batch boundary or, when a
     completed operation began an epoch after that batch and no batch ran since, the
-    operation's cut (its offsets and the state version it left, batch id -1). What a
-    rebuild or a skip continues from: the last batch would undo that operation."""
-    snap = snap or snapshot(layout)
-    if snap is None:
+    operation's cut. What a rebuild or a skip continues from: the last batch would
+    undo that operation."""
+    boundaries = live_boundaries(layout, snap)
+    return boundaries[-1] if boundaries else None
+
+
+def boundary_at_or_before(
+    layout: AppLayout, target: Offsets, other_logs: frozenset[int] = frozenset()
+) -> Boundary | None:
+    """The latest point of the live lineage with every partition at or before
+    ``target``. ``other_logs``: epochs that read an earlier log of a topic (deleted
+    and recreated since): their offsets do not compare with ``target``'s."""
+    fits = [
+        (sum(b.end_offsets.values()), i, b)
+        for i, b in enumerate(live_boundaries(layout, other_logs=other_logs))
+        if all(off <= target.get(tp, off) for tp, off in b.end_offsets.items())
+    ]
+    # Furthest along; for the same offsets, the later one (latest state).
+    if not fits:
         return None
-    last = last_boundary(layout, snap)
-    began = snap.lineage.began
-    if began is None or (last is not None and last.epoch >= began):
-        return last
-    step = snap.lineage.steps[began]
-    cut = read_cut(layout, began)
-    if step.state_version is None or cut is None:
+    chosen: Boundary = max(fits, key=lambda f: (f[0], f[1]))[2]
+    kept = beyond_horizon(layout, chosen.state_version)
+    if kept is not None:
         raise ConsistencyError(
-            f"{layout.application_id}: epoch {began} began from an operation whose cut or "
-            "resulting state version is not recorded; repair: python -m jobs rebuild "
-            f"--pipeline {layout.application_id} --from-source --reason '...'"
+            f"{layout.application_id}: the batch boundary at or before the target (epoch "
+            f"{chosen.epoch} batch {chosen.batch_id}) is older than the rewind horizon: "
+            f"maintain removed the files of its state (kept from state version {kept}); "
+            "choose a later target (python -m jobs status shows the oldest kept boundary), "
+            "rewind --mode skip, or rebuild --from-source"
         )
-    return Boundary(began, -1, cut.offsets(), step.state_version, cut.watermark_ms)
+    return chosen
+
+
+def current_log_lineage(layout: AppLayout, snap: LedgerSnapshot) -> Lineage:
+    """The live lineage without the epochs that read a topic's deleted log (what
+    the application reads now is the current cut's log): what verify recomputes
+    and whose judgments a backfill reuses."""
+    cut = latest_cut(layout, snap.epoch)
+    ids = {} if cut is None else cut.topic_ids
+    return snap.lineage.excluding(epochs_on_other_logs(layout, ids))
 
 
 def state_behind(layout: AppLayout) -> int | None:

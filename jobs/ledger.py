@@ -9,7 +9,7 @@ and the planners use it without starting Spark.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pyarrow as pa
@@ -20,7 +20,6 @@ from deltalake import DeltaTable
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
 from jobs.delta.writer import table_epoch
-from jobs.errors import ConsistencyError
 from jobs.kafka_source import offsets as kafka_offsets
 
 Offsets = kafka_offsets.Offsets
@@ -68,8 +67,8 @@ class Step:
     action: str  # keep, restore, empty, publish
     boundary: tuple[int, int] | None  # (epoch, batch id) the state was taken at
     recomputed: tuple[Offsets, Offsets] | None  # a backfill's [read_from, target)
-    starting_offsets: Offsets = field(default_factory=dict)  # where its stream starts
     state_version: int | None = None  # the state version it left
+    done_us: int = 0  # when it recorded that it was done
 
 
 @dataclass(frozen=True)
@@ -82,23 +81,38 @@ class Lineage:
     one before with all its batches; an operation that emptied the state, or took
     it from before any batch, ends the walk. Rewinds, backfills and ``maintain``
     choose boundaries from this only: a discarded epoch's state never comes back.
+
+    ``decided``: the batches whose judgments of records (late, too far ahead: the
+    watermark and batch time they recorded) the state reflects. A backfill replaced
+    the state of the batches after its start, with their own judgments: they stay
+    decided, though no longer a state to go back to.
     """
 
     epoch: int
     upto: dict[int, int | None]  # live epoch -> its last live batch id (None: all)
     steps: dict[int, Step]
+    decided_upto: dict[int, int | None] = field(default_factory=dict)
 
     def holds(self, epoch: int, batch_id: int) -> bool:
-        if epoch not in self.upto:
-            return False
-        limit = self.upto[epoch]
-        return limit is None or batch_id <= limit
+        return _within(self.upto, epoch, batch_id)
 
-    @property
-    def began(self) -> int | None:
-        """The newest live epoch a completed operation began (its cut is where the
-        stream continues when no batch ran since)."""
-        return max((e for e in self.upto if e in self.steps), default=None)
+    def decided(self, epoch: int, batch_id: int) -> bool:
+        return _within(self.decided_upto, epoch, batch_id)
+
+    def excluding(self, epochs: frozenset[int]) -> Lineage:
+        """Without ``epochs`` (those that read a topic's deleted log)."""
+        return replace(
+            self,
+            upto={e: b for e, b in self.upto.items() if e not in epochs},
+            decided_upto={e: b for e, b in self.decided_upto.items() if e not in epochs},
+        )
+
+
+def _within(upto: dict[int, int | None], epoch: int, batch_id: int) -> bool:
+    if epoch not in upto:
+        return False
+    limit = upto[epoch]
+    return limit is None or batch_id <= limit
 
 
 def epoch_steps(rows: list[dict[str, Any]]) -> dict[int, Step]:
@@ -126,25 +140,31 @@ def epoch_steps(rows: list[dict[str, Any]]) -> dict[int, Step]:
             if boundary is None
             else (int(boundary["epoch"]), int(boundary["batch_id"])),
             recomputed=recomputed,
-            starting_offsets=kafka_offsets.from_json_dict(plan.get("target_offsets") or {}),
             state_version=None if version is None else int(version),
+            done_us=_micros(row.get("commit_time")),
         )
     return steps
 
 
 def live_lineage(steps: dict[int, Step], epoch: int) -> Lineage:
+    return Lineage(epoch, _walk(steps, epoch, False), steps, _walk(steps, epoch, True))
+
+
+def _walk(steps: dict[int, Step], epoch: int, decisions: bool) -> dict[int, int | None]:
     upto: dict[int, int | None] = {}
     at, last = epoch, None
     while at >= 0 and at not in upto:
         upto[at] = last
         step = steps.get(at)
-        if step is None:  # the first epoch, a fence's, or one whose operation died
+        if step is None or (decisions and step.action == "publish"):
+            # The first epoch, a fence's, one whose operation died; or, for the
+            # decisions, a backfill: it judged with those of the epochs before it.
             at, last = at - 1, None
         elif step.action == "empty" or step.boundary is None:
             break
         else:
             at, last = step.boundary
-    return Lineage(epoch, upto, steps)
+    return upto
 
 
 class LedgerSnapshot:
@@ -281,17 +301,34 @@ def batch_boundaries(layout: AppLayout, snap: LedgerSnapshot | None = None) -> l
     return result
 
 
+def decided_watermark(layout: AppLayout, snap: LedgerSnapshot | None = None) -> int:
+    """The highest watermark among the batches whose judgments the state reflects
+    (a backfill's published state continues from it)."""
+    snap = snap or snapshot(layout)
+    if snap is None:
+        return 0
+    lineage = snap.lineage
+    return max(
+        (
+            int(r["watermark_ms"] or 0)
+            for r in batch_rows(snap.rows(BOUNDARY_COLUMNS, IS_BATCH))
+            if lineage.decided(int(r["epoch"]), int(r["batch_id"]))
+        ),
+        default=0,
+    )
+
+
 Range = tuple[str, int, int, int, int, int]
 
 
 def watermark_ranges(ledger: pa.Table | None, lineage: Lineage) -> list[Range]:
     """(topic, partition, begin, end, watermark_ms, batch_time_ms): the watermark and
-    the batch time each offset range of the live lineage was judged with, without
-    overlaps. A range read again in a later epoch (after a rewind) takes the later
-    decision, the one the state reflects."""
+    the batch time each offset range the state reflects was judged with (the
+    lineage's decided batches), without overlaps. A range read again in a later
+    epoch (after a rewind) takes the later decision, the one the state reflects."""
     spans: dict[tuple[str, int], list[tuple[int, int, tuple[int, int]]]] = {}
     for row in batch_rows(ledger):
-        if not lineage.holds(int(row["epoch"]), int(row["batch_id"])):
+        if not lineage.decided(int(row["epoch"]), int(row["batch_id"])):
             continue
         details = json.loads(row["details"] or "{}")
         # Rows written before the batch time was recorded: their commit time (the
@@ -327,34 +364,6 @@ def _micros(value: Any) -> int:
 def last_boundary(layout: AppLayout, snap: LedgerSnapshot | None = None) -> Boundary | None:
     boundaries = batch_boundaries(layout, snap)
     return boundaries[-1] if boundaries else None
-
-
-def boundary_at_or_before(
-    layout: AppLayout, target: Offsets, other_logs: frozenset[int] = frozenset()
-) -> Boundary | None:
-    """The latest batch end of the live lineage with every partition at or before
-    ``target``. ``other_logs``: epochs that read an earlier log of a topic (deleted
-    and recreated since): their offsets do not compare with ``target``'s."""
-    fits = [
-        (sum(b.end_offsets.values()), i, b)
-        for i, b in enumerate(batch_boundaries(layout))
-        if b.epoch not in other_logs
-        and all(off <= target.get(tp, off) for tp, off in b.end_offsets.items())
-    ]
-    # Furthest along; for the same offsets, the later batch (latest state).
-    if not fits:
-        return None
-    chosen: Boundary = max(fits, key=lambda f: (f[0], f[1]))[2]
-    kept = beyond_horizon(layout, chosen.state_version)
-    if kept is not None:
-        raise ConsistencyError(
-            f"{layout.application_id}: the batch boundary at or before the target (epoch "
-            f"{chosen.epoch} batch {chosen.batch_id}) is older than the rewind horizon: "
-            f"maintain removed the files of its state (kept from state version {kept}); "
-            "choose a later target (python -m jobs status shows the oldest kept boundary), "
-            "rewind --mode skip, or rebuild --from-source"
-        )
-    return chosen
 
 
 def kept_state_version(layout: AppLayout) -> int | None:

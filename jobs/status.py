@@ -10,13 +10,12 @@ from typing import Any
 from deltalake import DeltaTable
 
 from jobs import kafka_admin
-from jobs.cut import read_cut
+from jobs.cut import live_boundaries, read_cut
 from jobs.delta.layout import AppLayout
 from jobs.errors import PlatformError
 from jobs.kafka_source import offsets as plan
 from jobs.ledger import (
     IS_BATCH,
-    batch_boundaries,
     batch_rows,
     current_epoch,
     kept_state_version,
@@ -166,7 +165,7 @@ def _output(
 
 def _oldest_rewind_target(layout: AppLayout) -> dict[str, Any] | None:
     kept = kept_state_version(layout) or 0
-    for b in batch_boundaries(layout):
+    for b in live_boundaries(layout):
         if b.state_version >= kept:
             return {
                 "epoch": b.epoch,
@@ -250,7 +249,7 @@ def _check_checkpoint(
         )
         return "rebuild"
     running = holder(layout)
-    if in_flight is not None and not (running and running["purpose"].startswith("run")):
+    if in_flight is not None and not str((running or {}).get("purpose", "")).startswith("run"):
         problems.append(
             f"batch {in_flight} was planned but not committed by Spark (the run stopped "
             "in it): the next run replays it with the same offsets"

@@ -35,6 +35,8 @@ from pyspark.sql import functions as F
 
 from jobs.cut import (
     StateAction,
+    boundary_at_or_before,
+    current_log_lineage,
     fill_from_first,
     lineage_head,
     replay_from_origin,
@@ -51,9 +53,9 @@ from jobs.kafka_source import spark_kafka
 from jobs.ledger import (
     BOUNDARY_COLUMNS,
     IS_BATCH,
+    LedgerSnapshot,
     Lineage,
     batch_rows,
-    boundary_at_or_before,
     current_epoch,
     live_lineage,
     snapshot,
@@ -161,14 +163,16 @@ def aggregate_records(
     raw: DataFrame,
     seed_state_version: int | None = None,
     keep: Callable[[DataFrame], DataFrame] | None = None,
+    snap: LedgerSnapshot | None = None,
 ) -> pa.Table:
     """``raw`` judged as the stream judged it (the ledger's watermarks and batch
     times), aggregated with the pipeline, plus a seed state version's rows;
-    ``keep`` filters the contributions (a sample of keys)."""
+    ``keep`` filters the contributions (a sample of keys). ``snap``: the ledger read
+    the caller planned from (verify's), else one read now."""
     layout = AppLayout(settings.warehouse, pipeline.application_id)
-    snap = snapshot(layout)
+    snap = snap or snapshot(layout)
     decided = None if snap is None else snap.rows([*BOUNDARY_COLUMNS, "details"], IS_BATCH)
-    lineage = live_lineage({}, 0) if snap is None else snap.lineage
+    lineage = live_lineage({}, 0) if snap is None else current_log_lineage(layout, snap)
     raw = with_stream_decisions(spark, raw, decided, lineage, pipeline.window is not None)
     contributions = record_contributions(classify(raw, pipeline), pipeline)
     if seed_state_version is not None:
@@ -199,7 +203,7 @@ def with_stream_decisions(
         (
             int(r["watermark_ms"] or 0)
             for r in batch_rows(ledger)
-            if lineage.holds(int(r["epoch"]), int(r["batch_id"]))
+            if lineage.decided(int(r["epoch"]), int(r["batch_id"]))
         ),
         default=0,
     )

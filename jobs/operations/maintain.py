@@ -35,7 +35,7 @@ from deltalake import CommitProperties, DeltaTable
 from deltalake.exceptions import CommitFailedError
 
 from jobs import kafka_admin
-from jobs.cut import seed_file
+from jobs.cut import live_boundaries, seed_file
 from jobs.delta import layout as tables
 from jobs.delta.files import stale_staged_files
 from jobs.delta.layout import AppLayout
@@ -47,7 +47,6 @@ from jobs.ledger import (
     MAINTAIN,
     STARTED,
     Boundary,
-    batch_boundaries,
     current_epoch,
     unfinished_operation,
 )
@@ -177,7 +176,7 @@ def plan_maintenance(
             f"{unfinished.operation} again to complete it, then maintain"
         )
     now = now_us if now_us is not None else int(time.time() * 1_000_000)
-    boundaries = batch_boundaries(layout)
+    boundaries = live_boundaries(layout)
     kept = oldest_kept(boundaries, now - pipeline.rewind_horizon_seconds * 1_000_000)
     retention, keep = vacuum_rule(boundaries, kept, now, pipeline.reader_grace_hours)
     epoch = current_epoch(layout)

@@ -86,10 +86,12 @@ class Plan:
             lines.append(f"  {name:<20} {now!s:>7} -> {then!s:>8}")
         if self.boundary is not None:
             b = self.boundary
-            lines.append(
-                f"  batch boundary: epoch {b.epoch} batch {b.batch_id} "
-                f"(state table version {b.state_version})"
+            where = (
+                f"the cut of epoch {b.epoch} (no batch since its operation)"
+                if b.batch_id < 0
+                else f"epoch {b.epoch} batch {b.batch_id}"
             )
+            lines.append(f"  batch boundary: {where} (state table version {b.state_version})")
         seed = (
             "empty state"
             if self.seed_state_version is None

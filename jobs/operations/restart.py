@@ -21,6 +21,7 @@ from jobs.cut import (
     Cut,
     StateAction,
     apply_cut,
+    boundary_at_or_before,
     check_state_shape,
     epochs_on_other_logs,
     latest_cut,
@@ -35,9 +36,8 @@ from jobs.delta.writer import fenced_properties
 from jobs.errors import ConfigError
 from jobs.kafka_source import offsets as kafka_offsets
 from jobs.ledger import (
-    batch_boundaries,
-    boundary_at_or_before,
     current_epoch,
+    decided_watermark,
     unfinished_epochs,
 )
 from jobs.operations.audit import append_audit, audit_row
@@ -234,7 +234,7 @@ def watermark_floor(layout: AppLayout, plan: Plan) -> int:
     published state has judged every record the stream read, with the stream's
     watermarks, so it continues from the highest one."""
     if plan.state_action is StateAction.PUBLISH:
-        return max((b.watermark_ms for b in batch_boundaries(layout)), default=0)
+        return decided_watermark(layout)
     if plan.state_action is StateAction.EMPTY or plan.boundary is None:
         return 0
     return plan.boundary.watermark_ms

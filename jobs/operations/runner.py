@@ -81,14 +81,17 @@ def run_operation(
     if busy is not None:
         fence_running_stream(pipeline, layout, plan, busy, echo)
     with application_lock(layout, f"{plan.operation} --reason {plan.reason!r}"):
+        fence_epoch = current_epoch(layout)
         try:
             plan = make_plan()  # again: the stream may have committed more before the fence
+            echo(f"plan under the lock:\n{plan.describe()}")
+            result = apply(plan) if apply is not None else apply_plan(pipeline, settings, plan)
         except PlatformError as refused:
-            if busy is None:
+            # Refused before the operation's own epoch began (its plan, or a check
+            # before its bump): nothing of it was applied, but the stream is fenced.
+            if busy is None or current_epoch(layout) != fence_epoch:
                 raise
             raise resume_unchanged(pipeline, settings, plan.operation, refused, echo) from refused
-        echo(f"plan under the lock:\n{plan.describe()}")
-        result = apply(plan) if apply is not None else apply_plan(pipeline, settings, plan)
         echo(f"applied: {result}; epoch {plan.epoch_before} -> {plan.epoch_after}")
         publish_corrections(pipeline, settings, echo)
     echo(f"next: python -m jobs run --pipeline {pipeline.application_id} resumes from the cut")
@@ -169,13 +172,13 @@ def resume_unchanged(
     reason = f"resume after a refused {operation}: {refused}"[:500]
     try:
         plan = plan_rebuild(pipeline, settings, reason, from_source=False)
-    except PlatformError as cannot:  # a hopping window cannot be seeded
+        result = apply_plan(pipeline, settings, plan)
+    except PlatformError as cannot:  # a hopping window cannot be seeded, say
         return ConfigError(
             f"{refused}; the stream was fenced before this was known, and it cannot "
             f"resume unchanged ({cannot}); complete the fence with python -m jobs rebuild "
             f"--pipeline {pipeline.application_id} --from-source --reason '...'"
         )
-    result = apply_plan(pipeline, settings, plan)
     echo(f"resumed unchanged: {result}; epoch {plan.epoch_before} -> {plan.epoch_after}")
     return ConfigError(
         f"{refused}; nothing was changed: the fenced stream resumes from epoch "

@@ -33,6 +33,7 @@ from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from jobs.cut import current_log_lineage, lineage_head
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
 from jobs.errors import ConfigError, ConsistencyError
@@ -40,9 +41,8 @@ from jobs.kafka_source import offsets as kafka_offsets
 from jobs.ledger import (
     IS_BATCH,
     LedgerSnapshot,
-    Step,
+    Lineage,
     last_boundary,
-    live_lineage,
     snapshot,
     unfinished_operation,
 )
@@ -74,12 +74,10 @@ def merge(intervals: Intervals) -> Intervals:
     return merged
 
 
-def lineage(
-    batches: list[dict[str, Any]], steps: dict[int, Step], epoch: int, upto: int | None = None
-) -> Intervals:
-    """The offsets the state of ``epoch`` (after batch ``upto``) is made of: the
-    batches of its live lineage and the ranges its backfills recomputed."""
-    live = live_lineage(steps, epoch)
+def lineage(batches: list[dict[str, Any]], live: Lineage, upto: int | None = None) -> Intervals:
+    """The offsets the state of the lineage's epoch (after batch ``upto``) is made
+    of: the batches of the live lineage and the ranges its backfills recomputed."""
+    epoch = live.epoch
     found: Intervals = {}
 
     def add(start: kafka_offsets.Offsets, end: kafka_offsets.Offsets) -> None:
@@ -94,7 +92,7 @@ def lineage(
                 kafka_offsets.from_json_dict(json.loads(row["end_offsets"])),
             )
     for at in live.upto:
-        step = steps.get(at)
+        step = live.steps.get(at)
         if step is not None and step.action != "empty" and step.recomputed is not None:
             add(*step.recomputed)
     return merge(found)
@@ -166,15 +164,16 @@ def state_lineage(snap: LedgerSnapshot) -> tuple[str, int, Intervals]:
         )
     batches = snap.rows(["epoch", "batch_id", "start_offsets", "end_offsets"], IS_BATCH)
     rows = batches.to_pylist()
-    steps = snap.lineage.steps
+    live = current_log_lineage(layout, snap)
     boundary = last_boundary(layout, snap)
     epoch = snap.epoch
     if boundary is not None and boundary.epoch == epoch:
         where = f"epoch {epoch} batch {boundary.batch_id}"
-        return where, boundary.state_version, lineage(rows, steps, epoch, boundary.batch_id)
-    if epoch in steps:  # an operation started this epoch; no batch of it yet
-        base = -1 if boundary is None else boundary.state_version
-        return f"epoch {epoch} as its operation began it", base, lineage(rows, steps, epoch)
+        return where, boundary.state_version, lineage(rows, live, boundary.batch_id)
+    if epoch in live.steps:  # an operation started this epoch; no batch of it yet
+        head = lineage_head(layout, snap)
+        base = -1 if head is None else head.state_version
+        return f"epoch {epoch} as its operation began it", base, lineage(rows, live)
     raise ConfigError(f"{layout.application_id} has no committed batch: nothing to verify")
 
 
@@ -221,7 +220,7 @@ def run_verify(
         recomputed = pa.Table.from_batches([], schema=tables.aggregate_schema(pipeline))
     else:
         with SparkJobProgress(spark, "verify", records):
-            recomputed = aggregate_records(spark, pipeline, settings, raw, None, keep)
+            recomputed = aggregate_records(spark, pipeline, settings, raw, None, keep, snap)
     schema = tables.aggregate_schema(pipeline)
     version = comparable_version(layout, base_version, snap.epoch)
     state_path = layout.table("state")

@@ -320,19 +320,21 @@ def test_a_backfill_killed_between_its_two_tables_is_completed_exactly_once(
         env = {"PLATFORM_FAULT": fault}
         return run_jobs(v2, settings, "backfill", "--from-earliest", *reason, env=env)
 
+    # The backfill recomputes what the ledger's batches read (the orphan's records
+    # are the next batch's: the stream judges them); the orphan merge is undone.
     for _attempt in range(2):
         killed = backfill("during_operation")
         assert killed.returncode == -9, killed.stderr[-2000:]
-        assert state(settings.warehouse) == expected(events, 2)  # merged, then killed
+        assert state(settings.warehouse) == expected(first, 2)  # merged, then killed
     done = backfill(None)
     assert done.returncode == 0, done.stderr[-2000:]
     # Previewed against the state it publishes onto: the ledger's, not the dead merges'.
-    assert f"preview: {len(changed)} keys changed, 1 added" in done.stdout, done.stdout
-    assert state(settings.warehouse) == expected(events, 2)
+    assert f"preview: {len(changed)} keys changed, 0 added" in done.stdout, done.stdout
+    assert state(settings.warehouse) == expected(first, 2)
     corrections = [r for r in changelog(settings.warehouse) if r["batch_id"] == -1]
-    assert sorted(r["sku"] for r in corrections) == sorted(changed | {"SX"})  # each once
-    assert last_per_sku(changelog(settings.warehouse)) == expected(events, 2)
-    assert topic_table(read_output(kafka_config, f"out_{topic}")) == expected(events, 2)
+    assert sorted(r["sku"] for r in corrections) == sorted(changed)  # each once
+    assert last_per_sku(changelog(settings.warehouse)) == expected(first, 2)
+    assert topic_table(read_output(kafka_config, f"out_{topic}")) == expected(first, 2)
 
     later = movements(200, 6)
     produce(kafka_config, topic, [json.dumps(e).encode() for e in later])

@@ -171,7 +171,8 @@ def test_watermark_ranges_take_the_later_epochs_decision(tmp_path: Path) -> None
     from jobs.ledger import Lineage, read_ledger, watermark_ranges
 
     where = layout(tmp_path)
-    every_batch = Lineage(2, {2: None, 1: None, 0: None}, {})
+    every = {2: None, 1: None, 0: None}
+    every_batch = Lineage(2, every, {}, every)
 
     def batch(epoch: int, batch_id: int, begin: int, end: int, watermark: int) -> dict:  # type: ignore[type-arg]
         return {
@@ -191,7 +192,7 @@ def test_watermark_ranges_take_the_later_epochs_decision(tmp_path: Path) -> None
         ("t", 0, 150, 200, 20, 140),
     ]
     # Epoch 1 continued from epoch 0's batch 0: batch 1's decision was discarded.
-    discarded = Lineage(1, {1: None, 0: 0}, {})
+    discarded = Lineage(1, {1: None, 0: 0}, {}, {1: None, 0: 0})
     assert watermark_ranges(read_ledger(where), discarded) == [
         ("t", 0, 0, 50, 10, 70),
         ("t", 0, 50, 150, 30, 210),

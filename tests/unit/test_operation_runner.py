@@ -88,3 +88,25 @@ def test_a_plan_refused_after_the_fence_leaves_the_stream_resumable(stream) -> N
     cut = read_cut(layout, epoch)
     assert cut is not None and cut.offsets() == {("clicks", 0): 200}
     assert state_rows(state) == before == [("a", 3), ("b", 2)]
+
+
+def test_a_check_refused_before_the_bump_leaves_the_stream_resumable(stream) -> None:  # type: ignore[no-untyped-def]
+    state, settings = stream
+    pipeline, layout = state.pipeline, state.layout
+    before = state_rows(state)
+
+    def make_plan() -> Plan:
+        return restart.plan_rebuild(pipeline, settings, "stand-in", from_source=False)
+
+    def apply(_plan: Plan) -> dict[str, Any]:
+        # As apply_plan's checks before its bump refuse (a state shape the new
+        # pipeline file cannot continue, a topic recreated under the stream).
+        raise ConfigError("the pipeline changes what Spark's state holds")
+
+    with pytest.raises(ConfigError, match=r"state holds.*nothing was changed"):
+        runner.run_operation(
+            pipeline, settings, make_plan, dry_run=False, echo=lambda _m: None, apply=apply
+        )
+    assert unfinished_operation(layout) is None
+    assert current_epoch(layout) == 2
+    assert state_rows(state) == before

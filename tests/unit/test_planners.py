@@ -246,3 +246,32 @@ def test_a_backfill_reads_only_what_the_stream_has_judged(settings, monkeypatch)
     assert plan.read_from == {TP: 0}
     assert plan.target_offsets == {TP: 900}
     assert plan.records_to_replay == 900
+
+
+def test_a_rewind_after_a_skip_never_replays_what_the_skip_skipped(settings) -> None:  # type: ignore[no-untyped-def]
+    # A skip moved epoch 1 from 900 to 950 (state kept: version 3); no batch since.
+    layout = AppLayout(settings.warehouse, PIPELINE.application_id)
+    bump(settings, 1)
+    write_cut(layout, Cut(1, {"clicks": {"0": 950}}, "rewind", watermark_ms=2000))
+    keep = {"state_action": "keep", "boundary": {"epoch": 0, "batch_id": 2}}
+    append_rows(settings, [operation_done(1, "rewind", keep, 3)])
+    spec = TargetSpec("offset", "960")
+    plan = restart.plan_rewind(PIPELINE, settings, "x", spec, "reprocess", None)
+    # The skip's cut (950), not epoch 0's last batch (900): 900..950 stays skipped.
+    assert plan.target_offsets == {TP: 950}
+    assert plan.restore_version == 3
+
+
+def test_a_backfill_after_a_backfill_keeps_the_stream_watermark(settings, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # The first backfill started from batch 0 (watermark 0) and reused the
+    # judgments of batches 1 and 2 (watermark 2000): a second one continues from 2000.
+    layout = AppLayout(settings.warehouse, PIPELINE.application_id)
+    bump(settings, 1)
+    write_cut(layout, Cut(1, {"clicks": {"0": 900}}, "backfill", watermark_ms=2000))
+    publish = {"state_action": "publish", "boundary": {"epoch": 0, "batch_id": 0}}
+    append_rows(settings, [operation_done(1, "backfill", publish, 5)])
+    from jobs.operations import backfill
+
+    monkeypatch.setattr(backfill, "broker_marks", lambda *_a, **_k: ({}, {TP: (0, 1000)}))
+    plan = backfill.plan_backfill(PIPELINE, settings, "again", TargetSpec("earliest"))
+    assert restart.watermark_floor(layout, plan) == 2000

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from jobs.ledger import Step, epoch_steps
+from jobs.ledger import Step, epoch_steps, live_lineage
 from jobs.operations.verify import layers, lineage, merge
 
 T = "clicks"
@@ -31,21 +31,21 @@ def test_a_rewind_replay_counts_once_and_a_skip_stays_out() -> None:
     # Rewind (reprocess) to batch 0's end: epoch 1 replays 400.. again.
     batches += [batch(1, 0, 400, 700)]
     steps = {1: Step("restore", (0, 0), None)}
-    assert lineage(batches, steps, 1) == {(T, 0): [(0, 700)]}  # not 700..1000: undone
+    assert lineage(batches, live_lineage(steps, 1)) == {(T, 0): [(0, 700)]}  # not 700..1000: undone
     # Rewind (skip) to 1500: epoch 2 keeps epoch 1's state and reads from 1500.
     batches += [batch(2, 0, 1500, 1600)]
     steps[2] = Step("keep", (1, 0), None)
-    assert lineage(batches, steps, 2) == {(T, 0): [(0, 700), (1500, 1600)]}
+    assert lineage(batches, live_lineage(steps, 2)) == {(T, 0): [(0, 700), (1500, 1600)]}
     # Emptied (rebuild --from-source): only what the new epoch read.
     batches += [batch(3, 0, 0, 50)]
     steps[3] = Step("empty", None, None)
-    assert lineage(batches, steps, 3) == {(T, 0): [(0, 50)]}
+    assert lineage(batches, live_lineage(steps, 3)) == {(T, 0): [(0, 50)]}
 
 
 def test_a_backfill_carries_the_range_it_recomputed() -> None:
     batches = [batch(0, 0, 0, 400), batch(1, 0, 900, 950)]
     steps = {1: Step("publish", (0, 0), ({(T, 0): 400}, {(T, 0): 900}))}
-    assert lineage(batches, steps, 1) == {(T, 0): [(0, 950)]}
+    assert lineage(batches, live_lineage(steps, 1)) == {(T, 0): [(0, 950)]}
 
 
 def test_steps_come_from_done_rows_only() -> None:
@@ -112,3 +112,18 @@ def test_one_read_of_the_ledger_next_to_a_committing_stream(tmp_path) -> None:  
     where, base, intervals = state_lineage(snap)
     assert (where, base, intervals) == ("epoch 0 batch 0", first, {(T, 0): [(0, 100)]})
     assert comparable_version(writer.layout, base, snap.epoch) == first
+
+
+def test_a_backfill_keeps_the_judgments_of_the_batches_it_replaced() -> None:
+    # A backfill from epoch 0's batch 4 replaced the state of batches 5..9, judging
+    # their records with those batches' watermarks: no state to go back to, but
+    # still the decisions the state reflects. From the earliest: all of them.
+    recomputed = ({(T, 0): 500}, {(T, 0): 1000})
+    live = live_lineage({1: Step("publish", (0, 4), recomputed)}, 1)
+    assert [live.holds(0, b) for b in (4, 5)] == [True, False]
+    assert [live.decided(0, b) for b in (4, 5, 9)] == [True, True, True]
+    earliest = live_lineage({1: Step("publish", None, ({(T, 0): 0}, {(T, 0): 1000}))}, 1)
+    assert not earliest.holds(0, 0) and earliest.decided(0, 9)
+    # A rewind discards both: its epoch restarted from batch 2.
+    rewound = live_lineage({1: Step("restore", (0, 2), None)}, 1)
+    assert rewound.decided(0, 2) and not rewound.decided(0, 3)
