@@ -55,6 +55,7 @@ SLOW_FIRST = (
     "test_airflow_ui.py",
     "test_backfill.py",
     "test_backfill_memory.py",
+    "test_repair_lineage.py",
     "test_warm_driver.py",
     "test_stream_dag_run.py",
     "test_metrics.py",
