@@ -4,39 +4,20 @@ table and ledger (delta-rs), a stand-in for the running stream's lock."""
 from __future__ import annotations
 
 import dataclasses
-import json
-import time
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pytest
-from deltalake import DeltaTable, write_deltalake
+from deltalake import DeltaTable
 
 from jobs.cut import read_cut
-from jobs.delta import layout as tables
 from jobs.errors import ConfigError
 from jobs.ledger import current_epoch, unfinished_operation
 from jobs.operations import restart, runner
 from jobs.operations.plan import Plan
 from jobs.settings import Settings, load_settings
+from tests import ledger_rows as ledger
 from tests.output_tables import StateWriter, clicks_pipeline
-
-
-def batch_row(app: str, batch_id: int, state_after: int) -> dict[str, Any]:
-    return {
-        "application_id": app,
-        "entry_type": "batch",
-        "epoch": 0,
-        "batch_id": batch_id,
-        "start_offsets": json.dumps({"clicks": {"0": 100 * batch_id}}),
-        "end_offsets": json.dumps({"clicks": {"0": 100 * (batch_id + 1)}}),
-        "pipeline_version": 1,
-        "processing_guarantee": "exactly_once",
-        "delta_versions": json.dumps({"state_after": state_after}),
-        "watermark_ms": 0,
-        "commit_time": int(time.time() * 1_000_000),
-    }
 
 
 @pytest.fixture
@@ -44,14 +25,10 @@ def stream(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[StateWriter
     """Two batches committed (state and ledger); the stream holds the application
     until it is fenced (the first look at the lock sees it, later ones do not)."""
     state = StateWriter(tmp_path, clicks_pipeline())
-    rows = [
-        batch_row(state.pipeline.application_id, b, state.batch(counts))
-        for b, counts in enumerate(({"a": 1, "b": 2}, {"a": 3}))
-    ]
-    write_deltalake(
-        str(state.layout.table(tables.LEDGER)),
-        pa.Table.from_pylist(rows, tables.LEDGER_SCHEMA),
-        mode="append",
+    versions = [state.batch(counts) for counts in ({"a": 1, "b": 2}, {"a": 3})]
+    ledger.append(
+        state.layout,
+        [ledger.batch_row(0, b, 100 * b, 100 * (b + 1), v) for b, v in enumerate(versions)],
     )
     looks = iter([{"purpose": "run --trigger continuous", "pid": 1}])
     monkeypatch.setattr(runner, "holder", lambda _layout: next(looks, None))

@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
-from deltalake import DeltaTable, write_deltalake
 
 from jobs.cut import Cut, StateAction, write_cut
 from jobs.delta import layout as tables
@@ -20,6 +17,7 @@ from jobs.operations import restart
 from jobs.operations.targets import TargetSpec
 from jobs.pipeline import load_pipeline
 from jobs.settings import REPO_ROOT, load_settings
+from tests import ledger_rows as ledger
 
 PIPELINE = load_pipeline("user_clicks", REPO_ROOT / "include" / "pipelines")
 TP = ("clicks", 0)
@@ -36,26 +34,13 @@ def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, marks):  # type: i
     900 (state versions 1, 2, 3); the broker holds offsets 0..1000."""
     layout = AppLayout(tmp_path, PIPELINE.application_id)
     write_cut(layout, Cut(0, {"clicks": {"0": 0}}, "pipeline"))
-    path = layout.table(tables.LEDGER)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    DeltaTable.create(str(path), tables.LEDGER_SCHEMA)
-    rows = [
-        {
-            "application_id": PIPELINE.application_id,
-            "entry_type": "batch",
-            "epoch": 0,
-            "batch_id": b,
-            "start_offsets": json.dumps({"clicks": {"0": 300 * b}}),
-            "end_offsets": json.dumps({"clicks": {"0": 300 * (b + 1)}}),
-            "pipeline_version": 1,
-            "processing_guarantee": "exactly_once",
-            "delta_versions": json.dumps({"state_after": b + 1}),
-            "watermark_ms": 1000 * b,
-            "commit_time": int(time.time() * 1_000_000),
-        }
-        for b in range(3)
-    ]
-    write_deltalake(str(path), pa.Table.from_pylist(rows, tables.LEDGER_SCHEMA), mode="append")
+    ledger.append(
+        layout,
+        [
+            ledger.batch_row(0, b, 300 * b, 300 * (b + 1), b + 1, watermark_ms=1000 * b)
+            for b in range(3)
+        ],
+    )
     monkeypatch.setattr(restart, "broker_marks", lambda *_a, **_k: ({}, marks))
     monkeypatch.setattr(restart.kafka_admin, "topic_ids", lambda *_a: {})  # ids unknown
     return dataclasses.replace(load_settings(), warehouse=tmp_path)
@@ -143,39 +128,7 @@ def test_rewind_skip_back_is_allowed_only_for_a_topic_with_a_new_id(settings, mo
 
 
 def append_rows(settings, rows: list[dict]) -> None:  # type: ignore[no-untyped-def, type-arg]
-    layout = AppLayout(settings.warehouse, PIPELINE.application_id)
-    full = [
-        {
-            "application_id": PIPELINE.application_id,
-            "pipeline_version": 1,
-            "processing_guarantee": "exactly_once",
-            "commit_time": int(time.time() * 1_000_000),
-            **row,
-        }
-        for row in rows
-    ]
-    write_deltalake(
-        str(layout.table(tables.LEDGER)),
-        pa.Table.from_pylist(full, tables.LEDGER_SCHEMA),
-        mode="append",
-    )
-
-
-def operation_done(epoch: int, operation: str, plan: dict, state_version: int) -> dict:  # type: ignore[type-arg]
-    details = {"phase": "done", "plan": plan, "result": {"state_version": state_version}}
-    return {"entry_type": operation, "epoch": epoch, "details": json.dumps(details)}
-
-
-def batch_row(epoch: int, batch_id: int, start: int, end: int, state_after: int) -> dict:  # type: ignore[type-arg]
-    return {
-        "entry_type": "batch",
-        "epoch": epoch,
-        "batch_id": batch_id,
-        "start_offsets": json.dumps({"clicks": {"0": start}}),
-        "end_offsets": json.dumps({"clicks": {"0": end}}),
-        "delta_versions": json.dumps({"state_after": state_after}),
-        "watermark_ms": 0,
-    }
+    ledger.append(AppLayout(settings.warehouse, PIPELINE.application_id), rows)
 
 
 def bump(settings, epoch: int) -> None:  # type: ignore[no-untyped-def]
@@ -190,7 +143,10 @@ def test_a_rewind_never_restores_a_state_an_earlier_rewind_discarded(settings) -
     # (epoch 1) discarded batches 1 and 2 and replayed 300..900 in one batch.
     bump(settings, 1)
     restore = {"state_action": "restore", "boundary": {"epoch": 0, "batch_id": 0}}
-    append_rows(settings, [operation_done(1, "rewind", restore, 4), batch_row(1, 0, 300, 900, 5)])
+    append_rows(
+        settings,
+        [ledger.operation_done(1, "rewind", restore, 4), ledger.batch_row(1, 0, 300, 900, 5)],
+    )
     # A second rewind to 650: epoch 0's boundary at 600 is a discarded state.
     spec = TargetSpec("offset", "650")
     plan = restart.plan_rewind(PIPELINE, settings, "again", spec, "reprocess", None)
@@ -207,7 +163,9 @@ def test_a_rewind_never_picks_a_boundary_in_a_deleted_topics_log(settings, monke
     bump(settings, 1)
     write_cut(layout, Cut(1, {"clicks": {"0": 0}}, "rewind", topic_ids={"clicks": "new"}))
     keep = {"state_action": "keep", "boundary": {"epoch": 0, "batch_id": 2}}
-    append_rows(settings, [operation_done(1, "rewind", keep, 3), batch_row(1, 0, 0, 500, 4)])
+    append_rows(
+        settings, [ledger.operation_done(1, "rewind", keep, 3), ledger.batch_row(1, 0, 0, 500, 4)]
+    )
     monkeypatch.setattr(restart.kafka_admin, "topic_ids", lambda *_a: {"clicks": "new"})
     spec = TargetSpec("offset", "950")
     plan = restart.plan_rewind(PIPELINE, settings, "x", spec, "reprocess", None)
@@ -224,7 +182,7 @@ def test_a_rebuild_after_a_completed_backfill_continues_from_the_backfills_cut(s
     bump(settings, 1)
     write_cut(layout, Cut(1, {"clicks": {"0": 1000}}, "backfill", watermark_ms=2500))
     publish = {"state_action": "publish", "boundary": {"epoch": 0, "batch_id": 2}}
-    append_rows(settings, [operation_done(1, "backfill", publish, 5)])
+    append_rows(settings, [ledger.operation_done(1, "backfill", publish, 5)])
     bump(settings, 2)
     fence = {"reason": "recovery", "for": "rebuild"}
     append_rows(settings, [{"entry_type": "fence", "epoch": 2, "details": json.dumps(fence)}])
@@ -254,7 +212,7 @@ def test_a_rewind_after_a_skip_never_replays_what_the_skip_skipped(settings) -> 
     bump(settings, 1)
     write_cut(layout, Cut(1, {"clicks": {"0": 950}}, "rewind", watermark_ms=2000))
     keep = {"state_action": "keep", "boundary": {"epoch": 0, "batch_id": 2}}
-    append_rows(settings, [operation_done(1, "rewind", keep, 3)])
+    append_rows(settings, [ledger.operation_done(1, "rewind", keep, 3)])
     spec = TargetSpec("offset", "960")
     plan = restart.plan_rewind(PIPELINE, settings, "x", spec, "reprocess", None)
     # The skip's cut (950), not epoch 0's last batch (900): 900..950 stays skipped.
@@ -269,7 +227,7 @@ def test_a_backfill_after_a_backfill_keeps_the_stream_watermark(settings, monkey
     bump(settings, 1)
     write_cut(layout, Cut(1, {"clicks": {"0": 900}}, "backfill", watermark_ms=2000))
     publish = {"state_action": "publish", "boundary": {"epoch": 0, "batch_id": 0}}
-    append_rows(settings, [operation_done(1, "backfill", publish, 5)])
+    append_rows(settings, [ledger.operation_done(1, "backfill", publish, 5)])
     from jobs.operations import backfill
 
     monkeypatch.setattr(backfill, "broker_marks", lambda *_a, **_k: ({}, {TP: (0, 1000)}))

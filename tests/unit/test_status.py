@@ -10,20 +10,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
-from deltalake import write_deltalake
 
-from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout, ensure_tables
 from jobs.lock import application_lock
 from jobs.pipeline import load_pipeline
 from jobs.settings import REPO_ROOT, Settings, load_settings
 from jobs.status import application_status
+from tests import ledger_rows as ledger
 
 PIPELINE = load_pipeline("user_clicks", REPO_ROOT / "include" / "pipelines")
 
@@ -40,33 +37,7 @@ def layout(settings: Settings) -> AppLayout:
 
 
 def ledger_rows(layout: AppLayout, batch_ids: range) -> None:
-    rows = [
-        {
-            "application_id": PIPELINE.application_id,
-            "entry_type": "batch",
-            "epoch": 0,
-            "batch_id": b,
-            "start_offsets": json.dumps({"clicks": {"0": 100 * b}}),
-            "end_offsets": json.dumps({"clicks": {"0": 100 * (b + 1)}}),
-            "records_in": 100,
-            "records_valid": 100,
-            "dead_lettered": 0,
-            "aggregated": 100,
-            "late_dropped": 0,
-            "windows_per_record": 1,
-            "pipeline_version": PIPELINE.version,
-            "processing_guarantee": "exactly_once",
-            "delta_versions": json.dumps({"state_after": 0}),
-            "watermark_ms": 0,
-            "commit_time": int(time.time() * 1_000_000),
-        }
-        for b in batch_ids
-    ]
-    write_deltalake(
-        str(layout.table(tables.LEDGER)),
-        pa.Table.from_pylist(rows, tables.LEDGER_SCHEMA),
-        mode="append",
-    )
+    ledger.append(layout, [ledger.batch_row(0, b, 100 * b, 100 * (b + 1), 0) for b in batch_ids])
 
 
 def spark_logs(layout: AppLayout, planned: range, committed: range) -> None:
