@@ -19,19 +19,17 @@ from pathlib import Path
 from typing import Any
 
 from jobs import faults
-from jobs.errors import ConfigError, OutputError, PlatformError, SourceError
+from jobs.errors import (
+    EXIT_CRASH,
+    ConfigError,
+    PlatformError,
+    failure,
+)
 from jobs.lock import LockedError
 from jobs.pipeline import Pipeline, load_pipeline
 from jobs.settings import Settings, load_settings
 
-EXIT_ERROR = 2
 HOST_PORT = re.compile(r"^[A-Za-z0-9.\-]+:\d{1,5}(,[A-Za-z0-9.\-]+:\d{1,5})*$")
-# An error raised inside a Spark task or the source comes back wrapped in Java and
-# Python tracebacks; this finds the platform's own one-line message in it.
-WRAPPED_ERROR = re.compile(r"jobs\.errors\.(\w+Error): (.+?)(?:\n|$| SQLSTATE)")
-# Spark's own errors start with their class: "[ARITHMETIC_OVERFLOW] long overflow. ..."
-SPARK_ERROR = re.compile(r"\[([A-Z][A-Z0-9_]+(?:\.[A-Z0-9_]+)*)\] ([^\n]{0,300})")
-EXIT_CRASH = 1
 METRICS_EXPORTER_PORT = 9464  # the exporter's default port
 
 
@@ -304,35 +302,6 @@ def _counted_operation(args: argparse.Namespace, settings: Settings, pipeline: P
         METRICS.operation(pipeline.application_id, pipeline.version, args.command, result)
         if settings.pushgateway_url:
             push(settings.pushgateway_url, pipeline.application_id, args.command)
-
-
-def failure(exc: BaseException) -> tuple[int, str]:
-    """(exit code, one line) of a failed command: the platform's own errors, also
-    when Spark wraps them, are expected (2); anything else is a crash (1)."""
-    admin = sys.modules.get("jobs.kafka_admin")  # loaded if a Kafka client ran
-    kafka_error = isinstance(exc, (SourceError, OutputError))
-    refused = admin.login_refused() if admin is not None and kafka_error else None
-    if isinstance(exc, PlatformError):
-        return int(getattr(exc, "exit_code", EXIT_ERROR)), str(exc) + (refused or "")
-    found = WRAPPED_ERROR.search(str(exc))
-    if found:
-        return EXIT_ERROR, found.group(2).strip()
-    return EXIT_CRASH, crash_summary(exc)
-
-
-def crash_summary(exc: BaseException) -> str:
-    """One line for an unexpected failure: what failed and what happens next."""
-    text = str(exc)
-    spark = SPARK_ERROR.search(text)
-    what = (
-        f"Spark failed with [{spark.group(1)}] {spark.group(2).strip()}"
-        if spark
-        else f"{type(exc).__name__}: {(text.strip().splitlines() or [''])[0][:300]}"
-    )
-    return (
-        f"{what}; nothing of the unfinished batch or operation was committed (a run replays "
-        "it; the traceback above has the details)"
-    )
 
 
 def _run(args: argparse.Namespace, settings: Settings, pipeline: object) -> int:

@@ -1,10 +1,23 @@
-"""Exceptions the platform raises on purpose.
+"""Exceptions the platform raises on purpose, and the one line and exit code a
+failed command reports for any exception (``failure``: the CLI's and the warm
+driver's).
 
 Every ``PlatformError`` carries a message meant for the user: the CLI prints it
 as one line and exits non-zero, without a traceback.
 """
 
 from __future__ import annotations
+
+import re
+import sys
+
+EXIT_ERROR = 2  # an expected failure: its message is the whole story
+EXIT_CRASH = 1  # anything else
+# An error raised inside a Spark task or the source comes back wrapped in Java and
+# Python tracebacks; this finds the platform's own one-line message in it.
+WRAPPED_ERROR = re.compile(r"jobs\.errors\.(\w+Error): (.+?)(?:\n|$| SQLSTATE)")
+# Spark's own errors start with their class: "[ARITHMETIC_OVERFLOW] long overflow. ..."
+SPARK_ERROR = re.compile(r"\[([A-Z][A-Z0-9_]+(?:\.[A-Z0-9_]+)*)\] ([^\n]{0,300})")
 
 
 class PlatformError(Exception):
@@ -33,3 +46,32 @@ class ConsistencyError(PlatformError):
 
 class OutputError(PlatformError):
     """The output topic cannot be brought up to date exactly; nothing half-published."""
+
+
+def failure(exc: BaseException) -> tuple[int, str]:
+    """(exit code, one line) of a failed command: the platform's own errors, also
+    when Spark wraps them, are expected (2); anything else is a crash (1)."""
+    admin = sys.modules.get("jobs.kafka_admin")  # loaded if a Kafka client ran
+    kafka_error = isinstance(exc, (SourceError, OutputError))
+    refused = admin.login_refused() if admin is not None and kafka_error else None
+    if isinstance(exc, PlatformError):
+        return int(getattr(exc, "exit_code", EXIT_ERROR)), str(exc) + (refused or "")
+    found = WRAPPED_ERROR.search(str(exc))
+    if found:
+        return EXIT_ERROR, found.group(2).strip()
+    return EXIT_CRASH, crash_summary(exc)
+
+
+def crash_summary(exc: BaseException) -> str:
+    """One line for an unexpected failure: what failed and what happens next."""
+    text = str(exc)
+    spark = SPARK_ERROR.search(text)
+    what = (
+        f"Spark failed with [{spark.group(1)}] {spark.group(2).strip()}"
+        if spark
+        else f"{type(exc).__name__}: {(text.strip().splitlines() or [''])[0][:300]}"
+    )
+    return (
+        f"{what}; nothing of the unfinished batch or operation was committed (a run replays "
+        "it; the traceback above has the details)"
+    )

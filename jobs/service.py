@@ -44,7 +44,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from jobs import faults
-from jobs.errors import ConfigError, PlatformError
+from jobs.errors import ConfigError, PlatformError, failure
 from jobs.lock import LockedError
 from jobs.pipeline import Pipeline, load_pipeline
 from jobs.settings import ENV_PREFIX, Settings
@@ -240,8 +240,6 @@ class WarmDriver:
 
 
 def _handler(driver: WarmDriver, token: str) -> type[BaseHTTPRequestHandler]:
-    from jobs.cli import failure
-
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, format: str, *args: Any) -> None:
             log.info("%s %s", self.address_string(), format % args)

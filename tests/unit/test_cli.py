@@ -51,7 +51,7 @@ def test_bad_environment_value() -> None:
 
 
 def test_an_unexpected_failure_ends_with_one_error_line() -> None:
-    from jobs.cli import crash_summary
+    from jobs.errors import crash_summary
 
     spark = RuntimeError(
         "An error occurred while calling o52.awaitTermination.\n"
