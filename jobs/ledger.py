@@ -307,11 +307,14 @@ def decided_watermark(layout: AppLayout, snap: LedgerSnapshot | None = None) -> 
     snap = snap or snapshot(layout)
     if snap is None:
         return 0
-    lineage = snap.lineage
+    return highest_decided_watermark(snap.rows(BOUNDARY_COLUMNS, IS_BATCH), snap.lineage)
+
+
+def highest_decided_watermark(ledger: pa.Table | None, lineage: Lineage) -> int:
     return max(
         (
             int(r["watermark_ms"] or 0)
-            for r in batch_rows(snap.rows(BOUNDARY_COLUMNS, IS_BATCH))
+            for r in batch_rows(ledger)
             if lineage.decided(int(r["epoch"]), int(r["batch_id"]))
         ),
         default=0,

@@ -55,8 +55,8 @@ from jobs.ledger import (
     IS_BATCH,
     LedgerSnapshot,
     Lineage,
-    batch_rows,
     current_epoch,
+    highest_decided_watermark,
     live_lineage,
     snapshot,
     watermark_ranges,
@@ -199,14 +199,7 @@ def with_stream_decisions(
     and verify read only ranges the stream judged; a record outside them (a ledger
     of an older version of the platform) gets the last watermark and the time now."""
     ranges = watermark_ranges(ledger, lineage)
-    last = max(
-        (
-            int(r["watermark_ms"] or 0)
-            for r in batch_rows(ledger)
-            if lineage.decided(int(r["epoch"]), int(r["batch_id"]))
-        ),
-        default=0,
-    )
+    last = highest_decided_watermark(ledger, lineage)
     schema = (
         "r_topic string, r_partition int, r_begin long, r_end long, r_watermark long, r_time long"
     )
