@@ -181,7 +181,15 @@ class LedgerSnapshot:
     def rows(
         self, columns: list[str] | None = None, where: ds.Expression | None = None
     ) -> pa.Table:
-        return self._dataset.to_table(columns=columns, filter=where)
+        """``columns`` of the rows matching ``where``; a column added to the ledger
+        since this one was written reads as nulls."""
+        have = set(self._dataset.schema.names)
+        wanted = None if columns is None else [c for c in columns if c in have]
+        rows = self._dataset.to_table(columns=wanted, filter=where)
+        for name in [c for c in columns or [] if c not in have]:
+            kind = tables.LEDGER_SCHEMA.field(name).type
+            rows = rows.append_column(name, pa.nulls(rows.num_rows, kind))
+        return rows if columns is None else rows.select(columns)
 
     @property
     def lineage(self) -> Lineage:

@@ -57,6 +57,8 @@ def reason_class(reason: str) -> str:
         return "bad_value"
     if reason.startswith(("value is", "not a JSON", "invalid record")):
         return "malformed"
+    if reason.startswith(("derived ", "filter ")):
+        return "expression"
     return "other"
 
 
@@ -68,8 +70,8 @@ class Metrics:
         r = self.registry
         self.records = Counter(
             "platform_records",
-            "Records read from Kafka by committed batches, by outcome: aggregated, late "
-            "(a dead letter behind the watermark), dead_lettered (by reason class)",
+            "Records read from Kafka by committed batches, by outcome: aggregated, filtered, "
+            "late (a dead letter behind the watermark), dead_lettered (by reason class)",
             [*LABELS, "outcome", "reason"],
             registry=r,
         )
@@ -147,6 +149,7 @@ class Metrics:
         seconds: float,
     ) -> None:
         self.records.labels(*labels, "aggregated", "").inc(int(ledger_row["records_valid"]))
+        self.records.labels(*labels, "filtered", "").inc(int(ledger_row.get("filtered") or 0))
         for kind, count in Tally(reason_class(r) for r in reasons).items():
             if kind == "late":
                 self.records.labels(*labels, "late", "").inc(count)

@@ -40,6 +40,7 @@ COLUMNS = [
     "epoch",
     "records_in",
     "records_valid",
+    "filtered",
     "dead_lettered",
     "pipeline_version",
     "end_offsets",
@@ -71,6 +72,7 @@ class LedgerTotals:
                 continue
             self.batches[version] += 1
             self.records[(version, "valid")] += int(row["records_valid"] or 0)
+            self.records[(version, "filtered")] += int(row.get("filtered") or 0)
             self.records[(version, "dead_lettered")] += int(row["dead_lettered"] or 0)
             commit_us = int(row["commit_time"].timestamp() * 1_000_000)
             if self.last_commit_us is None or commit_us >= self.last_commit_us:
@@ -105,7 +107,10 @@ class LedgerCollector(Collector):
             totals = LedgerTotals()  # new, or compacted since: from scratch
         for uri in sorted(files - totals.files):
             path = uri.removeprefix("file://")
-            totals.add(pq.read_table(path, columns=COLUMNS).to_pylist())
+            present = set(pq.read_schema(path).names)  # older files lack newer columns
+            totals.add(
+                pq.read_table(path, columns=[c for c in COLUMNS if c in present]).to_pylist()
+            )
             totals.files.add(uri)
         self.totals[application] = totals
         return totals
@@ -119,7 +124,8 @@ class LedgerCollector(Collector):
         app = ["application"]
         records = CounterMetricFamily(
             "platform_ledger_records",
-            "Records of committed batches per the ledger: valid (aggregated) or dead_lettered",
+            "Records of committed batches per the ledger: valid (aggregated), filtered or "
+            "dead_lettered",
             labels=[*app, "pipeline_version", "outcome"],
         )
         batches = CounterMetricFamily(

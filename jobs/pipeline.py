@@ -9,33 +9,42 @@ and the field.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, cast, get_args
 
 import yaml
 
+from jobs import sql_text
 from jobs.errors import ConfigError
 
 APPLICATION_ID = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
-FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+FIELD_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,127}$")
 TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 DURATION = re.compile(r"^\s*(\d+)\s*(second|minute|hour|day)s?\s*$")
-FieldType = Literal["string", "long", "int", "double", "boolean"]
 AggFunction = Literal["count", "sum", "min", "max", "avg"]
 TimeUnit = Literal["seconds", "milliseconds", "microseconds"]
 Guarantee = Literal["exactly_once", "at_least_once"]
 TriggerMode = Literal["available-now", "continuous"]
-FIELD_TYPES: set[str] = set(get_args(FieldType))
-NUMERIC_TYPES = {"long", "int", "double"}
 AGG_FUNCTIONS: set[str] = set(get_args(AggFunction))
 TIME_UNITS: dict[str, int] = {"seconds": 1, "milliseconds": 1000, "microseconds": 1_000_000}
 GUARANTEES: set[str] = set(get_args(Guarantee))
 TRIGGER_MODES: set[str] = set(get_args(TriggerMode))
-# Columns the platform adds to state/changelog/dead-letter rows and the columns the
-# Spark side uses internally; user names may not clash with them in any case
-# (Spark resolves column names case-insensitively). ``_sum_<avg>`` is checked apart.
+# The Kafka record's own parts, for expressions, aggregations and event time.
+KAFKA_COLUMNS = {
+    "kafka.key": "string",
+    "kafka.timestamp": "timestamp",
+    "kafka.topic": "string",
+    "kafka.partition": "int",
+    "kafka.offset": "bigint",
+    "kafka.headers": "array<struct<`key`:string,`value`:binary>>",
+}
+TIME_TYPES = {"timestamp", "timestamp_ntz", "date"}
+# Columns the platform adds to state/changelog/dead-letter rows; user names may not
+# clash with them in any case (Spark resolves column names case-insensitively).
+# Every name starting with "_" is the platform's too, and "kafka" holds the record's
+# Kafka metadata in expressions.
 RESERVED = {
     "window_start",
     "window_end",
@@ -43,18 +52,14 @@ RESERVED = {
     "batch_id",
     "commit_time",
     "updated_at",
-    "_records",
-    "_event_time",
-    "_event_us",
-    "_reason",
-    "_corrupt_record",
-    "_batch_watermark_ms",
-    "_batch_time_ms",
+    "kafka",
 }
 DEFAULT_MAX_AHEAD = "1 day"
 DEFAULT_REWIND_HORIZON = "7 days"
 MAX_REWIND_HORIZON_S = 365 * 86400
 UNIT_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
+# A decimal summed keeps at most this scale: the sum is a decimal(38, scale).
+MAX_SUM_SCALE = 18
 
 
 @dataclass(frozen=True)
@@ -65,16 +70,18 @@ class Aggregation:
 
 
 @dataclass(frozen=True)
-class SignedField:
-    """A derived numeric column: ``field`` times a sign chosen by a category field.
-
-    Records whose category is not in ``signs`` are dead-lettered with a reason.
-    """
+class Derived:
+    """A column computed per record by a Spark SQL expression over the record's
+    fields, its Kafka metadata and the derived columns before it."""
 
     name: str
-    field: str
-    sign_by: str
-    signs: dict[str, int]
+    expr: str
+
+
+@dataclass(frozen=True)
+class EventTime:
+    column: str  # a field, a derived column, or kafka.timestamp
+    unit: TimeUnit | None  # for a number; None for a timestamp or a date
 
 
 @dataclass(frozen=True)
@@ -103,13 +110,12 @@ class Pipeline:
     topics: tuple[str, ...]
     starting_offsets: str
     max_offsets_per_trigger: int | None
-    schema: dict[str, str]
+    schema: dict[str, str]  # field -> Spark DDL type, normalized (``sql_text``)
     keys: tuple[str, ...]
-    event_time_field: str
-    event_time_unit: TimeUnit
+    event_time: EventTime
     window: Window | None
     watermark_seconds: int | None
-    derived: tuple[SignedField, ...]
+    derived: tuple[Derived, ...]
     aggregations: tuple[Aggregation, ...]
     processing_guarantee: Guarantee
     trigger_mode: TriggerMode
@@ -129,6 +135,31 @@ class Pipeline:
     source_path: Path | None = None
     description: str = ""
     output: Output | None = None
+    filter: str | None = None  # a Spark SQL boolean: records for which it is false are filtered
+    # Spark type of each derived column, known once Spark has analysed the pipeline
+    # (``jobs/streaming/records.resolve``); empty before.
+    derived_types: dict[str, str] = field(default_factory=dict)
+
+    def column_type(self, name: str) -> str | None:
+        """The Spark type of a field, derived column or ``kafka.*`` column; None for a
+        derived column before Spark has analysed the pipeline."""
+        if name in self.schema:
+            return self.schema[name]
+        if name in KAFKA_COLUMNS:
+            return KAFKA_COLUMNS[name]
+        return self.derived_types.get(name)
+
+    @property
+    def expressions(self) -> list[tuple[str, str]]:
+        """(where, SQL) of every expression, in evaluation order."""
+        found = [(f"derived[{i}] ({d.name})", d.expr) for i, d in enumerate(self.derived)]
+        return found + ([("filter", self.filter)] if self.filter is not None else [])
+
+    @property
+    def uses_headers(self) -> bool:
+        """Whether anything reads ``kafka.headers`` (Spark's source then includes them)."""
+        texts = [expr for _, expr in self.expressions] + [str(a.field) for a in self.aggregations]
+        return any("headers" in text.lower() for text in texts)
 
     @property
     def exactly_once(self) -> bool:
@@ -156,7 +187,7 @@ class Pipeline:
     @property
     def value_columns(self) -> tuple[str, ...]:
         """Aggregate output columns in state/changelog, internal ones last."""
-        hidden = tuple(f"_sum_{a.name}" for a in self.aggregations if a.function == "avg")
+        hidden = tuple(sum_column(a) for a in self.aggregations if a.function == "avg")
         return tuple(a.name for a in self.aggregations) + hidden + ("_records",)
 
 
@@ -256,21 +287,14 @@ def parse_pipeline(data: Any, origin: str) -> Pipeline:
     archive = source.get("archive", bool, False)
     source.finish()
 
-    schema_data = top.get("schema", dict)
-    schema: dict[str, str] = {}
-    for name, kind in schema_data.items():
-        if not isinstance(name, str) or not FIELD_NAME.match(name):
-            raise top.error(f"field name {name!r} is not a valid identifier", "schema")
-        if kind not in FIELD_TYPES:
-            raise top.error(
-                f"type of {name!r} must be one of {', '.join(sorted(FIELD_TYPES))}, got {kind!r}",
-                "schema",
-            )
-        if name.lower() in RESERVED:
-            raise top.error(f"field name {name!r} is reserved by the platform", "schema")
-        schema[name] = kind
-    if not schema:
-        raise top.error("must name at least one field", "schema")
+    schema = _parse_schema(top)
+    record_filter = _expression(top, "filter", top.get("filter", str, None))
+    derived = _parse_derived(top, schema)
+    names = {n.lower(): n for n in [*schema, *(d.name for d in derived)]}
+
+    def column(name: str) -> str | None:
+        """A field or derived column's type (None: derived, Spark's to say)."""
+        return schema.get(name) or KAFKA_COLUMNS.get(name)
 
     keys = top.get("keys", list)
     if not keys:
@@ -278,27 +302,46 @@ def parse_pipeline(data: Any, origin: str) -> Pipeline:
     for key in keys:
         if not isinstance(key, str):
             raise top.error(f"each key must be a field name, got {key!r}", "keys")
-        if key not in schema:
-            raise top.error(f"key {key!r} is not a field of the schema", "keys")
+        if key in KAFKA_COLUMNS:
+            raise top.error(
+                f"key {key!r}: name a column, e.g. derived: [{{name: "
+                f'{key.split(".")[1]}, expr: "{key}"}}] and keys: [{key.split(".")[1]}]',
+                "keys",
+            )
+        if key not in names.values():
+            raise top.error(f"key {key!r} is not a field of the schema or a derived column", "keys")
+        kind = column(key)
+        if kind is not None and not sql_text.is_atomic(kind):
+            raise top.error(
+                f"key {key!r} is a {kind}: a key must be a single value (derive one from it)",
+                "keys",
+            )
     if len(set(keys)) != len(keys):
         raise top.error("lists a key twice", "keys")
 
     event = top.sub("event_time")
     assert event is not None
-    event_field = event.get("field", str)
-    unit = event.get("unit", str, "seconds")
+    event_column = event.get("field", str)
+    unit = event.get("unit", str, None)
     max_ahead = parse_duration(
         event.get("max_ahead", str, DEFAULT_MAX_AHEAD), origin, "event_time.max_ahead"
     )
     not_before = event.get("not_before", str, None)
     not_before_us = None if not_before is None else _parse_instant(not_before, origin)
     event.finish()
-    if event_field not in schema:
-        raise top.error(f"field {event_field!r} is not in the schema", "event_time.field")
-    if schema[event_field] not in NUMERIC_TYPES:
-        raise top.error(f"field {event_field!r} must be numeric (epoch time)", "event_time.field")
-    if unit not in TIME_UNITS:
+    if event_column not in names.values() and event_column != "kafka.timestamp":
+        raise top.error(
+            f"{event_column!r} is not a field of the schema, a derived column or kafka.timestamp",
+            "event_time.field",
+        )
+    if unit is not None and unit not in TIME_UNITS:
         raise top.error(f"must be one of {', '.join(TIME_UNITS)}, got {unit!r}", "event_time.unit")
+    kind = column(event_column)
+    if kind is not None:
+        try:
+            unit = event_time_unit(kind, cast(TimeUnit | None, unit), repr(event_column))
+        except TypeProblem as exc:
+            raise top.error(str(exc), f"event_time.{exc.key}") from None
 
     window = None
     window_reader = top.sub("window", None)
@@ -323,28 +366,6 @@ def parse_pipeline(data: Any, origin: str) -> Pipeline:
     if window is None and watermark is not None:
         raise top.error("only applies to windowed pipelines; remove it", "watermark")
 
-    derived: list[SignedField] = []
-    for i, item in enumerate(top.get("derived", list, [])):
-        d = _Reader(origin, item, f"derived[{i}]")
-        name = d.get("name", str)
-        src = d.get("field", str)
-        sign_by = d.get("sign_by", str)
-        signs = d.get("signs", dict)
-        d.finish()
-        if not FIELD_NAME.match(name) or name in schema or name.lower() in RESERVED:
-            raise d.error(f"{name!r} must be a new identifier", "name")
-        if schema.get(src) not in NUMERIC_TYPES:
-            raise d.error(f"{src!r} must be a numeric field of the schema", "field")
-        if schema.get(sign_by) != "string":
-            raise d.error(f"{sign_by!r} must be a string field of the schema", "sign_by")
-        if not signs or not all(
-            isinstance(k, str) and v in (-1, 1) and not isinstance(v, bool)
-            for k, v in signs.items()
-        ):
-            raise d.error("must map category values to 1 or -1", "signs")
-        derived.append(SignedField(name, src, sign_by, dict(signs)))
-    columns = {**schema, **{d.name: schema[d.field] for d in derived}}
-
     aggregations: list[Aggregation] = []
     for i, item in enumerate(top.get("aggregations", list)):
         a = _Reader(origin, item, f"aggregations[{i}]")
@@ -352,16 +373,26 @@ def parse_pipeline(data: Any, origin: str) -> Pipeline:
         function = a.get("function", str)
         src = a.get("field", str, None)
         a.finish()
-        if not FIELD_NAME.match(name) or name.lower() in RESERVED or name in keys:
+        if not _is_new_name(name) or name in keys:
             raise a.error(f"{name!r} must be an identifier that is not a key or reserved", "name")
         if function not in AGG_FUNCTIONS:
             raise a.error(f"must be one of {', '.join(sorted(AGG_FUNCTIONS))}", "function")
         if function == "count":
             if src is not None:
                 raise a.error("count takes no field", "field")
-        elif columns.get(src or "") not in NUMERIC_TYPES:
-            raise a.error(f"{function} needs a numeric field, got {src!r}", "field")
-        aggregations.append(Aggregation(name, cast(AggFunction, function), src))
+        elif src is None or (src not in names.values() and src not in KAFKA_COLUMNS):
+            raise a.error(
+                f"{function} needs a field, a derived column or a kafka.* column, got {src!r}",
+                "field",
+            )
+        aggregation = Aggregation(name, cast(AggFunction, function), src)
+        kind = None if src is None else column(src)
+        if function == "count" or kind is not None:
+            try:
+                aggregate_type(aggregation, kind or "")
+            except TypeProblem as exc:
+                raise a.error(str(exc), exc.key) from None
+        aggregations.append(aggregation)
     if not aggregations:
         raise top.error("must list at least one aggregation", "aggregations")
     _check_output_names(top, list(schema), [d.name for d in derived], aggregations)
@@ -402,7 +433,7 @@ def parse_pipeline(data: Any, origin: str) -> Pipeline:
     maintenance.finish()
     output = _parse_output(top, topics)
     top.finish()
-    return Pipeline(
+    pipeline = Pipeline(
         application_id=app_id,
         version=version,
         topics=tuple(topics),
@@ -410,8 +441,7 @@ def parse_pipeline(data: Any, origin: str) -> Pipeline:
         max_offsets_per_trigger=max_offsets,
         schema=schema,
         keys=tuple(keys),
-        event_time_field=event_field,
-        event_time_unit=cast(TimeUnit, unit),
+        event_time=EventTime(event_column, cast(TimeUnit | None, unit)),
         window=window,
         watermark_seconds=watermark,
         derived=tuple(derived),
@@ -428,7 +458,137 @@ def parse_pipeline(data: Any, origin: str) -> Pipeline:
         reader_grace_hours=grace,
         description=description,
         output=output,
+        filter=record_filter,
     )
+    if pipeline.archive and pipeline.uses_headers:
+        raise top.error(
+            "the raw archive does not keep Kafka headers: a backfill from it could not "
+            "recompute what reads kafka.headers",
+            "source.archive",
+        )
+    return pipeline
+
+
+def _is_new_name(name: str) -> bool:
+    """A name the pipeline may give a field, derived column or aggregate."""
+    return bool(FIELD_NAME.match(name)) and name.lower() not in RESERVED
+
+
+def _expression(top: _Reader, where: str, text: str | None) -> str | None:
+    """A Spark SQL expression, checked as far as text allows (no JVM here)."""
+    if text is None:
+        return None
+    try:
+        sql_text.check_expression(text)
+    except sql_text.SqlTextError as exc:
+        raise top.error(f"{exc} (in {text!r})", where) from None
+    return text
+
+
+def _parse_schema(top: _Reader) -> dict[str, str]:
+    schema: dict[str, str] = {}
+    for name, kind in top.get("schema", dict).items():
+        if not isinstance(name, str) or not FIELD_NAME.match(name):
+            raise top.error(
+                f"field name {name!r} must start with a letter and hold letters, digits and "
+                "'_' (names starting with '_' are the platform's)",
+                "schema",
+            )
+        if name.lower() in RESERVED:
+            raise top.error(f"field name {name!r} is reserved by the platform", "schema")
+        if not isinstance(kind, str):
+            raise top.error(f"type of {name!r} must be a Spark SQL type, got {kind!r}", "schema")
+        try:
+            schema[name] = sql_text.parse_type(kind)
+        except sql_text.SqlTextError as exc:
+            raise top.error(f"type of {name!r}: {exc}", "schema") from None
+    if not schema:
+        raise top.error("must name at least one field", "schema")
+    return schema
+
+
+def _parse_derived(top: _Reader, schema: dict[str, str]) -> list[Derived]:
+    derived: list[Derived] = []
+    taken = {n.lower() for n in schema}
+    for i, item in enumerate(top.get("derived", list, [])):
+        d = _Reader(top.origin, item, f"derived[{i}]")
+        name = d.get("name", str)
+        expr = d.get("expr", str)
+        d.finish()
+        if not _is_new_name(name) or name.lower() in taken:
+            raise d.error(
+                f"{name!r} must be a new identifier (not a field, an earlier derived column, "
+                "reserved, or starting with '_')",
+                "name",
+            )
+        taken.add(name.lower())
+        checked = _expression(top, f"derived[{i}].expr", expr)
+        assert checked is not None
+        derived.append(Derived(name, checked))
+    return derived
+
+
+def event_time_unit(kind: str, unit: TimeUnit | None, what: str) -> TimeUnit | None:
+    """The unit event time is read with from a column of Spark type ``kind``: none
+    for a timestamp or date, ``unit`` (seconds by default) for a number. Raises
+    ``TypeProblem`` when the column cannot be an event time."""
+    if kind in TIME_TYPES:
+        if unit is not None:
+            raise TypeProblem("unit", f"{what} is a {kind}; unit applies to numbers only")
+        return None
+    if sql_text.is_numeric(kind):
+        return unit or "seconds"
+    raise TypeProblem(
+        "field", f"{what} is a {kind}; event time must be a timestamp, a date or an epoch number"
+    )
+
+
+class TypeProblem(ValueError):
+    """A column of the wrong type for its use; ``key`` is the field to name."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(reason)
+        self.key = key
+
+
+def sum_column(aggregation: Aggregation) -> str:
+    """The hidden column holding an average's sum (the state keeps it algebraic)."""
+    return f"_sum_{aggregation.name}"
+
+
+def aggregate_type(aggregation: Aggregation, kind: str) -> str:
+    """The Spark type an aggregation yields over a column of type ``kind`` (its
+    contributions and state column). Raises ``TypeProblem``."""
+    function = aggregation.function
+    if function == "count":
+        return "bigint"
+    what = f"{function} of {aggregation.field!r}"
+    if function in ("min", "max"):
+        if not sql_text.is_atomic(kind) or kind == "binary":
+            raise TypeProblem(
+                "field", f"{what} needs a number, string, date or timestamp, got {kind}"
+            )
+        return kind
+    if kind in sql_text.INTEGRAL:
+        return "bigint"
+    if kind in sql_text.FRACTIONAL:
+        return "double"
+    scale = sql_text.decimal_scale(kind)
+    if scale is None:
+        raise TypeProblem("field", f"{what} needs a numeric column, got {kind}")
+    if scale[1] > MAX_SUM_SCALE:
+        raise TypeProblem(
+            "field",
+            f"{what}: a summed decimal keeps at most {MAX_SUM_SCALE} digits after the point, "
+            f"got {kind}",
+        )
+    return f"decimal(38,{scale[1]})"
+
+
+def average_type(sum_type: str) -> str:
+    """An average's type from its sum's: decimals keep 4 more digits, the rest double."""
+    scale = sql_text.decimal_scale(sum_type)
+    return "double" if scale is None else f"decimal(38,{scale[1] + 4})"
 
 
 def _parse_output(top: _Reader, source_topics: list[str]) -> Output | None:
@@ -470,9 +630,8 @@ def _check_output_names(
     top: _Reader, fields: list[str], derived: list[str], aggregations: list[Aggregation]
 ) -> None:
     """Every column of the state and changelog tables must be unique, ignoring case
-    (Spark resolves names case-insensitively), and clear of the platform's own."""
+    (Spark resolves names case-insensitively); the platform's own start with "_"."""
     names = [a.name for a in aggregations]
-    hidden = {f"_sum_{a.name}".lower() for a in aggregations if a.function == "avg"}
     seen: dict[str, str] = {}
     for name in [*fields, *derived, *names]:
         if name.lower() in seen and seen[name.lower()] != name:
@@ -482,11 +641,6 @@ def _check_output_names(
         seen.setdefault(name.lower(), name)
     if len({n.lower() for n in names}) != len(names):
         raise top.error("output names must be unique", "aggregations")
-    for name in [*fields, *derived, *names]:
-        if name.lower() in hidden:
-            raise top.error(
-                f"{name!r} is the hidden sum column of an average; rename it", "aggregations"
-            )
 
 
 def shape_changes(before: dict[str, Any], now: dict[str, Any]) -> list[str]:

@@ -13,24 +13,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from jobs.delta.layout import FIELD_ARROW, TIMESTAMP, value_type
+from jobs.delta.layout import TIMESTAMP, spark_value_type
 from jobs.errors import ConfigError
-from jobs.pipeline import Pipeline
-
-SPARK_TYPES = {
-    "string": "string",
-    "long": "bigint",
-    "int": "int",
-    "double": "double",
-    "boolean": "boolean",
-}
-ARROW_OF_SPARK = {
-    "bigint": pa.int64(),
-    "double": pa.float64(),
-    "int": pa.int32(),
-    "string": pa.string(),
-    "boolean": pa.bool_(),
-}
+from jobs.pipeline import Pipeline, sum_column
 
 
 def check_seedable(pipeline: Pipeline) -> None:
@@ -41,23 +26,19 @@ def check_seedable(pipeline: Pipeline) -> None:
         )
 
 
-def seed_schema(pipeline: Pipeline) -> pa.Schema:
-    fields = [pa.field(k, FIELD_ARROW[pipeline.schema[k]]) for k in pipeline.keys]
-    fields.append(pa.field("_event_time", TIMESTAMP))
-    for name, kind in contribution_types(pipeline).items():
-        fields.append(pa.field(f"_in_{name}", ARROW_OF_SPARK[kind]))
-    return pa.schema(fields)
-
-
 def seed_ddl(pipeline: Pipeline) -> str:
-    columns = [f"`{k}` {SPARK_TYPES[pipeline.schema[k]]}" for k in pipeline.keys]
+    """The Spark schema of the seed stream: the contributions' columns (the pipeline
+    must have been analysed by Spark when a derived column is a key or summed)."""
+    columns = [f"`{k}` {pipeline.column_type(k)}" for k in pipeline.keys]
     columns.append("`_event_time` timestamp")
     columns += [f"`_in_{n}` {kind}" for n, kind in contribution_types(pipeline).items()]
     return ", ".join(columns)
 
 
 def seed_rows(state: pa.Table, pipeline: Pipeline) -> pa.Table:
-    """State rows -> contributions: what each row adds to a fresh aggregation."""
+    """State rows -> contributions: what each row adds to a fresh aggregation. The
+    columns keep the state table's types (a process without Spark cannot tell a
+    derived column's type; the state table was written with it)."""
     check_seedable(pipeline)
     n = state.num_rows
     columns: dict[str, Any] = {k: state[k] for k in pipeline.keys}
@@ -66,10 +47,10 @@ def seed_rows(state: pa.Table, pipeline: Pipeline) -> pa.Table:
     else:
         columns["_event_time"] = pa.array([0] * n, TIMESTAMP)
     for agg in pipeline.aggregations:
-        source = f"_sum_{agg.name}" if agg.function == "avg" else agg.name
+        source = sum_column(agg) if agg.function == "avg" else agg.name
         columns[f"_in_{agg.name}"] = state[source]
     columns["_in__records"] = state["_records"]
-    return pa.table(columns).cast(seed_schema(pipeline))
+    return pa.table(columns)
 
 
 def open_windows(state: pa.Table, pipeline: Pipeline) -> pa.Table:
@@ -95,11 +76,15 @@ def contribution_types(pipeline: Pipeline) -> dict[str, str]:
     so a state snapshot can be fed back in as rows: a seed row contributes its
     stored count, sum, min or max exactly as records would (see ``seed.py``).
     """
-    spark_type = {"int64": "bigint", "double": "double", "int32": "int"}
-    spark_type.update({"string": "string", "bool": "boolean"})
-    types = {}
+    types: dict[str, str] = {}
     for agg in pipeline.aggregations:
-        column = f"_sum_{agg.name}" if agg.function == "avg" else agg.name
-        types[agg.name] = spark_type[str(value_type(pipeline, column))]
+        column = sum_column(agg) if agg.function == "avg" else agg.name
+        kind = spark_value_type(pipeline, column)
+        if kind is None:
+            raise ConfigError(
+                f"{pipeline.application_id}: the type of {agg.field!r} is known once Spark "
+                "has analysed the pipeline"
+            )
+        types[agg.name] = kind
     types["_records"] = "bigint"
     return types

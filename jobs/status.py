@@ -30,7 +30,14 @@ from jobs.pipeline import Pipeline
 from jobs.settings import Settings
 from jobs.streaming import offset_log
 
-COUNT_COLUMNS = ("records_in", "records_valid", "dead_lettered", "aggregated", "late_dropped")
+COUNT_COLUMNS = (
+    "records_in",
+    "records_valid",
+    "filtered",
+    "dead_lettered",
+    "aggregated",
+    "late_dropped",
+)
 
 
 @dataclass
@@ -184,8 +191,9 @@ def _check_batches(rows: list[dict[str, Any]], problems: list[str]) -> None:
         if ident in seen:
             problems.append(f"batch {ident[1]} of epoch {ident[0]} is in the ledger twice")
         seen.add(ident)
-        if row["records_in"] != row["records_valid"] + row["dead_lettered"]:
-            problems.append(f"batch {ident}: records_in != valid + dead-lettered")
+        filtered = row.get("filtered") or 0  # null: a ledger row from before filters
+        if row["records_in"] != row["records_valid"] + filtered + row["dead_lettered"]:
+            problems.append(f"batch {ident}: records_in != valid + filtered + dead-lettered")
         pairs = row["records_valid"] * row["windows_per_record"]
         if pairs != row["aggregated"] + row["late_dropped"]:
             problems.append(f"batch {ident}: valid != aggregated + late")

@@ -18,17 +18,35 @@ import pyarrow as pa
 from deltalake import DeltaTable
 from deltalake import Schema as DeltaSchema
 
+from jobs import sql_text
 from jobs.delta.log import TABLE_CONFIGURATION
-from jobs.pipeline import APPLICATION_ID, Pipeline
+from jobs.pipeline import (
+    APPLICATION_ID,
+    Pipeline,
+    aggregate_type,
+    average_type,
+    sum_column,
+)
 
 TIMESTAMP = pa.timestamp("us", tz="UTC")
-FIELD_ARROW = {
+ATOMIC_ARROW = {
     "string": pa.string(),
-    "long": pa.int64(),
+    "bigint": pa.int64(),
     "int": pa.int32(),
+    "smallint": pa.int16(),
+    "tinyint": pa.int8(),
     "double": pa.float64(),
+    "float": pa.float32(),
     "boolean": pa.bool_(),
+    "date": pa.date32(),
+    "timestamp": TIMESTAMP,
+    "timestamp_ntz": pa.timestamp("us"),
+    "binary": pa.binary(),
 }
+# A column whose type only Spark can tell (a derived column's, in a process without
+# Spark): ``ensure_tables`` takes an existing table's type for it, and never
+# creates a table with it.
+UNKNOWN = pa.null()
 # Order of a batch's commits; the ledger row is last: it marks the batch committed.
 DATA_TABLES = ("dead_letter", "changelog", "state")
 LEDGER = "_ledger"
@@ -59,27 +77,39 @@ class AppLayout:
         return self.checkpoints / f"epoch={epoch}"
 
 
-def value_type(pipeline: Pipeline, name: str) -> pa.DataType:
-    columns = {**pipeline.schema, **{d.name: pipeline.schema[d.field] for d in pipeline.derived}}
-    for agg in pipeline.aggregations:
-        if name == agg.name:
-            if agg.function == "count":
-                return pa.int64()
-            if agg.function == "avg":
-                return pa.float64()
-            source = columns[agg.field or ""]
-            if agg.function == "sum":
-                return pa.float64() if source == "double" else pa.int64()
-            return FIELD_ARROW[source]
-        if name == f"_sum_{agg.name}":
-            return pa.float64() if columns[agg.field or ""] == "double" else pa.int64()
+def arrow_type(kind: str | None) -> pa.DataType:
+    """The Arrow (and Delta) type of a key or value column of Spark type ``kind``."""
+    if kind is None:
+        return UNKNOWN
+    scale = sql_text.decimal_scale(kind)
+    if scale is not None:
+        return pa.decimal128(*scale)
+    return ATOMIC_ARROW[kind]
+
+
+def spark_value_type(pipeline: Pipeline, name: str) -> str | None:
+    """The Spark type of the value column ``name`` (None: a derived column's type
+    that only Spark can tell)."""
     if name == "_records":
-        return pa.int64()
+        return "bigint"
+    for agg in pipeline.aggregations:
+        if name in (agg.name, sum_column(agg)):
+            source = None if agg.field is None else pipeline.column_type(agg.field)
+            if agg.function != "count" and source is None:
+                return None
+            kind = aggregate_type(agg, source or "")
+            return average_type(kind) if agg.function == "avg" and name == agg.name else kind
     raise KeyError(name)
 
 
+def value_type(pipeline: Pipeline, name: str) -> pa.DataType:
+    return arrow_type(spark_value_type(pipeline, name))
+
+
 def key_fields(pipeline: Pipeline) -> list[pa.Field]:
-    fields = [pa.field(k, FIELD_ARROW[pipeline.schema[k]], nullable=False) for k in pipeline.keys]
+    fields = [
+        pa.field(k, arrow_type(pipeline.column_type(k)), nullable=False) for k in pipeline.keys
+    ]
     if pipeline.window:
         fields += [
             pa.field("window_start", TIMESTAMP, False),
@@ -162,6 +192,9 @@ LEDGER_SCHEMA = pa.schema(
         pa.field("delta_versions", pa.string()),  # JSON table -> version written
         pa.field("details", pa.string()),  # JSON: operations' who/why/plan/result
         pa.field("commit_time", TIMESTAMP, False),
+        # Records the pipeline's filter left out (added in pipeline contract v3:
+        # older ledgers gain the column, null in their rows, meaning none).
+        pa.field("filtered", pa.int64()),
     ]
 )
 
@@ -185,19 +218,21 @@ REPUBLISHED = ("state", "changelog")
 
 
 def column_problems(name: str, existing: DeltaSchema, needed: pa.Schema) -> list[str]:
-    """Why rows of ``needed`` cannot go into a table of ``existing`` columns."""
+    """Why rows of ``needed`` cannot go into a table of ``existing`` columns (a column
+    of ``UNKNOWN`` type fits any type)."""
     have = {f.name: f for f in existing.fields}
-    want = {f.name: _type(f.type) for f in DeltaSchema.from_arrow(needed).fields}
+    want = {f.name: _delta_type(f) for f in needed}
     if name != "changelog":  # exactly its columns, in order
-        if [(f.name, _type(f.type)) for f in existing.fields] == list(want.items()):
+        if [f.name for f in existing.fields] == list(want) and all(
+            t == ANY or _type(have[c].type) == t for c, t in want.items()
+        ):
             return []
-        needed_fields = DeltaSchema.from_arrow(needed).fields
-        return [f"has columns {_columns(existing.fields)}, needs {_columns(needed_fields)}"]
+        return [f"has columns {_columns(existing.fields)}, needs {_described(want)}"]
     problems = [f"lacks {c} {t}" for c, t in want.items() if c not in have]
     problems += [
         f"has {c} {_type(have[c].type)}, needs {c} {t}"
         for c, t in want.items()
-        if c in have and _type(have[c].type) != t
+        if c in have and t != ANY and _type(have[c].type) != t
     ]
     problems += [
         f"has {c} not null, which new rows would leave empty"
@@ -205,6 +240,19 @@ def column_problems(name: str, existing: DeltaSchema, needed: pa.Schema) -> list
         if c not in want and not f.nullable
     ]
     return problems
+
+
+ANY = "(any type)"
+
+
+def _delta_type(field: pa.Field) -> str:
+    if field.type == UNKNOWN:
+        return ANY
+    return _type(DeltaSchema.from_arrow(pa.schema([field])).fields[0].type)
+
+
+def _described(columns: dict[str, str]) -> str:
+    return ", ".join(f"{c} {t}" for c, t in columns.items())
 
 
 def ensure_tables(layout: AppLayout, pipeline: Pipeline, republishing: bool = False) -> None:
@@ -217,7 +265,10 @@ def ensure_tables(layout: AppLayout, pipeline: Pipeline, republishing: bool = Fa
     for name, schema in table_schemas(pipeline).items():
         path = layout.table(name)
         if DeltaTable.is_deltatable(str(path)):
-            problems = column_problems(name, DeltaTable(str(path)).schema(), schema)
+            table = DeltaTable(str(path))
+            if name == LEDGER:
+                _add_new_ledger_columns(table, schema)
+            problems = column_problems(name, table.schema(), schema)
             if republishing and name == "state":
                 problems = []
             if republishing and name == "changelog":
@@ -235,11 +286,22 @@ def ensure_tables(layout: AppLayout, pipeline: Pipeline, republishing: bool = Fa
                     f"v{pipeline.version}: it {'; '.join(problems)}" + repair
                 )
             continue
+        if UNKNOWN in schema.types:
+            continue  # only Spark knows a column's type: the first run creates it
         path.parent.mkdir(parents=True, exist_ok=True)
         configuration = dict(TABLE_CONFIGURATION)
         if name == "state":
             configuration["delta.enableChangeDataFeed"] = "true"
         DeltaTable.create(str(path), schema, configuration=configuration)
+
+
+def _add_new_ledger_columns(ledger: DeltaTable, schema: pa.Schema) -> None:
+    """A ledger written by an older platform lacks the columns added since (always
+    nullable, at the end): add them, so its history stays where it is."""
+    have = [f.name for f in ledger.schema().fields]
+    if have == schema.names[: len(have)] and len(have) < len(schema):
+        added = DeltaSchema.from_arrow(pa.schema(list(schema)[len(have) :])).fields
+        ledger.alter.add_columns(list(added))
 
 
 def state_redefined(layout: AppLayout, pipeline: Pipeline, version: int | None = None) -> bool:

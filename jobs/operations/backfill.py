@@ -68,13 +68,9 @@ from jobs.pipeline import Pipeline
 from jobs.progress import SparkJobProgress
 from jobs.settings import Settings
 from jobs.snapshot import seed_rows
-from jobs.streaming.query import (
-    BATCH_TIME_COLUMN,
-    WATERMARK_COLUMN,
-    aggregate,
-    classify,
-    record_contributions,
-)
+from jobs.streaming import records
+from jobs.streaming.query import aggregate
+from jobs.streaming.records import BATCH_TIME_COLUMN, WATERMARK_COLUMN
 
 SAMPLES = 10
 
@@ -174,7 +170,7 @@ def aggregate_records(
     decided = None if snap is None else snap.rows([*BOUNDARY_COLUMNS, "details"], IS_BATCH)
     lineage = live_lineage({}, 0) if snap is None else current_log_lineage(layout, snap)
     raw = with_stream_decisions(spark, raw, decided, lineage, pipeline.window is not None)
-    contributions = record_contributions(classify(raw, pipeline), pipeline)
+    contributions = records.contributions(records.classify(raw, pipeline), pipeline)
     if seed_state_version is not None:
         base = DeltaTable(str(layout.table("state")), version=seed_state_version)
         seed = seed_rows(base.to_pyarrow_table(), pipeline)
@@ -537,6 +533,7 @@ def run_backfill(
     from jobs.operations.restart import apply_plan
     from jobs.operations.runner import run_operation
 
+    pipeline = records.resolve(spark, pipeline)
     layout = AppLayout(settings.warehouse, pipeline.application_id)
 
     def corrected_and_preview(plan: Plan) -> tuple[pa.Table, dict[str, Any]]:

@@ -21,7 +21,7 @@ from Kafka by position in bounded batches (``dead_letters.py``).
 A crash anywhere before Spark's own batch commit replays the batch with the same
 offsets (Spark's offset log) and the same epoch; tables that already have the
 batch skip it. Counts are checked before anything is written:
-``records_in = records_valid + dead_lettered``, no more records than offsets, one
+``records_in = records_valid + filtered + dead_lettered``, no more records than offsets, one
 dead letter per dead-lettered record. The rows written are Spark's update-mode
 output as it is (no re-read of the state table: the cost of a batch does not grow
 with the state); Spark's own late-row drops, which must stay zero because late
@@ -404,6 +404,7 @@ class BatchCommitter:
     ) -> dict[str, int]:
         records_in = int(metrics["records_in"])
         valid = int(metrics["records_valid"])
+        filtered = int(metrics["filtered"])
         dead = int(metrics["dead_lettered"])
         per_record = self.pipeline.window.windows_per_record if self.pipeline.window else 1
         # Late records are dead letters before the aggregation (judged with the
@@ -418,8 +419,11 @@ class BatchCommitter:
             for part, off in parts.items()
         )
         problems = []
-        if records_in != valid + dead:
-            problems.append(f"records_in {records_in} != valid {valid} + dead-lettered {dead}")
+        if records_in != valid + filtered + dead:
+            problems.append(
+                f"records_in {records_in} != aggregated {valid} + filtered {filtered} + "
+                f"dead-lettered {dead}"
+            )
         if len(metrics["dead_letters"]) != dead:
             problems.append(
                 f"{len(metrics['dead_letters'])} dead letters collected, {dead} counted"
@@ -431,6 +435,7 @@ class BatchCommitter:
         return {
             "records_in": records_in,
             "records_valid": valid,
+            "filtered": filtered,
             "dead_lettered": dead,
             "aggregated": aggregated,
             "late_dropped": late,

@@ -37,7 +37,7 @@ from jobs.output.publisher import OutputPublisher, open_publisher
 from jobs.pipeline import Pipeline
 from jobs.progress import Progress
 from jobs.settings import Settings
-from jobs.streaming import offset_log, query
+from jobs.streaming import offset_log, query, records
 from jobs.streaming.batch import BatchCommitter, BatchResult
 from jobs.streaming.seed import seed_stream
 
@@ -152,6 +152,7 @@ def run_pipeline(
 ) -> RunSummary:
     """Run until the input available at start is processed (available-now), or until
     stopped (continuous: SIGTERM/SIGINT stop it between batches)."""
+    pipeline = records.resolve(spark, pipeline)
     layout = AppLayout(settings.warehouse, pipeline.application_id)
     try:
         with application_lock(layout, f"run --trigger {trigger or pipeline.trigger_mode}"):

@@ -30,6 +30,14 @@ Seen = TypeVar("Seen")
 SIGNS = {1: {"receipt": 1, "sale": -1, "return": -1}, 2: {"receipt": 1, "sale": -1, "return": 1}}
 
 
+def signed_qty(version: int) -> str:
+    """inventory's ``signed_qty`` expression in ``version`` (1: returns subtracted)."""
+    cases = " ".join(
+        f"WHEN '{kind}' THEN {'' if sign > 0 else '-'}qty" for kind, sign in SIGNS[version].items()
+    )
+    return f"CASE kind {cases} END"
+
+
 def movements(n: int, salt: int) -> list[dict[str, Any]]:
     kinds = ["receipt", "receipt", "sale", "return"]
     return [
@@ -54,7 +62,7 @@ def pipeline_file(tmp_path: Path, topic: str, version: int) -> Path:
     data = yaml.safe_load((REPO_ROOT / "include" / "pipelines" / "inventory.yaml").read_text())
     data["source"]["topics"] = [topic]
     data["version"] = version
-    data["derived"][0]["signs"] = SIGNS[version]
+    data["derived"][0]["expr"] = signed_qty(version)
     data["output"] = {"topic": f"out_{topic}", "partitions": 2}
     directory = tmp_path / f"v{version}"
     directory.mkdir()

@@ -16,9 +16,9 @@ from deltalake import DeltaTable
 from jobs import kafka_admin
 from jobs.settings import REPO_ROOT
 from tests.conftest import run_jobs
+from tests.integration.test_backfill import SIGNS, signed_qty
 
 pytestmark = pytest.mark.integration
-SIGNS = {1: {"receipt": 1, "sale": -1, "return": -1}, 2: {"receipt": 1, "sale": -1, "return": 1}}
 RECORDS = 60_000
 PARTITIONS = 4
 PAD = 10_000  # bytes per record: about 600 MB of raw archive
@@ -28,7 +28,7 @@ def pipeline(tmp_path: Path, topic: str, version: int) -> Path:
     data = yaml.safe_load((REPO_ROOT / "include" / "pipelines" / "inventory.yaml").read_text())
     data["source"].update({"topics": [topic], "archive": True, "max_offsets_per_trigger": 10_000})
     data["version"] = version
-    data["derived"][0]["signs"] = SIGNS[version]
+    data["derived"][0]["expr"] = signed_qty(version)
     path = tmp_path / f"v{version}" / "inventory.yaml"
     path.parent.mkdir()
     path.write_text(yaml.safe_dump(data))

@@ -18,7 +18,7 @@ from jobs.pipeline import load_pipeline
 from jobs.settings import REPO_ROOT
 from jobs.streaming.run import run_pipeline
 from tests.conftest import produce, run_jobs
-from tests.integration.test_backfill import SIGNS, expected, movements, state
+from tests.integration.test_backfill import expected, movements, signed_qty, state
 
 pytestmark = pytest.mark.integration
 
@@ -27,7 +27,7 @@ def inventory_file(tmp_path: Path, topic: str, version: int, **source: Any) -> P
     data = yaml.safe_load((REPO_ROOT / "include" / "pipelines" / "inventory.yaml").read_text())
     data["source"].update({"topics": [topic], **source})
     data["version"] = version
-    data["derived"][0]["signs"] = SIGNS[version]
+    data["derived"][0]["expr"] = signed_qty(version)
     directory = tmp_path / f"v{version}"
     directory.mkdir()
     path = directory / "inventory.yaml"

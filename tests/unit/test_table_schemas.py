@@ -5,6 +5,7 @@ new type would make the table unreadable."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 
 import pyarrow as pa
@@ -21,10 +22,34 @@ from jobs.delta.layout import (
     state_schema,
 )
 from jobs.errors import ConfigError
-from jobs.pipeline import parse_pipeline
+from jobs.pipeline import Pipeline
+from jobs.pipeline import parse_pipeline as parse_unresolved
 from jobs.settings import REPO_ROOT
 
 INVENTORY = yaml.safe_load((REPO_ROOT / "include" / "pipelines" / "inventory.yaml").read_text())
+
+
+def parse_pipeline(data: dict[str, object], origin: str) -> Pipeline:
+    """inventory as Spark resolves it: ``signed_qty`` (a CASE over ``qty``) has qty's type."""
+    pipeline = parse_unresolved(data, origin)
+    return dataclasses.replace(pipeline, derived_types={"signed_qty": pipeline.schema["qty"]})
+
+
+def test_without_spark_a_derived_type_fits_what_the_table_has(tmp_path: Path) -> None:
+    """Planners run without a JVM: a column whose type only Spark knows fits the
+    existing table's type, and no table is created with it."""
+    layout = AppLayout(tmp_path, "inventory")
+    unresolved = parse_unresolved(INVENTORY, "v1")
+    ensure_tables(layout, unresolved)
+    assert not DeltaTable.is_deltatable(str(layout.table("state")))
+    assert DeltaTable.is_deltatable(str(layout.table("_ledger")))
+    ensure_tables(layout, parse_pipeline(INVENTORY, "v1"))
+    ensure_tables(layout, unresolved)  # quantity: bigint in the table, fits
+    assert not state_redefined(layout, unresolved)
+    renamed = copy.deepcopy(INVENTORY)
+    renamed["aggregations"][0]["name"] = "stock"
+    with pytest.raises(ConfigError, match=r"lacks stock \(any type\)"):
+        ensure_tables(layout, parse_unresolved(renamed, "v2"))
 
 
 def test_a_type_changed_under_the_same_name_is_refused(tmp_path: Path) -> None:

@@ -1,0 +1,413 @@
+"""A record's way through a pipeline, in Spark: parsed, derived, filtered, judged.
+
+Every Kafka record ends as exactly one of:
+
+* **aggregated**: its keys, event time and what it adds to each aggregate
+  (``contributions``);
+* **filtered**: the pipeline's ``filter`` is false for it;
+* **dead-lettered**, with a reason: it does not parse into the schema, an
+  expression fails on it (a cast, an overflow, a division by zero) or yields
+  null, its event time is out of bounds, or its window has closed.
+
+Every step is total: a record's content can only make it a dead letter, never
+fail the batch. Expressions run under ANSI SQL (an overflow is an error, never a
+wrapped number) inside Catalyst's ``TryEval``, which turns the error of that
+record into null; wrapping the value in a struct tells a failure (no struct) from
+a null value. ``resolve`` checks the expressions with Spark's analyser before
+anything runs and learns the derived columns' types.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from datetime import UTC, datetime, timedelta
+from functools import cache
+
+from pyspark.errors import PySparkException
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from jobs import sql_text
+from jobs.errors import ConfigError
+from jobs.kafka_source import spark_kafka
+from jobs.pipeline import (
+    KAFKA_COLUMNS,
+    Pipeline,
+    TypeProblem,
+    aggregate_type,
+    event_time_unit,
+)
+from jobs.snapshot import contribution_types
+from jobs.streaming import batch_watermark
+
+log = logging.getLogger(__name__)
+# The event-time watermark a record is judged by: the stream's batch watermark
+# (``batch_watermark.py``), or in a backfill the one the ledger recorded.
+WATERMARK_COLUMN = batch_watermark.COLUMN
+# A backfill's records carry the time of the stream batch that judged them.
+BATCH_TIME_COLUMN = "_batch_time_ms"
+CORRUPT = "_corrupt_record"
+# Oldest event time accepted whatever the pipeline says: windows near year 1 are
+# not representable by Python's datetime (readers of the tables would fail).
+MIN_EVENT_US = -30610224000 * 1_000_000  # 1000-01-01T00:00:00Z
+# Whole numbers summed (sum, avg) are bounded so that one record cannot overflow a
+# 64-bit sum: it takes 1024 records at the bound on one key to reach 2**63. A
+# decimal sum (38 digits) is bounded alike: 10**10 records at the bound.
+MAX_SUMMAND = 2**53
+DECIMAL_HEADROOM = 10
+UNIT_MICROS = {"seconds": 1_000_000, "milliseconds": 1_000, "microseconds": 1}
+HEADERS_TYPE = KAFKA_COLUMNS["kafka.headers"]
+
+
+def _schema_ddl(pipeline: Pipeline, as_strings: bool) -> str:
+    fields = [
+        f"`{name}` {'string' if as_strings else kind}" for name, kind in pipeline.schema.items()
+    ]
+    return ", ".join([*fields, f"`{CORRUPT}` string"])
+
+
+def _iso(micros: int) -> str:
+    moment = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=micros)
+    return moment.isoformat().replace("+00:00", "Z")
+
+
+def _tried(spark: SparkSession, sql: str) -> Column:
+    """``sql`` evaluated per record, as a struct ``{v: value}``, or null when the
+    evaluation fails on that record (Catalyst's ``TryEval``)."""
+    jvm = spark._jvm
+    assert jvm is not None
+    parser = spark._jsparkSession.sessionState().sqlParser()
+    wrapped = parser.parseExpression(f"named_struct('v', ({sql}))")
+    expressions = jvm.org.apache.spark.sql.catalyst.expressions
+    column = jvm.org.apache.spark.sql.classic.ExpressionUtils.column(expressions.TryEval(wrapped))
+    return Column(column)
+
+
+def _user_columns(raw: DataFrame, pipeline: Pipeline) -> DataFrame:
+    """The record as its expressions see it: the schema's fields, and ``kafka`` (the
+    record's key, timestamp, topic, partition, offset and headers). The platform's
+    own columns start with "_"."""
+    options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}
+    text = F.col("value").cast("string")
+    headers = F.col("headers") if "headers" in raw.columns else F.lit(None).cast(HEADERS_TYPE)
+    kafka = F.struct(
+        F.col("key").cast("string").alias("key"),
+        F.col("timestamp").alias("timestamp"),
+        F.col("topic").alias("topic"),
+        F.col("partition").alias("partition"),
+        F.col("offset").alias("offset"),
+        headers.alias("headers"),
+    )
+    extra = [c for c in (WATERMARK_COLUMN, BATCH_TIME_COLUMN) if c in raw.columns]
+    base = raw.select(
+        F.col("topic").alias("_topic"),
+        F.col("partition").alias("_partition"),
+        F.col("offset").alias("_offset"),
+        F.col("timestamp").alias("_timestamp"),
+        F.col("value").alias("_value"),
+        *extra,
+        F.from_json(text, _schema_ddl(pipeline, False), options).alias("_t"),
+        kafka.alias("kafka"),
+    )
+    return base.select("*", *(F.col(f"_t.`{n}`").alias(n) for n in pipeline.schema))
+
+
+def _structure_checks(pipeline: Pipeline) -> list[tuple[Column, Column]]:
+    """Why a record does not parse into the schema (only such records pay for the
+    second, all-strings parse that explains it)."""
+    options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}
+    text = F.col("_value").cast("string")
+    loose = F.from_json(text, _schema_ddl(pipeline, True), options)
+    checks: list[tuple[Column, Column]] = [
+        (F.col("_value").isNull(), F.lit("value is null")),
+        (~F.is_valid_utf8(text), F.lit("value is not valid UTF-8")),
+        (F.col("_t").isNull(), F.lit("value is empty")),
+        (loose.getField(CORRUPT).isNotNull(), F.lit("not a JSON object")),
+    ]
+    checks += [
+        (loose.getField(name).isNull(), F.lit(f"missing or null field {name!r}"))
+        for name in pipeline.schema
+    ]
+    for name, kind in pipeline.schema.items():
+        reason = F.concat(
+            F.lit(f"field {name!r} is not a {kind}: "), F.substring(loose.getField(name), 1, 100)
+        )
+        checks.append((F.col(f"_t.`{name}`").isNull(), reason))
+    return checks
+
+
+def _expression_checks(pipeline: Pipeline) -> list[tuple[Column, Column]]:
+    """Values the record's fields hold that cannot be aggregated, and expressions
+    that fail (or yield nothing) on it, in the order they are evaluated."""
+    checks: list[tuple[Column, Column]] = []
+    for name, kind in pipeline.schema.items():
+        if kind in sql_text.FRACTIONAL:
+            value = F.col(f"`{name}`")
+            infinite = F.isnan(value) | (F.abs(value) == float("inf"))
+            checks.append((infinite, F.lit(f"field {name!r} is NaN or infinite")))
+    for i, derived in enumerate(pipeline.derived):
+        shown = derived.expr if len(derived.expr) <= 120 else derived.expr[:117] + "..."
+        checks.append(
+            (
+                F.col(f"_d{i}").isNull(),
+                F.lit(
+                    f"derived {derived.name!r} failed: {shown} (an error on this record: a "
+                    "cast, an overflow, a division by zero, ...)"
+                ),
+            )
+        )
+        checks.append(
+            (
+                F.col(f"`{derived.name}`").isNull(),
+                F.lit(f"derived {derived.name!r} is null: {shown} (coalesce() gives a default)"),
+            )
+        )
+    if pipeline.filter is not None:
+        checks.append((F.col("_f").isNull(), F.lit(f"filter failed: {pipeline.filter}")))
+        checks.append((F.col("_f.v").isNull(), F.lit(f"filter is null: {pipeline.filter}")))
+    return checks
+
+
+def _summand_checks(pipeline: Pipeline) -> list[tuple[Column, Column]]:
+    """Values summed (sum, avg) that could overflow the state's sum, or are not numbers."""
+    checks: list[tuple[Column, Column]] = []
+    seen: set[str] = set()
+    for agg in pipeline.aggregations:
+        if agg.function not in ("sum", "avg", "min", "max") or agg.field in seen:
+            continue
+        assert agg.field is not None
+        seen.add(agg.field)
+        kind = pipeline.column_type(agg.field) or ""
+        value = _value(agg.field)
+        what = f"{agg.field!r} = "
+        if kind in sql_text.FRACTIONAL and agg.field not in pipeline.schema:
+            infinite = F.isnan(value) | (F.abs(value) == float("inf"))
+            checks.append((infinite, F.lit(f"{agg.field!r} is NaN or infinite")))
+        if agg.function not in ("sum", "avg"):
+            continue
+        scale = sql_text.decimal_scale(kind)
+        if kind in sql_text.INTEGRAL:
+            bound, text = MAX_SUMMAND, "+-2^53, where a sum of such values overflows 64 bits"
+        elif scale is not None:
+            digits = 38 - scale[1] - DECIMAL_HEADROOM
+            bound, text = 10**digits, f"+-10^{digits}, where a sum overflows 38 digits"
+        else:
+            continue
+        checks.append(
+            (
+                F.abs(value.cast("decimal(38,0)")) > F.lit(bound).cast("decimal(38,0)"),
+                F.concat(F.lit(f"field {what}"), value.cast("string"), F.lit(f" is beyond {text}")),
+            )
+        )
+    return checks
+
+
+def _value(name: str) -> Column:
+    """A field, derived column or ``kafka.*`` column of the record."""
+    if name in KAFKA_COLUMNS:
+        return F.col(name)
+    return F.col(f"`{name}`")
+
+
+def _event_micros(spark: SparkSession, pipeline: Pipeline) -> Column:
+    """Event time in microseconds, or null when it does not fit in 64 bits."""
+    column, unit = pipeline.event_time.column, pipeline.event_time.unit
+    kind = pipeline.column_type(column)
+    value = _value(column)
+    if kind in ("timestamp", "timestamp_ntz", "date"):
+        return F.unix_micros(value.cast("timestamp"))
+    assert unit is not None
+    sql = f"CAST({_sql_name(column)} * {UNIT_MICROS[unit]} AS BIGINT)"
+    return _tried(spark, sql).getField("v")
+
+
+def _sql_name(name: str) -> str:
+    return name if name in KAFKA_COLUMNS else f"`{name}`"
+
+
+def _first_reason(checks: list[tuple[Column, Column]], otherwise: Column) -> Column:
+    """The reason of the first check that holds; a null condition (a comparison with
+    a null field) means "not this problem"."""
+    reason = otherwise
+    for condition, text in reversed(checks):
+        reason = F.when(F.coalesce(condition, F.lit(False)), text).otherwise(reason)
+    return reason
+
+
+def _time_checks(
+    pipeline: Pipeline, late_check: bool, batch_time: bool
+) -> list[tuple[Column, Column]]:
+    column, unit = pipeline.event_time.column, pipeline.event_time.unit
+    given = F.concat(
+        F.lit(f"event time {column!r} = "),
+        _value(column).cast("string"),
+        F.lit(f" {unit}" if unit else ""),
+    )
+    event_us = F.col("_event_us")
+    lower = max(MIN_EVENT_US, pipeline.not_before_us or MIN_EVENT_US)
+    # In a stream, current_timestamp() is the batch's time from Spark's offset log:
+    # the same on a replay. A backfill passes each record's batch time from the
+    # ledger, so it bounds event time as the stream did.
+    now = F.timestamp_millis(F.col(BATCH_TIME_COLUMN)) if batch_time else F.current_timestamp()
+    upper = F.unix_micros(now) + F.lit(pipeline.max_ahead_seconds * 1_000_000)
+    checks = [
+        (event_us.isNull(), F.concat(given, F.lit(" is out of range"))),
+        (
+            event_us < F.lit(lower),
+            F.concat(given, F.lit(f" is before {_iso(lower)} (event_time.not_before)")),
+        ),
+        (
+            event_us > upper,
+            F.concat(
+                given,
+                F.lit(f" is more than {pipeline.max_ahead_seconds} s ahead of the batch time "),
+                now.cast("string"),
+                F.lit(" (event_time.max_ahead)"),
+            ),
+        ),
+    ]
+    if late_check:
+        assert pipeline.window is not None
+        slide = pipeline.window.slide_seconds * 1_000_000
+        # The earliest window a record falls in ends first: if it is open, all are.
+        first_end = event_us - F.pmod(event_us, F.lit(slide)) + F.lit(slide)
+        watermark_us = F.col(WATERMARK_COLUMN) * 1000
+        checks.append(
+            (
+                first_end <= watermark_us,
+                F.concat(
+                    F.lit("late: window ending "),
+                    F.timestamp_micros(first_end).cast("string"),
+                    F.lit(" closed at watermark "),
+                    F.timestamp_micros(watermark_us).cast("string"),
+                ),
+            )
+        )
+    return checks
+
+
+def classify(raw: DataFrame, pipeline: Pipeline) -> DataFrame:
+    """Raw Kafka rows -> the record's columns, ``_event_us``, ``_filtered`` and
+    ``_reason`` (null unless a dead letter). ``pipeline`` comes from ``resolve``.
+
+    With a ``_batch_watermark_ms`` column (the stream), a record whose window the
+    watermark has closed is a dead letter too (``late:``) instead of a silent drop
+    inside the aggregation.
+    """
+    spark = raw.sparkSession
+    frame = _user_columns(raw, pipeline)
+    for i, derived in enumerate(pipeline.derived):
+        frame = frame.withColumn(f"_d{i}", _tried(spark, derived.expr))
+        frame = frame.withColumn(derived.name, F.col(f"_d{i}.v"))
+    if pipeline.filter is not None:
+        frame = frame.withColumn("_f", _tried(spark, pipeline.filter))
+    frame = frame.withColumn("_event_us", _event_micros(spark, pipeline))
+    late_check = pipeline.window is not None and WATERMARK_COLUMN in raw.columns
+    batch_time = BATCH_TIME_COLUMN in raw.columns
+
+    parses = F.is_valid_utf8(F.col("_value").cast("string"))
+    parses = parses & F.col("_t").isNotNull() & F.col(f"_t.{CORRUPT}").isNull()
+    for name in pipeline.schema:
+        parses = parses & F.col(f"_t.`{name}`").isNotNull()
+    unparsed = _first_reason(_structure_checks(pipeline), F.lit("invalid record"))
+    judged = _first_reason(
+        _summand_checks(pipeline) + _time_checks(pipeline, late_check, batch_time),
+        F.lit(None).cast("string"),
+    )
+    kept = F.lit(True) if pipeline.filter is None else F.col("_f.v")
+    reason = F.when(
+        F.col("_value").isNotNull() & parses,
+        _first_reason(
+            _expression_checks(pipeline),
+            F.when(kept, judged).otherwise(F.lit(None).cast("string")),
+        ),
+    ).otherwise(unparsed)
+    frame = frame.withColumn("_reason", reason)
+    return frame.withColumn("_filtered", F.col("_reason").isNull() & ~F.coalesce(kept, F.lit(True)))
+
+
+def contributions(classified: DataFrame, pipeline: Pipeline) -> DataFrame:
+    """Aggregated records -> keys, event time and what each adds to each aggregate."""
+    valid = classified.filter(F.col("_reason").isNull() & ~F.col("_filtered"))
+    types = contribution_types(pipeline)
+    columns = [F.col(f"`{k}`").alias(k) for k in pipeline.keys]
+    columns.append(F.timestamp_micros(F.col("_event_us")).alias("_event_time"))
+    for agg in pipeline.aggregations:
+        value = F.lit(1) if agg.field is None else _value(agg.field)
+        columns.append(value.cast(types[agg.name]).alias(f"_in_{agg.name}"))
+    columns.append(F.lit(1).cast("bigint").alias("_in__records"))
+    return valid.select(*columns)
+
+
+@cache
+def _builtin_functions(spark: SparkSession) -> frozenset[str]:
+    return frozenset(r[0].lower() for r in spark.sql("SHOW SYSTEM FUNCTIONS").collect())
+
+
+def resolve(spark: SparkSession, pipeline: Pipeline) -> Pipeline:
+    """The pipeline checked by Spark's analyser, with its derived columns' types.
+
+    Each expression must resolve over the record's fields, ``kafka`` and the derived
+    columns before it, call only Spark's built-in functions, stay per record (no
+    aggregate, window or generator) and be deterministic; the filter is a boolean;
+    keys, event time and aggregated columns have usable types. One ``ConfigError``
+    names the file, the field and the reason.
+    """
+    origin = str(pipeline.source_path or pipeline.application_id)
+    kafka_schema = f"{spark_kafka.COLUMNS}, headers {HEADERS_TYPE}"
+    frame = _user_columns(spark.createDataFrame([], kafka_schema), pipeline)
+    frame = frame.select(*(f"`{n}`" for n in pipeline.schema), "kafka")
+    builtin = _builtin_functions(spark)
+    types = dict(pipeline.derived_types)
+    for where, sql in pipeline.expressions:
+        name = where.split(" (")[1][:-1] if where.startswith("derived") else "_filter"
+        unknown = sorted(set(sql_text.check_expression(sql)) - builtin)
+        if unknown:
+            raise ConfigError(
+                f"{origin}: {where}: calls {', '.join(unknown)}, not a Spark built-in function "
+                "(user-defined functions are not allowed)"
+            )
+        try:
+            frame = frame.select("*", F.expr(sql).alias(name))
+            kind = frame.schema[name].dataType.simpleString()
+            node = frame._jdf.queryExecution().analyzed()
+            per_record = node.nodeName() == "Project"
+            deterministic = per_record and node.projectList().last().deterministic()
+        except PySparkException as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ConfigError(f"{origin}: {where}: {first} (in {sql!r})") from None
+        if not per_record:
+            raise ConfigError(
+                f"{origin}: {where}: must compute one value per record (no aggregate, window "
+                f"or generator function), in {sql!r}"
+            )
+        if not deterministic:
+            raise ConfigError(
+                f"{origin}: {where}: is not deterministic: a replay would compute another "
+                f"result, in {sql!r}"
+            )
+        if name == "_filter":
+            if kind != "boolean":
+                raise ConfigError(f"{origin}: filter: must be a boolean, is a {kind}: {sql!r}")
+            frame = frame.drop("_filter")
+        else:
+            types[name] = kind
+    resolved = dataclasses.replace(pipeline, derived_types=types)
+    for key in pipeline.keys:
+        kind = resolved.column_type(key) or ""
+        if not sql_text.is_atomic(kind):
+            raise ConfigError(f"{origin}: keys: {key!r} is a {kind}: a key must be a single value")
+    event = pipeline.event_time
+    try:
+        unit = event_time_unit(
+            resolved.column_type(event.column) or "", event.unit, repr(event.column)
+        )
+    except TypeProblem as exc:
+        raise ConfigError(f"{origin}: event_time.{exc.key}: {exc}") from None
+    for i, agg in enumerate(pipeline.aggregations):
+        try:
+            aggregate_type(agg, (agg.field and resolved.column_type(agg.field)) or "")
+        except TypeProblem as exc:
+            raise ConfigError(f"{origin}: aggregations[{i}].{exc.key}: {exc}") from None
+    return dataclasses.replace(resolved, event_time=dataclasses.replace(event, unit=unit))
