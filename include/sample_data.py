@@ -2,6 +2,7 @@
 
     python -m include.sample_data clicks --count 10000 [--bad 20] [--topic clicks]
     python -m include.sample_data inventory --count 1000
+    python -m include.sample_data orders --count 5000 [--bad 20]
 
 Bad records (not JSON, missing fields, wrong types, null keys) are mixed in on
 purpose: they must land in ``dead_letter``, never vanish.
@@ -52,6 +53,42 @@ def inventory_events(count: int, skus: int, seed: int, start_s: int) -> Iterator
         }
 
 
+BAD_ORDERS = [
+    b'{"order_id": "o-bad-1", "status": "paid"}',  # missing fields
+    b'{"order_id": "o-bad-2", "status": "paid", "amount_cents": "lots", "merchant": {"id": "M-1",'
+    b' "country": "DE"}, "items": [], "buyer": "b", "created_at": "2026-01-01T00:00:00Z"}',
+    # an item without qty: the units expression has nothing to add up
+    b'{"order_id": "o-bad-3", "status": "paid", "amount_cents": 100, "merchant": {"id": "M-1",'
+    b' "country": "DE"}, "items": [{"sku": "x"}], "buyer": "b", "created_at":'
+    b' "2026-01-01T00:00:00Z"}',
+]
+ORDER_STATUSES = ["paid"] * 7 + ["pending"] * 2 + ["refunded"]
+
+
+def order_events(
+    count: int, merchants: int, buyers: int, seed: int, start_s: int, span_s: int
+) -> Iterator[dict[str, object]]:
+    """Orders as a web shop's event stream: nested merchant and items, ISO times;
+    merchant country "XX" marks test shops, which the pipeline filters out."""
+    rng = random.Random(seed)
+    countries = ["DE", "FR", "NL", "XX"]
+    for i in range(count):
+        merchant = rng.randrange(merchants)
+        moment = start_s + (i * span_s) // max(count, 1)
+        yield {
+            "order_id": f"o-{seed}-{i}",
+            "status": rng.choice(ORDER_STATUSES),
+            "amount_cents": rng.randint(100, 50_000),
+            "merchant": {"id": f"M-{merchant:03d}", "country": countries[merchant % 4]},
+            "items": [
+                {"sku": f"SKU-{rng.randrange(100):03d}", "qty": rng.randint(1, 3)}
+                for _ in range(rng.randint(1, 3))
+            ],
+            "buyer": f"buyer-{rng.randrange(buyers):05d}",
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(moment)),
+        }
+
+
 def encoded(
     events: Iterator[dict[str, object]], bad: list[bytes], bad_count: int, key_field: str
 ) -> Iterator[tuple[bytes | None, bytes, int | None]]:
@@ -64,10 +101,10 @@ def encoded(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m include.sample_data", description=__doc__)
-    parser.add_argument("kind", choices=["clicks", "inventory"])
+    parser.add_argument("kind", choices=["clicks", "inventory", "orders"])
     parser.add_argument("--count", type=int, default=10000, help="valid events (default 10000)")
     parser.add_argument("--bad", type=int, default=0, help="bad records mixed in (default 0)")
-    parser.add_argument("--topic", help="default: clicks / inventory_movements")
+    parser.add_argument("--topic", help="default: clicks / inventory_movements / orders")
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--bootstrap-servers")
@@ -83,6 +120,10 @@ def main(argv: list[str] | None = None) -> int:
         topic = args.topic or "clicks"
         events = click_events(args.count, 500, args.seed, now_s - 3600, 3600)
         records = encoded(events, BAD_CLICKS, args.bad, "user_id")
+    elif args.kind == "orders":
+        topic = args.topic or "orders"
+        events = order_events(args.count, 40, 2000, args.seed, now_s - 3600, 3600)
+        records = encoded(events, BAD_ORDERS, args.bad, "buyer")  # keyed by buyer
     else:
         topic = args.topic or "inventory_movements"
         events = inventory_events(args.count, 50, args.seed, now_s - args.count)

@@ -23,7 +23,7 @@ APPLICATION_ID = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 FIELD_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,127}$")
 TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 DURATION = re.compile(r"^\s*(\d+)\s*(second|minute|hour|day)s?\s*$")
-AggFunction = Literal["count", "sum", "min", "max", "avg"]
+AggFunction = Literal["count", "sum", "min", "max", "avg", "approx_count_distinct"]
 TimeUnit = Literal["seconds", "milliseconds", "microseconds"]
 Guarantee = Literal["exactly_once", "at_least_once"]
 TriggerMode = Literal["available-now", "continuous"]
@@ -187,7 +187,7 @@ class Pipeline:
     @property
     def value_columns(self) -> tuple[str, ...]:
         """Aggregate output columns in state/changelog, internal ones last."""
-        hidden = tuple(sum_column(a) for a in self.aggregations if a.function == "avg")
+        hidden = tuple(stored_column(a) for a in self.aggregations if stored_column(a) != a.name)
         return tuple(a.name for a in self.aggregations) + hidden + ("_records",)
 
 
@@ -551,18 +551,33 @@ class TypeProblem(ValueError):
         self.key = key
 
 
-def sum_column(aggregation: Aggregation) -> str:
-    """The hidden column holding an average's sum (the state keeps it algebraic)."""
-    return f"_sum_{aggregation.name}"
+def stored_column(aggregation: Aggregation) -> str:
+    """The state column an aggregation is kept in, algebraic so that a seed restores
+    it: an average's sum, a distinct count's HLL sketch, else its own column."""
+    if aggregation.function == "avg":
+        return f"_sum_{aggregation.name}"
+    if aggregation.function == "approx_count_distinct":
+        return f"_sketch_{aggregation.name}"
+    return aggregation.name
+
+
+# Spark's HLL sketches (Apache DataSketches) with 2^12 buckets: the estimate's
+# relative standard error is 1.04 / sqrt(4096) = 1.6% (3.3% at two sigmas); below a
+# few hundred distinct values it is exact or close to it.
+HLL_LG_K = 12
 
 
 def aggregate_type(aggregation: Aggregation, kind: str) -> str:
     """The Spark type an aggregation yields over a column of type ``kind`` (its
     contributions and state column). Raises ``TypeProblem``."""
     function = aggregation.function
+    what = f"{function} of {aggregation.field!r}"
+    if function == "approx_count_distinct":
+        if not sql_text.is_atomic(kind):
+            raise TypeProblem("field", f"{what} needs a single value, got {kind}")
+        return "bigint"
     if function == "count":
         return "bigint"
-    what = f"{function} of {aggregation.field!r}"
     if function in ("min", "max"):
         if not sql_text.is_atomic(kind) or kind == "binary":
             raise TypeProblem(

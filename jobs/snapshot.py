@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 
 from jobs.delta.layout import TIMESTAMP, spark_value_type
 from jobs.errors import ConfigError
-from jobs.pipeline import Pipeline, sum_column
+from jobs.pipeline import Aggregation, Pipeline, stored_column
 
 
 def check_seedable(pipeline: Pipeline) -> None:
@@ -31,7 +31,7 @@ def seed_ddl(pipeline: Pipeline) -> str:
     must have been analysed by Spark when a derived column is a key or summed)."""
     columns = [f"`{k}` {pipeline.column_type(k)}" for k in pipeline.keys]
     columns.append("`_event_time` timestamp")
-    columns += [f"`_in_{n}` {kind}" for n, kind in contribution_types(pipeline).items()]
+    columns += [f"`{name}` {kind}" for name, kind in contribution_types(pipeline).items()]
     return ", ".join(columns)
 
 
@@ -47,9 +47,10 @@ def seed_rows(state: pa.Table, pipeline: Pipeline) -> pa.Table:
     else:
         columns["_event_time"] = pa.array([0] * n, TIMESTAMP)
     for agg in pipeline.aggregations:
-        source = sum_column(agg) if agg.function == "avg" else agg.name
-        columns[f"_in_{agg.name}"] = state[source]
-    columns["_in__records"] = state["_records"]
+        columns[contribution(agg)] = state[stored_column(agg)]
+        if agg.function == "approx_count_distinct":
+            columns[sketch_input(agg)] = pa.nulls(n, pa.string())
+    columns[RECORDS] = state["_records"]
     return pa.table(columns)
 
 
@@ -69,22 +70,38 @@ def open_windows(state: pa.Table, pipeline: Pipeline) -> pa.Table:
     return state.filter(pc.greater(ends, watermark))
 
 
-def contribution_types(pipeline: Pipeline) -> dict[str, str]:
-    """Spark type of each aggregate's per-row contribution column ``_in_<name>``.
+RECORDS = "_in__records"
 
-    Aggregations are kept algebraic (count and avg become sums of contributions),
-    so a state snapshot can be fed back in as rows: a seed row contributes its
-    stored count, sum, min or max exactly as records would (see ``seed.py``).
+
+def contribution(aggregation: Aggregation) -> str:
+    """The column holding what a row adds to ``aggregation``'s stored column."""
+    return f"_in_{aggregation.name}"
+
+
+def sketch_input(aggregation: Aggregation) -> str:
+    """A distinct count's value per record, which Spark adds to the sketch (a seed
+    row brings a whole sketch in ``contribution`` instead)."""
+    return f"_value_{aggregation.name}"
+
+
+def contribution_types(pipeline: Pipeline) -> dict[str, str]:
+    """Spark type of each contribution column, by name.
+
+    Aggregations are kept algebraic (count and avg become sums of contributions,
+    a distinct count a union of sketches), so a state snapshot can be fed back in
+    as rows: a seed row contributes its stored count, sum, min, max or sketch
+    exactly as records would (see ``seed.py``).
     """
     types: dict[str, str] = {}
     for agg in pipeline.aggregations:
-        column = sum_column(agg) if agg.function == "avg" else agg.name
-        kind = spark_value_type(pipeline, column)
+        kind = spark_value_type(pipeline, stored_column(agg))
         if kind is None:
             raise ConfigError(
                 f"{pipeline.application_id}: the type of {agg.field!r} is known once Spark "
                 "has analysed the pipeline"
             )
-        types[agg.name] = kind
-    types["_records"] = "bigint"
+        types[contribution(agg)] = kind
+        if agg.function == "approx_count_distinct":
+            types[sketch_input(agg)] = "string"
+    types[RECORDS] = "bigint"
     return types

@@ -25,7 +25,7 @@ from jobs.pipeline import (
     Pipeline,
     aggregate_type,
     average_type,
-    sum_column,
+    stored_column,
 )
 
 TIMESTAMP = pa.timestamp("us", tz="UTC")
@@ -93,9 +93,13 @@ def spark_value_type(pipeline: Pipeline, name: str) -> str | None:
     if name == "_records":
         return "bigint"
     for agg in pipeline.aggregations:
-        if name in (agg.name, sum_column(agg)):
+        if agg.function == "approx_count_distinct" and name == stored_column(agg):
+            return "binary"  # the sketch
+        if name in (agg.name, stored_column(agg)):
+            if agg.function in ("count", "approx_count_distinct"):
+                return "bigint"
             source = None if agg.field is None else pipeline.column_type(agg.field)
-            if agg.function != "count" and source is None:
+            if source is None:
                 return None
             kind = aggregate_type(agg, source or "")
             return average_type(kind) if agg.function == "avg" and name == agg.name else kind
@@ -107,8 +111,9 @@ def value_type(pipeline: Pipeline, name: str) -> pa.DataType:
 
 
 def key_fields(pipeline: Pipeline) -> list[pa.Field]:
+    types = [arrow_type(pipeline.column_type(k)) for k in pipeline.keys]
     fields = [
-        pa.field(k, arrow_type(pipeline.column_type(k)), nullable=False) for k in pipeline.keys
+        pa.field(k, t, nullable=t == UNKNOWN) for k, t in zip(pipeline.keys, types, strict=True)
     ]
     if pipeline.window:
         fields += [

@@ -23,6 +23,7 @@ import json
 import operator
 import time
 from collections.abc import Callable
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -296,8 +297,8 @@ def preview(
     order = sorted(range(len(changed_rows)), key=lambda i: -abs(deltas[first][i]))
     totals = {
         v: {
-            "before": pc.sum(current[v]).as_py() if current.num_rows else 0,
-            "after": pc.sum(corrected[v]).as_py() if corrected.num_rows else 0,
+            "before": _total(current, v),
+            "after": _total(corrected, v),
         }
         for v in values
     }
@@ -313,10 +314,20 @@ def preview(
     }
 
 
+def _total(rows: pa.Table, name: str) -> Any:
+    """The column's sum (0 without rows; None for a min/max of text or time)."""
+    kind = rows.schema.field(name).type
+    if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_decimal(kind)):
+        return None
+    return pc.sum(rows[name]).as_py() if rows.num_rows else 0
+
+
 def _number(value: Any) -> float:
     """An aggregate as a number for a difference (absent: 0; min/max of a timestamp
     or a string: 0, as they have no difference)."""
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
+    if isinstance(value, int | float | Decimal) and not isinstance(value, bool):
+        return float(value)
+    return 0.0
 
 
 def histogram(values: list[float], bins: int = 30) -> dict[str, list[float]] | None:

@@ -88,6 +88,9 @@ def _columns(batch: pa.RecordBatch, names: list[str]) -> dict[str, list[Any]]:
         column = batch.column(name)
         if pa.types.is_timestamp(column.type):
             column = pc.strftime(column, format=TIME_FORMAT)
+        elif pa.types.is_decimal(column.type) or pa.types.is_date(column.type):
+            # Exact decimals as text (a JSON number would pass through a double).
+            column = pc.cast(column, pa.string())
         found[name] = column.to_pylist()
     return found
 

@@ -189,7 +189,7 @@ class BatchCommitter:
             # commit); before this batch's records are aggregated, Spark's state
             # must equal the cut's snapshot. A mismatch stops here, nothing committed.
             extra["seed_verified_rows"] = verify_seeded_state(
-                self.spark, self.checkpoint, self.seed_path, self.pipeline.window is not None
+                self.spark, self.pipeline, self.checkpoint, self.seed_path
             )
         now = pa.scalar(int(time.time() * 1_000_000), tables.TIMESTAMP)
         ledger_path = self.layout.table(tables.LEDGER)

@@ -13,7 +13,8 @@ from pyspark.sql import functions as F
 
 from jobs.delta.layout import spark_value_type
 from jobs.kafka_source import spark_kafka
-from jobs.pipeline import Pipeline, sum_column
+from jobs.pipeline import HLL_LG_K, Pipeline, stored_column
+from jobs.snapshot import RECORDS, contribution, sketch_input
 from jobs.streaming import batch_watermark, records
 from jobs.streaming.seed import hold_stream
 
@@ -89,10 +90,22 @@ def aggregate(contributions: DataFrame, pipeline: Pipeline) -> DataFrame:
         group.append(F.window("_event_time", size, slide).alias("_window"))
     aggs: list[Column] = []
     for agg in pipeline.aggregations:
-        name = sum_column(agg) if agg.function == "avg" else agg.name
-        combine = F.min if agg.function == "min" else F.max if agg.function == "max" else F.sum
-        aggs.append(combine(f"_in_{agg.name}").alias(name))
-    aggs.append(F.sum("_in__records").alias("_records"))
+        added = F.col(contribution(agg))
+        if agg.function == "approx_count_distinct":
+            # Records' values into one sketch, seeded sketches into a union of them.
+            # The union with itself marks every stored sketch as merged: its estimate
+            # then depends on its registers only (DataSketches' HIP estimate of a
+            # sketch updated in order would differ from the same sketch restored).
+            union = F.hll_union(
+                F.hll_sketch_agg(F.col(sketch_input(agg)), HLL_LG_K), F.hll_union_agg(added)
+            )
+            stored = F.hll_union(union, union)
+        elif agg.function in ("min", "max"):
+            stored = F.min(added) if agg.function == "min" else F.max(added)
+        else:
+            stored = F.sum(added)
+        aggs.append(stored.alias(stored_column(agg)))
+    aggs.append(F.sum(RECORDS).alias("_records"))
     grouped = contributions.groupBy(*group).agg(*aggs)
 
     out: list[Column] = [F.col(k) for k in pipeline.keys]
@@ -102,12 +115,15 @@ def aggregate(contributions: DataFrame, pipeline: Pipeline) -> DataFrame:
             F.col("_window.end").alias("window_end"),
         ]
     for agg in pipeline.aggregations:
+        stored = F.col(stored_column(agg))
         if agg.function == "avg":
-            average = F.col(sum_column(agg)) / F.col("_records")
+            average = stored / F.col("_records")
             out.append(average.cast(str(spark_value_type(pipeline, agg.name))).alias(agg.name))
+        elif agg.function == "approx_count_distinct":
+            out.append(F.hll_sketch_estimate(stored).alias(agg.name))
         else:
-            out.append(F.col(agg.name))
-    out += [F.col(sum_column(a)) for a in pipeline.aggregations if a.function == "avg"]
+            out.append(stored.alias(agg.name))
+    out += [F.col(c) for c in pipeline.value_columns[len(pipeline.aggregations) : -1]]
     out.append(F.col("_records"))
     return grouped.select(*out)
 

@@ -38,7 +38,7 @@ from jobs.pipeline import (
     aggregate_type,
     event_time_unit,
 )
-from jobs.snapshot import contribution_types
+from jobs.snapshot import RECORDS, contribution, contribution_types, sketch_input
 from jobs.streaming import batch_watermark
 
 log = logging.getLogger(__name__)
@@ -196,7 +196,7 @@ def _summand_checks(pipeline: Pipeline) -> list[tuple[Column, Column]]:
             continue
         checks.append(
             (
-                F.abs(value.cast("decimal(38,0)")) > F.lit(bound).cast("decimal(38,0)"),
+                F.abs(value.cast("decimal(38,0)")) > F.lit(str(bound)).cast("decimal(38,0)"),
                 F.concat(F.lit(f"field {what}"), value.cast("string"), F.lit(f" is beyond {text}")),
             )
         )
@@ -334,9 +334,17 @@ def contributions(classified: DataFrame, pipeline: Pipeline) -> DataFrame:
     columns = [F.col(f"`{k}`").alias(k) for k in pipeline.keys]
     columns.append(F.timestamp_micros(F.col("_event_us")).alias("_event_time"))
     for agg in pipeline.aggregations:
+        name = contribution(agg)
         value = F.lit(1) if agg.field is None else _value(agg.field)
-        columns.append(value.cast(types[agg.name]).alias(f"_in_{agg.name}"))
-    columns.append(F.lit(1).cast("bigint").alias("_in__records"))
+        if agg.function == "approx_count_distinct":
+            # The value goes into the sketch as text (binary as hex): one hash per
+            # value, whatever its type; a record brings no sketch of its own.
+            kind = pipeline.column_type(str(agg.field))
+            text = F.hex(value) if kind == "binary" else value.cast("string")
+            columns.append(text.alias(sketch_input(agg)))
+            value = F.lit(None)
+        columns.append(value.cast(types[name]).alias(name))
+    columns.append(F.lit(1).cast("bigint").alias(RECORDS))
     return valid.select(*columns)
 
 

@@ -29,7 +29,7 @@ from pyspark.sql.types import StructType
 from jobs.errors import ConsistencyError
 from jobs.kafka_source import spark_kafka
 from jobs.pipeline import Pipeline
-from jobs.snapshot import seed_ddl
+from jobs.snapshot import RECORDS, contribution, contribution_types, seed_ddl
 
 FORMAT = "platform_seed"
 HOLD_FORMAT = "platform_hold"
@@ -53,11 +53,17 @@ def hold_stream(spark: SparkSession, starting_offsets_json: str) -> DataFrame:
     )
 
 
-def verify_seeded_state(spark: SparkSession, checkpoint: Path, path: Path, windowed: bool) -> int:
+def verify_seeded_state(
+    spark: SparkSession, pipeline: Pipeline, checkpoint: Path, path: Path
+) -> int:
     """Spark's state after the seed batch (batch 0) must equal the snapshot, row by row.
 
     Called when batch 1 starts (the state reader needs batch 0 committed). Compared
-    in Spark, by position: the aggregate buffers are all named "sum", "min", "max".
+    in Spark, by position: the aggregate buffers are all named "sum", "min", "max",
+    "buf". A buffer is what the seed contributed, except that a decimal sum also
+    keeps an "isEmpty" flag, and a distinct count keeps two sketches (records',
+    seeds') whose union holds what the seeded one held: compared by estimate, as
+    the bytes of equal sketches can differ.
     """
     state = spark.read.format("statestore").option("batchId", 0).load(str(checkpoint))
     key_fields = state.schema["key"].dataType.fieldNames()  # type: ignore[attr-defined]
@@ -67,16 +73,36 @@ def verify_seeded_state(spark: SparkSession, checkpoint: Path, path: Path, windo
         f"v{i}: {f.dataType.simpleString()}"
         for i, f in enumerate(value_type.fields)  # type: ignore[attr-defined]
     )
+    buffers = F.col("value").cast(f"struct<{renamed}>")
     columns = [
         F.col(f"key.`{k}`.start") if k == "window" else F.col(f"key.`{k}`") for k in key_fields
     ]
-    values = F.col("value").cast(f"struct<{renamed}>")
-    width = len(value_type.fields)  # type: ignore[attr-defined]
-    flat = state.select(*columns, *(values.getField(f"v{i}") for i in range(width)))
-    got = flat.toDF(*[f"c{i}" for i in range(len(key_fields) + width)])
     seed = spark.read.parquet(str(path))
-    names = seed.columns
-    wanted = [c for c in names if c != "_event_time" or windowed]
+    wanted = [F.col(f"`{k}`") for k in pipeline.keys]
+    if pipeline.window is not None:
+        wanted.append(F.col("_event_time"))
+    types = contribution_types(pipeline)
+    at = 0
+    for agg in pipeline.aggregations:
+        seeded = F.col(contribution(agg))
+        if agg.function == "approx_count_distinct":
+            union = F.hll_union(buffers.getField(f"v{at}"), buffers.getField(f"v{at + 1}"))
+            columns.append(F.hll_sketch_estimate(union))
+            wanted.append(F.hll_sketch_estimate(seeded))
+            at += 2
+        else:
+            columns.append(buffers.getField(f"v{at}"))
+            wanted.append(seeded)
+            at += 2 if types[contribution(agg)].startswith("decimal") else 1
+    columns.append(buffers.getField(f"v{at}"))  # _records
+    wanted.append(F.col(RECORDS))
+    if at + 1 != len(value_type.fields):  # type: ignore[attr-defined]
+        raise ConsistencyError(
+            f"Spark's state has {len(value_type.fields)} aggregate buffers, the pipeline "  # type: ignore[attr-defined]
+            f"{at + 1}: the stream does not resume"
+        )
+    got = state.select(*columns)
+    got = got.toDF(*[f"c{i}" for i in range(len(got.columns))])
     want = seed.select(*wanted).toDF(*got.columns)
     got_rows = got.count()
     missing = want.exceptAll(got)
