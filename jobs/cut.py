@@ -48,12 +48,13 @@ from jobs.ledger import (
     batch_rows,
     beyond_horizon,
     current_epoch,
+    last_batch,
     last_batches,
     read_ledger,
     snapshot,
     unfinished_epochs,
 )
-from jobs.pipeline import Pipeline, shape_changes
+from jobs.pipeline import Pipeline, definition_changes, shape_changes
 
 log = logging.getLogger(__name__)
 Offsets = kafka_offsets.Offsets
@@ -93,6 +94,8 @@ class Cut:
     # The pipeline's ``state_shape`` the epoch's Spark state has (None: a cut made
     # before it was recorded).
     state_shape: dict[str, Any] | None = None
+    # The pipeline version and definition the epoch began with (``Pipeline.definition``).
+    definition: dict[str, Any] | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -123,6 +126,7 @@ def read_cut(layout: AppLayout, epoch: int) -> Cut | None:
             watermark_ms=int(data.get("watermark_ms", 0)),
             topic_ids={str(k): str(v) for k, v in dict(data.get("topic_ids") or {}).items()},
             state_shape=None if data.get("state_shape") is None else dict(data["state_shape"]),
+            definition=None if data.get("definition") is None else dict(data["definition"]),
         )
         cut.offsets()  # validates the shape
     except (OSError, ValueError, KeyError, TypeError, AttributeError, ConfigError) as exc:
@@ -183,6 +187,28 @@ def check_state_shape(
             "--from-earliest --reason ... (republishes the state with the new definition), or "
             f"python -m jobs rebuild --pipeline {pipeline.application_id} --from-source "
             "--reason ... (recomputes it from the source)"
+        )
+
+
+def recorded_definition(pipeline: Pipeline) -> dict[str, Any]:
+    return {"version": pipeline.version, "parts": pipeline.definition}
+
+
+def check_definition(layout: AppLayout, pipeline: Pipeline, cut: Cut) -> None:
+    """Refuse a definition changed under the same version: the version is how the
+    ledger, the output topic and a backfill tell results of one logic from another.
+    Compared with what the epoch's newest batch ran (else what its cut recorded)."""
+    recorded = cut.definition or {}
+    last = last_batch(layout)
+    if last is not None and int(last["epoch"]) == cut.epoch:
+        recorded = json.loads(last["details"] or "{}").get("definition") or recorded
+    changed = definition_changes(recorded, pipeline)
+    if changed:
+        raise ConfigError(
+            f"pipeline {pipeline.application_id}: {', '.join(changed)} changed but version is "
+            f"still {pipeline.version}: set version: {pipeline.version + 1} (results of another "
+            f"logic need another version; python -m jobs backfill --pipeline "
+            f"{pipeline.application_id} ... then republishes earlier results under it)"
         )
 
 

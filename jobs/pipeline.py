@@ -8,6 +8,8 @@ and the field.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -182,6 +184,31 @@ class Pipeline:
             else [self.window.size_seconds, self.window.slide_seconds],
             "aggregations": [[a.name, a.function, a.field] for a in self.aggregations],
             "shuffle_partitions": self.shuffle_partitions,
+        }
+
+    @property
+    def definition(self) -> dict[str, str]:
+        """A short hash of each part of the definition that decides results (what a
+        record becomes, and how records aggregate); the cut and every batch record
+        them, and a change under the same ``version`` is refused."""
+        parts: dict[str, Any] = {
+            "schema": self.schema,
+            "filter": self.filter,
+            "derived": [[d.name, d.expr] for d in self.derived],
+            "keys": list(self.keys),
+            "event_time": [
+                self.event_time.column,
+                self.event_time.unit,
+                self.max_ahead_seconds,
+                self.not_before_us,
+            ],
+            "window": self.state_shape["window"],
+            "watermark": self.watermark_seconds,
+            "aggregations": self.state_shape["aggregations"],
+        }
+        return {
+            name: hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:12]
+            for name, value in parts.items()
         }
 
     @property
@@ -656,6 +683,18 @@ def _check_output_names(
         seen.setdefault(name.lower(), name)
     if len({n.lower() for n in names}) != len(names):
         raise top.error("output names must be unique", "aggregations")
+
+
+def definition_changes(recorded: dict[str, Any], pipeline: Pipeline) -> list[str]:
+    """The parts of ``pipeline``'s definition that differ from a recorded one
+    (``{"version": v, "parts": {...}}``) under the same version; none when the
+    version differs or nothing was recorded."""
+    if not recorded or int(recorded.get("version", -1)) != pipeline.version:
+        return []
+    before = dict(recorded.get("parts") or {})
+    return [
+        name for name, digest in pipeline.definition.items() if before.get(name, digest) != digest
+    ]
 
 
 def shape_changes(before: dict[str, Any], now: dict[str, Any]) -> list[str]:

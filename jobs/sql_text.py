@@ -112,6 +112,7 @@ TOKEN = re.compile(
     r"""
     (?P<space>\s+)
     | (?P<comment>--[^\n]*|/\*.*?\*/)
+    | (?P<open_comment>/\*)
     | (?P<string>'(?:[^'\\]|\\.|'')*'|"(?:[^"\\]|\\.|"")*")
     | (?P<quoted>`(?:[^`]|``)+`)
     | (?P<word>[A-Za-z_][A-Za-z0-9_]*)
@@ -142,6 +143,8 @@ def tokens(text: str) -> list[Token]:
             raise SqlTextError(f"cannot read {text[position : position + 20]!r}")
         position = match.end()
         kind = match.lastgroup or ""
+        if kind == "open_comment":
+            raise SqlTextError("has a comment that does not end (/* without */)")
         if kind not in ("space", "comment"):
             found.append(Token(kind, match.group()))
     return found

@@ -27,6 +27,7 @@ from jobs.cut import (
     latest_cut,
     lineage_head,
     read_cut,
+    recorded_definition,
     replay_from_origin,
     state_behind,
 )
@@ -292,6 +293,7 @@ def apply_plan(
         watermark_ms=watermark_floor(layout, plan),
         topic_ids=checked_topic_ids(pipeline, settings, layout, plan),
         state_shape=pipeline.state_shape,
+        definition=recorded_definition(pipeline),
     )
     offsets = (
         kafka_offsets.to_json_dict(plan.current_offsets),

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from jobs import kafka_admin
-from jobs.cut import fenced_tables
+from jobs.cut import check_definition, fenced_tables, latest_cut
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
 from jobs.delta.writer import bump_epoch
@@ -63,6 +63,9 @@ def run_operation(
         raise LockedError(
             f"application {pipeline.application_id} is busy: held by {describe(busy)}"
         )
+    cut = latest_cut(layout, current_epoch(layout))
+    if cut is not None:
+        check_definition(layout, pipeline, cut)
     plan = make_plan()
     echo(plan.describe())
     if dry_run:

@@ -44,6 +44,7 @@ from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
 from jobs import kafka_admin
+from jobs.cut import recorded_definition
 from jobs.delta import layout as tables
 from jobs.delta.files import DataFile
 from jobs.delta.layout import AppLayout
@@ -303,6 +304,7 @@ class BatchCommitter:
                 {
                     # "now" of the batch's event-time bounds (a backfill reuses it)
                     "batch_timestamp_ms": offsets.batch_timestamp_ms,
+                    "definition": recorded_definition(self.pipeline),
                     "seconds": round(time.monotonic() - started, 3),
                     "timings": timings,
                     **extra,

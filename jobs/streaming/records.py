@@ -58,6 +58,8 @@ MAX_SUMMAND = 2**53
 DECIMAL_HEADROOM = 10
 UNIT_MICROS = {"seconds": 1_000_000, "milliseconds": 1_000, "microseconds": 1}
 HEADERS_TYPE = KAFKA_COLUMNS["kafka.headers"]
+# Plan steps an expression brings in when it is not computed per record alone.
+PLAN_STEPS_ACROSS_RECORDS = {"Aggregate", "Generate", "Window", "Expand"}
 
 
 def _schema_ddl(pipeline: Pipeline, as_strings: bool) -> str:
@@ -380,7 +382,8 @@ def resolve(spark: SparkSession, pipeline: Pipeline) -> Pipeline:
             frame = frame.select("*", F.expr(sql).alias(name))
             kind = frame.schema[name].dataType.simpleString()
             node = frame._jdf.queryExecution().analyzed()
-            per_record = node.nodeName() == "Project"
+            steps = {line.lstrip(" :+-").split(" ")[0] for line in node.treeString().splitlines()}
+            per_record = node.nodeName() == "Project" and not steps & PLAN_STEPS_ACROSS_RECORDS
             deterministic = per_record and node.projectList().last().deterministic()
         except PySparkException as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -18,9 +18,11 @@ from jobs import kafka_admin
 from jobs.cut import (
     Cut,
     Origin,
+    check_definition,
     check_state_shape,
     latest_cut,
     read_cut,
+    recorded_definition,
     seed_file,
     write_cut,
 )
@@ -92,6 +94,7 @@ def epoch_cut(layout: AppLayout, pipeline: Pipeline, settings: Settings) -> Cut:
         origin=Origin.PIPELINE.value,
         topic_ids=kafka_admin.topic_ids(kafka_admin.admin(config), pipeline.topics),
         state_shape=pipeline.state_shape,
+        definition=recorded_definition(pipeline),
     )
     write_cut(layout, cut)
     return cut
@@ -107,6 +110,7 @@ def preflight(pipeline: Pipeline, settings: Settings) -> None:
     cut = latest_cut(layout, current_epoch(layout))
     if cut is not None:
         check_state_shape(layout, pipeline, cut)
+        check_definition(layout, pipeline, cut)
 
 
 def broker_watermarks(pipeline: Pipeline, settings: Settings) -> plan.Watermarks:
@@ -192,6 +196,7 @@ def _run_locked(
     epoch = current_epoch(layout)
     cut = epoch_cut(layout, pipeline, settings)
     check_state_shape(layout, pipeline, cut)
+    check_definition(layout, pipeline, cut)
     config = kafka_admin.client_config(settings.bootstrap_servers, settings.kafka_client)
     # Opening the publisher fences an older one; what an operation or a crash left
     # unpublished goes out before the first batch.

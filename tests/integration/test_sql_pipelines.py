@@ -220,3 +220,69 @@ def test_kafka_key_and_timestamp_and_a_distinct_count_restored_by_rebuild(  # ty
     assert Counter(r["orders"] for r in after.values()) == Counter(
         r["orders"] for r in never.values()
     )
+
+
+def derived(*items: tuple[str, str]) -> list[dict[str, str]]:
+    return [{"name": name, "expr": expr} for name, expr in items]
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        (
+            {"derived": derived(("amount", "amout_cents / 100"))},
+            "derived[0] (amount): [UNRESOLVED_COLUMN",
+        ),
+        (
+            {"derived": derived(("a", "b + 1"), ("b", "amount_cents"))},
+            "derived[0] (a): [UNRESOLVED_COLUMN",
+        ),
+        ({"filter": "amount_cents"}, "filter: must be a boolean, is a bigint"),
+        ({"derived": derived(("loud", "upper(items)"))}, "derived[0] (loud): [DATATYPE_MISMATCH"),
+        ({"derived": derived(("n", "sum(amount_cents)"))}, "derived[0] (n):"),
+        ({"derived": derived(("sku", "explode(items)"))}, "one value per record"),
+        ({"derived": derived(("n", "shout(status)"))}, "calls shout, not a Spark built-in"),
+        (
+            {"derived": derived(("m", "merchant")), "keys": ["m"]},
+            "keys: 'm' is a struct<id:string,country:string>: a key must be a single value",
+        ),
+        (
+            {
+                "derived": derived(("s", "upper(status)")),
+                "aggregations": [{"name": "t", "function": "sum", "field": "s"}],
+            },
+            "aggregations[0].field: sum of 's' needs a numeric column, got string",
+        ),
+        (
+            {"derived": derived(("when", "status")), "event_time": {"field": "when"}},
+            "event_time.field: 'when' is a string",
+        ),
+    ],
+)
+def test_spark_refuses_what_text_cannot_tell(  # type: ignore[no-untyped-def]
+    spark, tmp_path, changes: dict[str, Any], message: str
+) -> None:
+    from jobs.errors import ConfigError
+    from jobs.streaming import records
+
+    spark.udf.register("shout", lambda s: s.upper())  # a session's UDF: still refused
+    data = {**ORDERS, **changes}
+    if "keys" not in changes and "derived" in changes:
+        data["keys"] = ["status"]
+    if "aggregations" not in changes:
+        data["aggregations"] = [{"name": "orders", "function": "count"}]
+    path = write(tmp_path, data)
+    with pytest.raises(ConfigError) as error:
+        records.resolve(spark, load_pipeline(str(path), tmp_path))
+    text = str(error.value)
+    assert text.startswith(f"{path}: ") and "\n" not in text
+    assert message in text, text
+
+
+def test_run_names_a_bad_expression_in_one_line(spark, settings, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = write(tmp_path, {**ORDERS, "filter": "amount_cents > 'x' AND nope"})
+    done = run_jobs(path, settings, "run", spark=spark)
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"error: {path}: filter: [UNRESOLVED_COLUMN")
+    assert done.stderr.count("\n") == 1
+    assert not (settings.warehouse / "orders_revenue").exists()  # nothing ran, nothing written
