@@ -59,3 +59,33 @@ def clicks_per_window(
 
 def state_as_counter(rows: list[dict[str, Any]], value: str) -> Counter[tuple[str, int]]:
     return Counter({(r["user_id"], int(r["window_start"].timestamp())): r[value] for r in rows})
+
+
+def order_windows(
+    orders: list[tuple[str, dict[str, Any]]],
+) -> tuple[dict[tuple[str, int], dict[str, Any]], int]:
+    """``orders_revenue`` in plain Python over (buyer, order) pairs of valid orders:
+    paid orders of real shops (country not XX) per merchant in both 10-minute
+    windows (every 5 minutes) they fall in; and how many the filter leaves out."""
+    import calendar
+    import time
+    from collections import defaultdict
+    from decimal import Decimal
+
+    windows: dict[tuple[str, int], dict[str, Any]] = defaultdict(
+        lambda: {"revenue": Decimal(0), "orders": 0, "units": 0, "buyers": set()}
+    )
+    filtered = 0
+    for buyer, order in orders:
+        if order["status"] != "paid" or order["merchant"]["country"] == "XX":
+            filtered += 1
+            continue
+        moment = calendar.timegm(time.strptime(order["created_at"], "%Y-%m-%dT%H:%M:%SZ"))
+        first = moment - moment % 300
+        for window_start in (first - 300, first):
+            cell = windows[(order["merchant"]["id"], window_start)]
+            cell["revenue"] += Decimal(order["amount_cents"]) / 100
+            cell["orders"] += 1
+            cell["units"] += sum(item["qty"] for item in order["items"])
+            cell["buyers"].add(buyer)
+    return dict(windows), filtered

@@ -1,4 +1,4 @@
-"""10,000+ records of random shapes through the real inventory pipeline: the run never
+"""Records of random shapes through the real inventory and orders pipelines: the run never
 fails, every record ends in exactly one place, and every bad record is a dead letter
 exactly once. The corpus is generated from a seed; each record is built to be
 clearly valid or clearly invalid, and the expectation is plain Python."""
@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from deltalake import DeltaTable
 
+from jobs import kafka_admin
 from jobs.pipeline import load_pipeline
 from jobs.settings import REPO_ROOT
 from jobs.streaming.run import run_pipeline
@@ -136,3 +137,102 @@ def test_fuzzed_records_never_fail_a_batch_and_are_accounted_for_exactly(
     assert sum(r["records_in"] for r in ledger) == len(values)
     for r in ledger:
         assert r["records_in"] == r["aggregated"] + r["dead_lettered"], r
+
+
+def good_order(rng: random.Random) -> dict[str, Any]:
+    """A valid order: aggregated when paid at a real shop, else filtered."""
+    merchant = {"id": rng.choice(["M-1", "M-2", "ünï", "", 'q"t']), "country": "DE"}
+    if rng.random() < 0.15:
+        merchant["country"] = "XX"
+    amount = rng.choice([0, 1, -1, 10**15, -(10**15), 999_999]) if rng.random() < 0.1 else 0
+    return {
+        "order_id": f"o{rng.randrange(10**6)}",
+        "status": rng.choice(["paid"] * 6 + ["pending", "PAID", ""]),
+        "amount_cents": amount or rng.randint(-(10**6), 10**6),
+        "merchant": merchant,
+        "items": [
+            {"sku": "s", "qty": rng.choice([0, 1, 10**8]) if rng.random() < 0.05 else 2}
+            for _ in range(rng.choice([0, 1, 1, 3]))
+        ],
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(NOW - rng.randrange(3600))),
+        **({"note": rng.choice([None, [1], {"x": 1}])} if rng.random() < 0.2 else {}),
+    }
+
+
+def bad_order(rng: random.Random, base: dict[str, Any]) -> bytes:
+    """An order that must be a dead letter: a paid order of a real shop whose
+    content breaks the schema or makes an expression fail or yield null."""
+    broken = {**base, "status": "paid", "merchant": {"id": "M-1", "country": "DE"}}
+    choice = rng.randrange(9)
+    if choice == 0:
+        broken["amount_cents"] = rng.choice([10**16, -(10**17), 2**63 - 1])  # no DECIMAL(18,2)
+    elif choice == 1:
+        broken["items"] = [{"sku": "s"}]  # no qty: units is null
+    elif choice == 2:
+        broken["items"] = [{"sku": "s", "qty": 2**31 - 1}, {"sku": "t", "qty": 1}]  # int overflow
+    elif choice == 3:
+        broken["merchant"] = rng.choice([None, "M-1", [1], {"country": "DE"}])
+    elif choice == 4:
+        broken["merchant"] = {"id": "M-1"}  # no country: the filter is null
+    elif choice == 5:
+        broken["created_at"] = rng.choice(["yesterday", "", "2026-13-45T00:00:00Z", [1]])
+    elif choice == 6:
+        broken["items"] = rng.choice([{"sku": "s"}, "many", 3])
+    elif choice == 7:
+        broken["amount_cents"] = rng.choice(["12", 1.5, True, None])
+    else:
+        del broken[rng.choice(["status", "items", "amount_cents", "order_id"])]
+    return json.dumps(broken).encode()
+
+
+def test_fuzzed_orders_through_filter_and_expressions_are_accounted_for_exactly(
+    spark, settings, kafka_config, new_topic, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    import yaml
+
+    from tests.expected import order_windows
+
+    rng = random.Random(20261124)
+    records: list[tuple[bytes, bytes, int]] = []
+    good: list[tuple[str, dict[str, Any]]] = []
+    bad_offsets: set[int] = set()
+    for offset in range(4000):
+        order = good_order(rng)
+        buyer = f"b{rng.randrange(50)}"
+        if rng.random() < 0.3:
+            records.append((buyer.encode(), bad_order(rng, order), NOW * 1000))
+            bad_offsets.add(offset)
+        else:
+            records.append((buyer.encode(), json.dumps(order).encode(), NOW * 1000))
+            good.append((buyer, order))
+    topic = new_topic(1)
+    kafka_admin.produce_all(kafka_config, topic, records)  # type: ignore[arg-type]
+    data = yaml.safe_load((REPO_ROOT / "include" / "pipelines" / "orders_revenue.yaml").read_text())
+    data["source"] = {"topics": [topic]}
+    path = tmp_path / "orders_revenue.yaml"
+    path.write_text(yaml.safe_dump(data))
+    run_pipeline(spark, load_pipeline(str(path), tmp_path), settings)
+
+    expected, filtered = order_windows(good)
+    root = settings.warehouse / "orders_revenue"
+    state = DeltaTable(str(root / "state")).to_pyarrow_table().to_pylist()
+    got = {(r["merchant_id"], int(r["window_start"].timestamp())): r for r in state}
+    assert set(got) == set(expected)
+    for cell, want in expected.items():
+        row = got[cell]
+        assert (row["revenue"], row["orders"], row["units"]) == (
+            want["revenue"],
+            want["orders"],
+            want["units"],
+        ), cell
+    letters = DeltaTable(str(root / "dead_letter")).to_pyarrow_table().to_pylist()
+    assert sorted(r["offset"] for r in letters) == sorted(bad_offsets)
+    ledger = [
+        r
+        for r in DeltaTable(str(root / "_ledger")).to_pyarrow_table().to_pylist()
+        if r["entry_type"] == "batch"
+    ]
+    assert sum(r["filtered"] for r in ledger) == filtered
+    assert sum(r["records_in"] for r in ledger) == len(records)
+    for r in ledger:
+        assert r["records_in"] == r["records_valid"] + r["filtered"] + r["dead_lettered"], r

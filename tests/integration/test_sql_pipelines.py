@@ -5,12 +5,10 @@ Expectations are plain Python over the records produced."""
 
 from __future__ import annotations
 
-import calendar
 import json
 import struct
 import time
 from collections import Counter, defaultdict
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +22,7 @@ from jobs.pipeline import load_pipeline
 from jobs.settings import REPO_ROOT, Settings
 from jobs.streaming.run import run_pipeline
 from tests.conftest import run_jobs
+from tests.expected import order_windows
 
 pytestmark = pytest.mark.integration
 ORDERS = yaml.safe_load((REPO_ROOT / "include" / "pipelines" / "orders_revenue.yaml").read_text())
@@ -79,23 +78,9 @@ def test_orders_revenue_end_to_end(spark, settings, kafka_config, new_topic, tmp
     path = write(tmp_path, {**ORDERS, "source": {"topics": [topic]}})
     run_pipeline(spark, load_pipeline(str(path), tmp_path), settings)
 
-    # Plain Python: paid orders of real shops, in both hopping windows they fall in.
-    expected: dict[tuple[str, int], dict[str, Any]] = defaultdict(
-        lambda: {"revenue": Decimal(0), "orders": 0, "units": 0, "buyers": set()}
+    expected, filtered = order_windows(
+        [(k.decode(), o) for (k, _, _), o in zip(records, orders, strict=False)]
     )
-    filtered = 0
-    for (buyer, _, _), o in zip(records, orders, strict=False):
-        if o["status"] != "paid" or o["merchant"]["country"] == "XX":
-            filtered += 1
-            continue
-        moment = calendar.timegm(time.strptime(o["created_at"], "%Y-%m-%dT%H:%M:%SZ"))
-        first = moment - moment % 300
-        for window_start in (first - 300, first):
-            cell = expected[(o["merchant"]["id"], window_start)]
-            cell["revenue"] += Decimal(o["amount_cents"]) / 100
-            cell["orders"] += 1
-            cell["units"] += sum(item["qty"] for item in o["items"])
-            cell["buyers"].add(buyer)
     state = rows(settings, "orders_revenue", "state")
     got = {(r["merchant_id"], int(r["window_start"].timestamp())): r for r in state}
     assert set(got) == set(expected)
