@@ -149,7 +149,9 @@ class Metrics:
         seconds: float,
     ) -> None:
         self.records.labels(*labels, "aggregated", "").inc(int(ledger_row["records_valid"]))
-        self.records.labels(*labels, "filtered", "").inc(int(ledger_row.get("filtered") or 0))
+        filtered = int(ledger_row.get("filtered") or 0)
+        if filtered:  # a series appears once a record is filtered, as dead letters' do
+            self.records.labels(*labels, "filtered", "").inc(filtered)
         for kind, count in Tally(reason_class(r) for r in reasons).items():
             if kind == "late":
                 self.records.labels(*labels, "late", "").inc(count)

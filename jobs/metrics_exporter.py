@@ -72,7 +72,8 @@ class LedgerTotals:
                 continue
             self.batches[version] += 1
             self.records[(version, "valid")] += int(row["records_valid"] or 0)
-            self.records[(version, "filtered")] += int(row.get("filtered") or 0)
+            if row.get("filtered"):
+                self.records[(version, "filtered")] += int(row["filtered"])
             self.records[(version, "dead_lettered")] += int(row["dead_lettered"] or 0)
             commit_us = int(row["commit_time"].timestamp() * 1_000_000)
             if self.last_commit_us is None or commit_us >= self.last_commit_us:

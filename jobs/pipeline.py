@@ -193,8 +193,8 @@ class Pipeline:
         them, and a change under the same ``version`` is refused."""
         parts: dict[str, Any] = {
             "schema": self.schema,
-            "filter": self.filter,
-            "derived": [[d.name, d.expr] for d in self.derived],
+            "filter": None if self.filter is None else _normalized(self.filter),
+            "derived": [[d.name, _normalized(d.expr)] for d in self.derived],
             "keys": list(self.keys),
             "event_time": [
                 self.event_time.column,
@@ -494,6 +494,11 @@ def parse_pipeline(data: Any, origin: str) -> Pipeline:
             "source.archive",
         )
     return pipeline
+
+
+def _normalized(expr: str) -> str:
+    """An expression without its spacing and comments (a cosmetic edit is no change)."""
+    return " ".join(t.text for t in sql_text.tokens(expr))
 
 
 def _is_new_name(name: str) -> bool:

@@ -72,7 +72,10 @@ NOT_REPLAYABLE = {
     "current_schema",
     "current_catalog",
     "version",
+    "aes_encrypt",  # a random initialization vector unless one is given
 }
+# Strings Spark reads as the current date or time in a typed literal or a cast.
+SPECIAL_TIMES = {"now", "today", "yesterday", "tomorrow"}
 # Written without parentheses, these are function calls too.
 BARE_CALLS = {
     "current_date",
@@ -111,13 +114,14 @@ SYNTAX = {
 TOKEN = re.compile(
     r"""
     (?P<space>\s+)
-    | (?P<comment>--[^\n]*|/\*.*?\*/)
+    | (?P<comment>--[^\r\n]*|/\*.*?\*/)
     | (?P<open_comment>/\*)
+    | (?P<raw>[rR]'[^']*'|[rR]"[^"]*")
     | (?P<string>'(?:[^'\\]|\\.|'')*'|"(?:[^"\\]|\\.|"")*")
     | (?P<quoted>`(?:[^`]|``)+`)
     | (?P<word>[A-Za-z_][A-Za-z0-9_]*)
     | (?P<number>\d+(?:\.\d*)?(?:[eE][+-]?\d+)?[A-Za-z]*|\.\d+(?:[eE][+-]?\d+)?[A-Za-z]*)
-    | (?P<symbol>->|<=>|<=|>=|<>|!=|==|\|\||::|[-+*/%&|^~!<>=(),.\[\]:{}?;])
+    | (?P<symbol>\|>|->|<=>|<=|>=|<>|!=|==|\|\||::|[-+*/%&|^~!<>=(),.\[\]:{}?;])
     """,
     re.VERBOSE | re.DOTALL,
 )
@@ -158,8 +162,13 @@ def check_expression(text: str) -> list[str]:
     found = tokens(text)
     calls: list[str] = []
     for i, token in enumerate(found):
-        if token.kind == "symbol" and token.text == ";":
-            raise SqlTextError("must be one expression (no ';')")
+        if token.kind == "symbol" and token.text in (";", "|>"):
+            raise SqlTextError(f"must be one expression (no {token.text!r})")
+        if token.kind in ("string", "raw") and _unquoted(token).strip().lower() in SPECIAL_TIMES:
+            raise SqlTextError(
+                f"reads {token.text} as a date or time: it means the current one, which a "
+                "replay or a backfill would not reproduce"
+            )
         if token.kind not in ("word", "quoted"):
             continue
         name = (
@@ -171,7 +180,8 @@ def check_expression(text: str) -> list[str]:
         after_dot = i > 0 and found[i - 1].text == "."
         if token.kind == "word" and name == "select" and not after_dot:
             raise SqlTextError("may not contain a subquery (SELECT): it would read other tables")
-        is_call = follows == "(" and not after_dot
+        # "a.b(" is a qualified function name (system.builtin.f), never a field.
+        is_call = follows == "("
         if is_call and token.kind == "word" and name in SYNTAX:
             continue
         if is_call or (token.kind == "word" and name in BARE_CALLS and not after_dot):
@@ -182,9 +192,18 @@ def check_expression(text: str) -> list[str]:
                     f"calls {name}(), which gives another answer when a batch is recomputed "
                     "(a replay or a backfill would not reproduce the result)"
                 )
+            no_arguments = is_call and i + 2 < len(found) and found[i + 2].text == ")"
+            if name == "unix_timestamp" and no_arguments:
+                raise SqlTextError(
+                    "calls unix_timestamp() without an argument, which is the current time"
+                )
             if is_call and name not in calls:
                 calls.append(name)
     return calls
+
+
+def _unquoted(token: Token) -> str:
+    return token.text[2:-1] if token.kind == "raw" else token.text[1:-1]
 
 
 def parse_type(text: str) -> str:

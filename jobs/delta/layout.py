@@ -270,10 +270,9 @@ def ensure_tables(layout: AppLayout, pipeline: Pipeline, republishing: bool = Fa
     for name, schema in table_schemas(pipeline).items():
         path = layout.table(name)
         if DeltaTable.is_deltatable(str(path)):
-            table = DeltaTable(str(path))
             if name == LEDGER:
-                _add_new_ledger_columns(table, schema)
-            problems = column_problems(name, table.schema(), schema)
+                upgrade_ledger(path)
+            problems = column_problems(name, DeltaTable(str(path)).schema(), schema)
             if republishing and name == "state":
                 problems = []
             if republishing and name == "changelog":
@@ -300,12 +299,17 @@ def ensure_tables(layout: AppLayout, pipeline: Pipeline, republishing: bool = Fa
         DeltaTable.create(str(path), schema, configuration=configuration)
 
 
-def _add_new_ledger_columns(ledger: DeltaTable, schema: pa.Schema) -> None:
+def upgrade_ledger(path: Path) -> None:
     """A ledger written by an older platform lacks the columns added since (always
-    nullable, at the end): add them, so its history stays where it is."""
+    nullable, at the end): add them, so its history stays where it is and every
+    writer's rows fit. Called before any write to the ledger."""
+    if not DeltaTable.is_deltatable(str(path)):
+        return
+    ledger = DeltaTable(str(path))
     have = [f.name for f in ledger.schema().fields]
-    if have == schema.names[: len(have)] and len(have) < len(schema):
-        added = DeltaSchema.from_arrow(pa.schema(list(schema)[len(have) :])).fields
+    wanted = LEDGER_SCHEMA.names
+    if have == wanted[: len(have)] and len(have) < len(wanted):
+        added = DeltaSchema.from_arrow(pa.schema(list(LEDGER_SCHEMA)[len(have) :])).fields
         ledger.alter.add_columns(list(added))
 
 

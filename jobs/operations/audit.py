@@ -54,4 +54,5 @@ def audit_row(
 
 def append_audit(layout: AppLayout, row: pa.Table) -> None:
     """A blind append (no fence): audits of dry runs must not disturb a running stream."""
+    tables.upgrade_ledger(layout.table(tables.LEDGER))
     write_deltalake(str(layout.table(tables.LEDGER)), row, mode="append")

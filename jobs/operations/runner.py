@@ -51,6 +51,9 @@ def run_operation(
     exactly that plan, or refuses when the application moved since (``save_as``:
     the id to save it under, as an Airflow run chooses it)."""
     layout = AppLayout(settings.warehouse, pipeline.application_id)
+    cut = latest_cut(layout, current_epoch(layout))
+    if cut is not None:  # a saved plan too: the cut it writes records the definition
+        check_definition(layout, pipeline, cut)
     if plan_id is not None:
         if dry_run:
             raise ConfigError("--plan applies a saved plan: leave out --dry-run/--preview")
@@ -63,9 +66,6 @@ def run_operation(
         raise LockedError(
             f"application {pipeline.application_id} is busy: held by {describe(busy)}"
         )
-    cut = latest_cut(layout, current_epoch(layout))
-    if cut is not None:
-        check_definition(layout, pipeline, cut)
     plan = make_plan()
     echo(plan.describe())
     if dry_run:

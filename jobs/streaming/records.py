@@ -34,6 +34,7 @@ from jobs.kafka_source import spark_kafka
 from jobs.pipeline import (
     KAFKA_COLUMNS,
     Pipeline,
+    TimeUnit,
     TypeProblem,
     aggregate_type,
     event_time_unit,
@@ -58,8 +59,9 @@ MAX_SUMMAND = 2**53
 DECIMAL_HEADROOM = 10
 UNIT_MICROS = {"seconds": 1_000_000, "milliseconds": 1_000, "microseconds": 1}
 HEADERS_TYPE = KAFKA_COLUMNS["kafka.headers"]
-# Plan steps an expression brings in when it is not computed per record alone.
-PLAN_STEPS_ACROSS_RECORDS = {"Aggregate", "Generate", "Window", "Expand"}
+# The plan steps of expressions computed per record, from the record alone (an
+# aggregate, a window or generator function, a subquery bring in others).
+PLAN_STEPS_PER_RECORD = {"Project", "LogicalRDD", "LocalRelation"}
 
 
 def _schema_ddl(pipeline: Pipeline, as_strings: bool) -> str:
@@ -76,11 +78,18 @@ def _iso(micros: int) -> str:
 
 def _tried(spark: SparkSession, sql: str) -> Column:
     """``sql`` evaluated per record, as a struct ``{v: value}``, or null when the
-    evaluation fails on that record (Catalyst's ``TryEval``)."""
+    evaluation fails on that record (Catalyst's ``TryEval``).
+
+    The IF keeps the expression out of Spark's subexpression elimination, which
+    would otherwise compute a part two expressions share (``CAST(x AS INT)``)
+    once, before and outside both TryEvals, where its error fails the batch: it
+    never looks inside a branch. ``_offset >= 0`` always holds and cannot be
+    folded away. The newline ends a trailing "--" comment of ``sql``.
+    """
     jvm = spark._jvm
     assert jvm is not None
     parser = spark._jsparkSession.sessionState().sqlParser()
-    wrapped = parser.parseExpression(f"named_struct('v', ({sql}))")
+    wrapped = parser.parseExpression(f"IF(_offset >= 0, named_struct('v', ({sql}\n)), NULL)")
     expressions = jvm.org.apache.spark.sql.catalyst.expressions
     column = jvm.org.apache.spark.sql.classic.ExpressionUtils.column(expressions.TryEval(wrapped))
     return Column(column)
@@ -214,7 +223,7 @@ def _value(name: str) -> Column:
 
 def _event_micros(spark: SparkSession, pipeline: Pipeline) -> Column:
     """Event time in microseconds, or null when it does not fit in 64 bits."""
-    column, unit = pipeline.event_time.column, pipeline.event_time.unit
+    column, unit = pipeline.event_time.column, _event_unit(pipeline)
     kind = pipeline.column_type(column)
     value = _value(column)
     if kind in ("timestamp", "timestamp_ntz", "date"):
@@ -222,6 +231,13 @@ def _event_micros(spark: SparkSession, pipeline: Pipeline) -> Column:
     assert unit is not None
     sql = f"CAST({_sql_name(column)} * {UNIT_MICROS[unit]} AS BIGINT)"
     return _tried(spark, sql).getField("v")
+
+
+def _event_unit(pipeline: Pipeline) -> TimeUnit | None:
+    """The unit event time is read in (a derived number's default is known only
+    once Spark has told its type; the definition keeps what the file says)."""
+    event = pipeline.event_time
+    return event_time_unit(pipeline.column_type(event.column) or "", event.unit, event.column)
 
 
 def _sql_name(name: str) -> str:
@@ -240,7 +256,7 @@ def _first_reason(checks: list[tuple[Column, Column]], otherwise: Column) -> Col
 def _time_checks(
     pipeline: Pipeline, late_check: bool, batch_time: bool
 ) -> list[tuple[Column, Column]]:
-    column, unit = pipeline.event_time.column, pipeline.event_time.unit
+    column, unit = pipeline.event_time.column, _event_unit(pipeline)
     given = F.concat(
         F.lit(f"event time {column!r} = "),
         _value(column).cast("string"),
@@ -382,16 +398,19 @@ def resolve(spark: SparkSession, pipeline: Pipeline) -> Pipeline:
             frame = frame.select("*", F.expr(sql).alias(name))
             kind = frame.schema[name].dataType.simpleString()
             node = frame._jdf.queryExecution().analyzed()
-            steps = {line.lstrip(" :+-").split(" ")[0] for line in node.treeString().splitlines()}
-            per_record = node.nodeName() == "Project" and not steps & PLAN_STEPS_ACROSS_RECORDS
+            lines = node.treeString().splitlines()
+            steps = {line.lstrip(" :+-").split(" ")[0] for line in lines}
+            # A subquery's plan is printed under its expression, marked ":".
+            subquery = any(line.lstrip().startswith(":") for line in lines)
+            per_record = steps <= PLAN_STEPS_PER_RECORD and not subquery
             deterministic = per_record and node.projectList().last().deterministic()
         except PySparkException as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ConfigError(f"{origin}: {where}: {first} (in {sql!r})") from None
         if not per_record:
             raise ConfigError(
-                f"{origin}: {where}: must compute one value per record (no aggregate, window "
-                f"or generator function), in {sql!r}"
+                f"{origin}: {where}: must compute one value per record from the record alone "
+                f"(no aggregate, window or generator function, no subquery), in {sql!r}"
             )
         if not deterministic:
             raise ConfigError(
@@ -411,9 +430,7 @@ def resolve(spark: SparkSession, pipeline: Pipeline) -> Pipeline:
             raise ConfigError(f"{origin}: keys: {key!r} is a {kind}: a key must be a single value")
     event = pipeline.event_time
     try:
-        unit = event_time_unit(
-            resolved.column_type(event.column) or "", event.unit, repr(event.column)
-        )
+        event_time_unit(resolved.column_type(event.column) or "", event.unit, repr(event.column))
     except TypeProblem as exc:
         raise ConfigError(f"{origin}: event_time.{exc.key}: {exc}") from None
     for i, agg in enumerate(pipeline.aggregations):
@@ -421,4 +438,4 @@ def resolve(spark: SparkSession, pipeline: Pipeline) -> Pipeline:
             aggregate_type(agg, (agg.field and resolved.column_type(agg.field)) or "")
         except TypeProblem as exc:
             raise ConfigError(f"{origin}: aggregations[{i}].{exc.key}: {exc}") from None
-    return dataclasses.replace(resolved, event_time=dataclasses.replace(event, unit=unit))
+    return resolved

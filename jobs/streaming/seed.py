@@ -93,7 +93,10 @@ def verify_seeded_state(
         else:
             columns.append(buffers.getField(f"v{at}"))
             wanted.append(seeded)
-            at += 2 if types[contribution(agg)].startswith("decimal") else 1
+            decimal_sum = agg.function in ("sum", "avg") and types[contribution(agg)].startswith(
+                "decimal"
+            )
+            at += 2 if decimal_sum else 1
     columns.append(buffers.getField(f"v{at}"))  # _records
     wanted.append(F.col(RECORDS))
     if at + 1 != len(value_type.fields):  # type: ignore[attr-defined]

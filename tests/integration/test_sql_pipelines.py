@@ -9,6 +9,8 @@ import json
 import struct
 import time
 from collections import Counter, defaultdict
+from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,7 @@ from deltalake import DeltaTable
 
 from include.sample_data import order_events
 from jobs import kafka_admin
-from jobs.pipeline import load_pipeline
+from jobs.pipeline import load_pipeline, parse_pipeline
 from jobs.settings import REPO_ROOT, Settings
 from jobs.streaming.run import run_pipeline
 from tests.conftest import run_jobs
@@ -121,7 +123,7 @@ BUYERS = {
     "application_id": "buyer_activity",
     "version": 1,
     "source": {"topics": ["set-below"], "starting_offsets": "earliest"},
-    "schema": {"sku": "string", "qty": "int"},
+    "schema": {"sku": "string", "qty": "int", "price": "decimal(10,2)"},
     "derived": [{"name": "buyer", "expr": "kafka.key"}],
     "keys": ["buyer"],
     "event_time": {"field": "kafka.timestamp"},
@@ -130,6 +132,9 @@ BUYERS = {
     "aggregations": [
         {"name": "orders", "function": "count"},
         {"name": "units", "function": "sum", "field": "qty"},
+        # Decimal buffers in Spark's state: a sum keeps a flag beside it, min does not.
+        {"name": "spent", "function": "sum", "field": "price"},
+        {"name": "cheapest", "function": "min", "field": "price"},
         {"name": "skus", "function": "approx_count_distinct", "field": "sku"},
         {"name": "partitions", "function": "approx_count_distinct", "field": "kafka.partition"},
     ],
@@ -151,9 +156,9 @@ def test_kafka_key_and_timestamp_and_a_distinct_count_restored_by_rebuild(  # ty
             skus = 3000 if buyer in ("b0", "b1") else 40
             sku = f"s{(i * 7919 + salt) % skus}"
             moment_ms = (hour + (i * 13 + salt) % 7200) * 1000
-            out.append(
-                (buyer.encode(), json.dumps({"sku": sku, "qty": 1 + i % 4}).encode(), moment_ms)
-            )
+            price = f"{(i * 37 + salt) % 10000 / 100:.2f}"  # JSON text: exact
+            record = {"sku": sku, "qty": 1 + i % 4, "price": price}
+            out.append((buyer.encode(), json.dumps(record).encode(), moment_ms))
         return out
 
     first, second = batch(1, 6000), batch(2, 6000)
@@ -183,7 +188,7 @@ def test_kafka_key_and_timestamp_and_a_distinct_count_restored_by_rebuild(  # ty
     never = {(r["buyer"], r["window_start"]): r for r in rows(settings, "buyer_reference", "state")}
     # Plain Python: per Kafka key and hour of the Kafka timestamp.
     exact: dict[tuple[str, int], dict[str, Any]] = defaultdict(
-        lambda: {"orders": 0, "units": 0, "skus": set()}
+        lambda: {"orders": 0, "units": 0, "skus": set(), "spent": Decimal(0), "prices": []}
     )
     for key, value, moment_ms in first + second:
         cell = exact[(key.decode(), moment_ms // 1000 // 3600 * 3600)]
@@ -191,10 +196,13 @@ def test_kafka_key_and_timestamp_and_a_distinct_count_restored_by_rebuild(  # ty
         cell["orders"] += 1
         cell["units"] += record["qty"]
         cell["skus"].add(record["sku"])
+        cell["spent"] += Decimal(record["price"])
+        cell["prices"].append(Decimal(record["price"]))
     assert {(k[0], int(k[1].timestamp())) for k in after} == set(exact)
     for key, row in after.items():
         want = exact[(key[0], int(key[1].timestamp()))]
         assert (row["orders"], row["units"]) == (want["orders"], want["units"])
+        assert (row["spent"], row["cheapest"]) == (want["spent"], min(want["prices"]))
         assert close_to(row["skus"], len(want["skus"])), (key, row["skus"], len(want["skus"]))
         # The rebuilt sketch goes on exactly as one never rebuilt.
         assert row["skus"] == never[key]["skus"]
@@ -226,6 +234,9 @@ def derived(*items: tuple[str, str]) -> list[dict[str, str]]:
         ({"derived": derived(("loud", "upper(items)"))}, "derived[0] (loud): [DATATYPE_MISMATCH"),
         ({"derived": derived(("n", "sum(amount_cents)"))}, "derived[0] (n):"),
         ({"derived": derived(("sku", "explode(items)"))}, "one value per record"),
+        ({"filter": "status IN (SELECT 'paid')"}, "subquery (SELECT)"),
+        ({"filter": "status IN (VALUES ('paid'))"}, "calls values, not a Spark built-in"),
+        ({"filter": "status IN (TABLE paid_statuses)"}, "from the record alone (no aggregate"),
         ({"derived": derived(("n", "shout(status)"))}, "calls shout, not a Spark built-in"),
         (
             {"derived": derived(("m", "merchant")), "keys": ["m"]},
@@ -251,6 +262,7 @@ def test_spark_refuses_what_text_cannot_tell(  # type: ignore[no-untyped-def]
     from jobs.streaming import records
 
     spark.udf.register("shout", lambda s: s.upper())  # a session's UDF: still refused
+    spark.createDataFrame([("paid",)], "s string").createOrReplaceTempView("paid_statuses")
     data = {**ORDERS, **changes}
     if "keys" not in changes and "derived" in changes:
         data["keys"] = ["status"]
@@ -271,3 +283,40 @@ def test_run_names_a_bad_expression_in_one_line(spark, settings, tmp_path) -> No
     assert done.stderr.startswith(f"error: {path}: filter: [UNRESOLVED_COLUMN")
     assert done.stderr.count("\n") == 1
     assert not (settings.warehouse / "orders_revenue").exists()  # nothing ran, nothing written
+
+
+def test_a_failing_part_two_expressions_share_fails_only_its_record(spark) -> None:  # type: ignore[no-untyped-def]
+    """Spark computes a subexpression two expressions share once; it must stay
+    inside the per-record guard (else one bad record fails the whole batch)."""
+    import dataclasses
+
+    from jobs.kafka_source import spark_kafka
+    from jobs.streaming import records
+
+    data = {
+        **BUYERS,
+        "schema": {"s": "string"},
+        "derived": derived(
+            ("buyer", "kafka.key"),
+            ("plus", "CAST(s AS INT) + 1"),  # both use CAST(s AS INT)
+            ("twice", "CAST(s AS INT) * 2 -- a trailing comment"),
+        ),
+        "aggregations": [{"name": "n", "function": "sum", "field": "twice"}],
+    }
+    pipeline = records.resolve(
+        spark, dataclasses.replace(parse_pipeline(data, "shared.yaml"), topics=("t",))
+    )
+    moment = datetime.fromtimestamp(time.time() - 60, UTC)
+    raw = spark.createDataFrame(
+        [
+            (b"k", json.dumps({"s": s}).encode(), "t", 0, i, moment, 0)
+            for i, s in enumerate(["12", "x", "2147483647", "7"])
+        ],
+        spark_kafka.COLUMNS,
+    )
+    judged = records.classify(raw, pipeline).select("_offset", "_reason", "twice").collect()
+    reasons = {r["_offset"]: r["_reason"] for r in judged}
+    assert reasons[0] is None and reasons[3] is None
+    assert reasons[1].startswith("derived 'plus' failed")  # 'x' is no INT
+    assert reasons[2].startswith("derived 'plus' failed")  # INT overflow
+    assert {r["_offset"]: r["twice"] for r in judged if r["_reason"] is None} == {0: 24, 3: 14}

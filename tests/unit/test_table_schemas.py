@@ -126,3 +126,26 @@ def test_a_key_added_to_the_changelog_stays_nullable_and_compactable(tmp_path: P
     assert not column_problems(
         "changelog", DeltaTable(str(changelog)).schema(), changelog_schema(v2)
     )
+
+
+def test_a_ledger_from_before_filters_gains_the_column_for_every_writer(tmp_path: Path) -> None:
+    """An older platform's ledger lacks ``filtered``: an audit row (verify, maintain,
+    a refused plan) fits it after the upgrade, and old rows read as null."""
+    from jobs.delta import layout as tables
+    from jobs.ledger import snapshot
+    from jobs.operations.audit import append_audit, audit_row
+
+    layout = AppLayout(tmp_path, "inventory")
+    old = pa.schema([f for f in tables.LEDGER_SCHEMA if f.name != "filtered"])
+    DeltaTable.create(str(layout.table(tables.LEDGER)), old)
+    before = snapshot(layout)
+    assert before is not None and before.rows(["filtered"]).num_rows == 0  # readable as it is
+    pipeline = parse_pipeline(INVENTORY, "v1")
+    append_audit(layout, audit_row(pipeline, "verify", 0, {"result": "ok"}))
+    rows = DeltaTable(str(layout.table(tables.LEDGER))).to_pyarrow_table()
+    assert rows.schema.names == tables.LEDGER_SCHEMA.names
+    snap = snapshot(layout)
+    assert snap is not None
+    assert snap.rows(["entry_type", "filtered"]).to_pylist() == [
+        {"entry_type": "verify", "filtered": None}
+    ]
