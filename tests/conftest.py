@@ -59,6 +59,7 @@ SLOW_FIRST = (
     "test_warm_driver.py",
     "test_stream_dag_run.py",
     "test_metrics.py",
+    "test_sql_pipelines.py",
     "test_bad_input.py",
     "test_maintain.py",
     "test_dead_letter_memory.py",
@@ -66,6 +67,7 @@ SLOW_FIRST = (
     "test_kafka_credentials.py",
     "test_distributed_writes.py",
     "test_delta_engines.py",
+    "test_fuzz_records.py",
 )
 
 
