@@ -89,3 +89,22 @@ def order_windows(
             cell["units"] += sum(item["qty"] for item in order["items"])
             cell["buyers"].add(buyer)
     return dict(windows), filtered
+
+
+def assert_orders_state(state: list[dict[str, Any]], expected: dict[Any, dict[str, Any]]) -> None:
+    """The ``orders_revenue`` state rows hold exactly the expected windows: revenue,
+    orders and units exact, the distinct buyers within the sketch's error."""
+    got = {(r["merchant_id"], int(r["window_start"].timestamp())): r for r in state}
+    assert set(got) == set(expected)
+    for cell, want in expected.items():
+        row = got[cell]
+        exact = (want["revenue"], want["orders"], want["units"])
+        assert (row["revenue"], row["orders"], row["units"]) == exact, cell
+        assert within_hll_error(row["buyers"], len(want["buyers"])), (cell, row["buyers"])
+        assert row["window_end"].timestamp() - row["window_start"].timestamp() == 600
+
+
+def within_hll_error(estimate: int, exact: int) -> bool:
+    """Within the documented error of a 2^12-bucket HLL sketch (1.6% relative standard
+    error; three of them here), or off by one where the count is small."""
+    return abs(estimate - exact) <= max(1, 0.05 * exact)

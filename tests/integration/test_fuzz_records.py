@@ -190,7 +190,7 @@ def test_fuzzed_orders_through_filter_and_expressions_are_accounted_for_exactly(
 ) -> None:  # type: ignore[no-untyped-def]
     import yaml
 
-    from tests.expected import order_windows
+    from tests.expected import assert_orders_state, order_windows
 
     rng = random.Random(20261124)
     records: list[tuple[bytes, bytes, int]] = []
@@ -215,16 +215,7 @@ def test_fuzzed_orders_through_filter_and_expressions_are_accounted_for_exactly(
 
     expected, filtered = order_windows(good)
     root = settings.warehouse / "orders_revenue"
-    state = DeltaTable(str(root / "state")).to_pyarrow_table().to_pylist()
-    got = {(r["merchant_id"], int(r["window_start"].timestamp())): r for r in state}
-    assert set(got) == set(expected)
-    for cell, want in expected.items():
-        row = got[cell]
-        assert (row["revenue"], row["orders"], row["units"]) == (
-            want["revenue"],
-            want["orders"],
-            want["units"],
-        ), cell
+    assert_orders_state(DeltaTable(str(root / "state")).to_pyarrow_table().to_pylist(), expected)
     letters = DeltaTable(str(root / "dead_letter")).to_pyarrow_table().to_pylist()
     assert sorted(r["offset"] for r in letters) == sorted(bad_offsets)
     ledger = [

@@ -24,7 +24,7 @@ from jobs.pipeline import load_pipeline, parse_pipeline
 from jobs.settings import REPO_ROOT, Settings
 from jobs.streaming.run import run_pipeline
 from tests.conftest import run_jobs
-from tests.expected import order_windows
+from tests.expected import assert_orders_state, order_windows, within_hll_error
 
 pytestmark = pytest.mark.integration
 ORDERS = yaml.safe_load((REPO_ROOT / "include" / "pipelines" / "orders_revenue.yaml").read_text())
@@ -43,12 +43,6 @@ def write(directory: Path, data: dict[str, Any]) -> Path:
 
 def iso(seconds: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
-
-
-def close_to(estimate: int, exact: int) -> bool:
-    """Within the documented error of a 2^12-bucket HLL sketch (1.6% relative standard
-    error; three of them here), or off by one where the count is small."""
-    return abs(estimate - exact) <= max(1, 0.05 * exact)
 
 
 def test_orders_revenue_end_to_end(spark, settings, kafka_config, new_topic, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -83,18 +77,7 @@ def test_orders_revenue_end_to_end(spark, settings, kafka_config, new_topic, tmp
     expected, filtered = order_windows(
         [(k.decode(), o) for (k, _, _), o in zip(records, orders, strict=False)]
     )
-    state = rows(settings, "orders_revenue", "state")
-    got = {(r["merchant_id"], int(r["window_start"].timestamp())): r for r in state}
-    assert set(got) == set(expected)
-    for cell, want in expected.items():
-        row = got[cell]
-        assert (row["revenue"], row["orders"], row["units"]) == (
-            want["revenue"],
-            want["orders"],
-            want["units"],
-        ), cell
-        assert close_to(row["buyers"], len(want["buyers"])), (cell, row["buyers"])
-        assert row["window_end"].timestamp() - row["window_start"].timestamp() == 600
+    assert_orders_state(rows(settings, "orders_revenue", "state"), expected)
     letters = {r["value"]: r["reason"] for r in rows(settings, "orders_revenue", "dead_letter")}
     assert set(letters) == set(bad)
     for value, fragment in bad.items():
@@ -203,7 +186,11 @@ def test_kafka_key_and_timestamp_and_a_distinct_count_restored_by_rebuild(  # ty
         want = exact[(key[0], int(key[1].timestamp()))]
         assert (row["orders"], row["units"]) == (want["orders"], want["units"])
         assert (row["spent"], row["cheapest"]) == (want["spent"], min(want["prices"]))
-        assert close_to(row["skus"], len(want["skus"])), (key, row["skus"], len(want["skus"]))
+        assert within_hll_error(row["skus"], len(want["skus"])), (
+            key,
+            row["skus"],
+            len(want["skus"]),
+        )
         # The rebuilt sketch goes on exactly as one never rebuilt.
         assert row["skus"] == never[key]["skus"]
         assert coupons_or_registers(row["_sketch_skus"]) == coupons_or_registers(
