@@ -70,7 +70,7 @@ def warm_driver(settings, token: str, pipelines: Path, fault: str | None = None)
 
 
 def test_runs_on_a_warm_driver_are_exact(  # type: ignore[no-untyped-def]
-    settings, kafka_config, new_topic, tmp_path: Path, monkeypatch
+    spark, settings, kafka_config, new_topic, tmp_path: Path, monkeypatch
 ) -> None:
     topic = new_topic(2)
     path = pipeline_file(tmp_path, "user_clicks", topic, archive=True)
@@ -129,7 +129,8 @@ def test_runs_on_a_warm_driver_are_exact(  # type: ignore[no-untyped-def]
         assert died.returncode == 2
         assert "ended during the run" in died.stderr.strip().splitlines()[-1]
     monkeypatch.delenv("PLATFORM_DRIVER_URL")
-    local = run_jobs(path, settings, "run")
+    # (a recovery need not be a new process: what it recovers from is on disk)
+    local = run_jobs(path, settings, "run", spark=spark)
     assert local.returncode == 0, local.stderr[-2000:]
     assert state() == clicks_per_window([first + second + third])[0]
     raw = DeltaTable(str(app / "raw")).to_pyarrow_table()
