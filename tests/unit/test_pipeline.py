@@ -18,7 +18,12 @@ BASE: dict[str, Any] = yaml.safe_load((PIPELINES / "user_clicks.yaml").read_text
 
 
 def variant(**changes: Any) -> dict[str, Any]:
-    data = copy.deepcopy(BASE)
+    return changed(BASE, **changes)
+
+
+def changed(base: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    """A copy of a pipeline definition with top-level fields replaced (None: removed)."""
+    data = copy.deepcopy(base)
     for key, value in changes.items():
         if value is None:
             data.pop(key, None)

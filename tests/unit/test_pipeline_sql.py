@@ -4,7 +4,6 @@ definition changed under the same version."""
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
@@ -17,19 +16,14 @@ from jobs.delta.layout import AppLayout
 from jobs.errors import ConfigError
 from jobs.pipeline import definition_changes, load_pipeline, parse_pipeline
 from jobs.settings import REPO_ROOT
+from tests.unit.test_pipeline import changed
 
 PIPELINES = REPO_ROOT / "include" / "pipelines"
 ORDERS: dict[str, Any] = yaml.safe_load((PIPELINES / "orders_revenue.yaml").read_text())
 
 
 def orders(**changes: Any) -> dict[str, Any]:
-    data = copy.deepcopy(ORDERS)
-    for key, value in changes.items():
-        if value is None:
-            data.pop(key, None)
-        else:
-            data[key] = value
-    return data
+    return changed(ORDERS, **changes)
 
 
 @pytest.mark.parametrize(
