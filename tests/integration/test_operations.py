@@ -359,7 +359,10 @@ def test_an_operation_fences_a_running_stream(settings, kafka_config, new_topic,
                 break
             time.sleep(1)
         applied = cli(path, settings, "rebuild", "--reason", "maintenance")
-        assert applied.returncode == 0, applied.stderr
+        if applied.returncode != 0:  # keep what the stream said: why it did not stop
+            os.killpg(stream.pid, signal.SIGKILL)
+            said = stream.communicate(timeout=60)[1]
+            raise AssertionError(f"{applied.stderr}\nthe stream's stderr:\n{said[-6000:]}")
         assert "fencing the running stream" in applied.stdout
         _out, err = stream.communicate(timeout=120)
         assert stream.returncode == 2
