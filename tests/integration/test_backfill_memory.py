@@ -36,7 +36,7 @@ def pipeline(tmp_path: Path, topic: str, version: int) -> Path:
 
 
 def test_backfill_from_an_archive_larger_than_the_driver(  # type: ignore[no-untyped-def]
-    settings, kafka_config, new_topic, tmp_path
+    spark, settings, kafka_config, new_topic, tmp_path
 ) -> None:
     topic = new_topic(PARTITIONS, {"retention.ms": "-1", "retention.bytes": "-1"})
     kinds = ["receipt", "receipt", "sale", "return"]
@@ -54,7 +54,9 @@ def test_backfill_from_an_archive_larger_than_the_driver(  # type: ignore[no-unt
             for e in events
         ),
     )
-    streamed = run_jobs(v1, settings, "run", "--quiet")
+    # The stream that archives them runs in this process (only the backfill must
+    # run in a driver of 512m: a process of its own).
+    streamed = run_jobs(v1, settings, "run", "--quiet", spark=spark)
     assert streamed.returncode == 0, streamed.stderr[-3000:]
     # The records leave Kafka, as retention would: the backfill has only the archive.
     admin = kafka_admin.admin(kafka_config)
