@@ -52,7 +52,7 @@ from jobs.output.changes import commit_infos
 from jobs.pipeline import Pipeline
 from jobs.progress import SparkJobProgress
 from jobs.settings import Settings
-from jobs.streaming import records as record_program
+from jobs.streaming.records import resolve
 
 log = logging.getLogger(__name__)
 VERIFY = "verify"
@@ -196,7 +196,7 @@ def run_verify(
         raise ConfigError(f"--sample must be a fraction in (0, 1], got {sample}")
     if source == "archive" and not pipeline.archive:
         raise ConfigError(f"{pipeline.application_id} keeps no raw archive (archive: false)")
-    pipeline = record_program.resolve(spark, pipeline)
+    pipeline = resolve(spark, pipeline)
     layout = AppLayout(settings.warehouse, pipeline.application_id)
     if not DeltaTable.is_deltatable(str(layout.table("state"))):
         raise ConfigError(f"{pipeline.application_id} has no state table: nothing to verify")
