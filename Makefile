@@ -11,6 +11,9 @@ STAMP := $(VENV)/.installed-$(shell cat requirements.txt constraints.txt | sha1s
 POMS := include/jvm/pom.xml include/jvm/spark/pom.xml include/jvm/kafka/pom.xml
 JARS := .jvm
 JARS_STAMP := $(JARS)/.resolved-$(shell cat $(POMS) | sha1sum | cut -c1-12)
+# The platform's own JVM classes (include/jvm/sources), compiled against pyspark's jars.
+SOURCES := $(shell find include/jvm/sources -name '*.java') include/jvm/build_sources.sh
+SOURCES_JAR := $(JARS)/spark/platform-sources.jar
 
 .PHONY: setup demo test lint chromium prometheus bench broker-stop clean airflow airflow-stop
 
@@ -26,7 +29,10 @@ $(JARS_STAMP): $(POMS)
 	mvn -q -B -f include/jvm/pom.xml -Djars.dir=$(CURDIR)/$(JARS) package
 	rm -f $(JARS)/.resolved-* && touch $(JARS_STAMP)
 
-setup: $(STAMP) $(JARS_STAMP)
+$(SOURCES_JAR): $(SOURCES) $(JARS_STAMP) $(STAMP)
+	include/jvm/build_sources.sh $(BIN)/python $@
+
+setup: $(STAMP) $(JARS_STAMP) $(SOURCES_JAR)
 
 demo: setup
 	$(BIN)/python -m jobs broker start

@@ -1,10 +1,11 @@
-"""The JVM jars the platform adds to pyspark's own, resolved once by ``make setup``.
+"""The JVM jars the platform adds to pyspark's own, resolved and built once by ``make setup``.
 
 ``include/jvm/pom.xml`` pins them; ``mvn`` copies them into ``.jvm/`` (or
 ``$PLATFORM_JARS_DIR``): ``spark/`` is what every Spark session of the platform
-loads (Spark's Kafka source), ``kafka/`` the embedded Apache Kafka broker's
-classpath. Nothing is resolved at run time: a missing folder is one error naming
-the command that fills it.
+loads (Spark's Kafka source, Delta, and ``platform-sources.jar``: the platform's
+own classes in ``include/jvm/sources``, compiled against pyspark's jars),
+``kafka/`` the embedded Apache Kafka broker's classpath. Nothing is resolved at
+run time: a missing folder is one error naming the command that fills it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from jobs.settings import REPO_ROOT
 
 ENV = "PLATFORM_JARS_DIR"
 SETUP_HINT = "run make setup (it resolves include/jvm/pom.xml with mvn into .jvm/)"
+# The platform's own classes (include/jvm/sources), compiled by make setup.
+SOURCES_JAR = "platform-sources.jar"
 
 
 def jars_dir() -> Path:
@@ -34,7 +37,13 @@ def _jars(group: str) -> list[Path]:
 
 def spark_jars() -> list[Path]:
     """Every jar a Spark session of the platform adds (``spark.jars``, ``--jars``)."""
-    return _jars("spark")
+    found = _jars("spark")
+    if not any(jar.name == SOURCES_JAR for jar in found):
+        raise ConfigError(
+            f"no {SOURCES_JAR} in {jars_dir() / 'spark'}: run make setup (it compiles "
+            "include/jvm/sources with include/jvm/build_sources.sh)"
+        )
+    return found
 
 
 def broker_classpath() -> list[Path]:

@@ -160,3 +160,19 @@ def test_driver_and_executors_agree_on_python_and_spark() -> None:
     assert SERVICES["spark-worker"]["image"] == SERVICES["spark-master"]["image"]
     assert SERVICES["airflow-scheduler"]["environment"]["PLATFORM_SPARK_PYTHON"] == "python3"
     assert SERVICES["spark-worker"]["environment"]["PLATFORM_SPARK_PYTHON"] == "python3"
+
+
+def test_the_driver_image_builds_the_platforms_own_classes() -> None:
+    """Every Spark session loads platform-sources.jar (jobs/jars.py): the Airflow
+    image compiles include/jvm/sources after pyspark is installed, with a JDK."""
+    build = SERVICES["airflow-scheduler"]["build"]
+    airflow = (REPO_ROOT / build["context"] / build["dockerfile"]).read_text()
+    assert "openjdk-17-jdk-headless" in airflow  # javac: a JRE cannot compile
+    steps = re.findall(r"^RUN (.+)$", airflow, re.MULTILINE)
+    installed = next(i for i, s in enumerate(steps) if "requirements.txt" in s)
+    built = next(i for i, s in enumerate(steps) if "build_sources.sh" in s)
+    assert built > installed
+    assert "$PLATFORM_JARS_DIR/spark/platform-sources.jar" in steps[built].replace(
+        "/opt/platform-jars", "$PLATFORM_JARS_DIR"
+    )
+    assert (REPO_ROOT / "include" / "jvm" / "build_sources.sh").stat().st_mode & 0o111

@@ -1,15 +1,17 @@
 # Airflow 3 for the production-like stack: the official image plus Java (the Spark
 # driver runs in the worker in client mode), the platform's pinned packages and its
 # pinned JVM jars (include/jvm/pom.xml, resolved with Maven at build time into
-# PLATFORM_JARS_DIR: Spark's Kafka source, handed to every spark-submit).
+# PLATFORM_JARS_DIR: Spark's Kafka source, handed to every spark-submit), plus the
+# platform's own classes (include/jvm/sources, compiled against pyspark: a JDK).
 FROM apache/airflow:3.3.2-python3.11
 USER root
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends openjdk-17-jre-headless maven \
+    && apt-get install -y --no-install-recommends openjdk-17-jdk-headless maven \
     && rm -rf /var/lib/apt/lists/*
 COPY include/jvm /tmp/platform-jvm
 RUN mvn -q -B -f /tmp/platform-jvm/pom.xml -Djars.dir=/opt/platform-jars package \
-    && chmod -R a+rX /opt/platform-jars && rm -rf /tmp/platform-jvm /root/.m2
+    && chmod -R a+rX /opt/platform-jars && chown 50000:0 /opt/platform-jars/spark \
+    && rm -rf /root/.m2
 ENV PLATFORM_JARS_DIR=/opt/platform-jars
 # The warehouse volume's folder: owned by the airflow user (uid 50000, group 0), as
 # in the Spark image, so that a new volume is writable from both (spark.Dockerfile).
@@ -17,3 +19,4 @@ RUN install -d -o 50000 -g 0 -m 2775 /data/warehouse
 USER airflow
 COPY requirements.txt constraints.txt /tmp/platform/
 RUN pip install --no-cache-dir -r /tmp/platform/requirements.txt -c /tmp/platform/constraints.txt
+RUN /tmp/platform-jvm/build_sources.sh python /opt/platform-jars/spark/platform-sources.jar

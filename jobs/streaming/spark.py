@@ -22,7 +22,6 @@ from pyspark.sql import SparkSession
 from jobs.errors import ConfigError
 from jobs.jars import spark_jars
 from jobs.settings import REPO_ROOT, Settings
-from jobs.streaming.batch_watermark import BatchWatermarkSource
 from jobs.streaming.jvm import driver_java_options
 from jobs.streaming.seed import HoldDataSource, SeedDataSource
 
@@ -46,7 +45,6 @@ CLUSTER_PYTHON = "python3"
 EXECUTOR_MODULES = (
     "jobs.streaming.changelog_files",
     "jobs.streaming.seed",
-    "jobs.streaming.batch_watermark",
 )
 log = logging.getLogger(__name__)
 # The session of the process that embeds the platform (``hosted_by``), if any,
@@ -286,7 +284,6 @@ def register_sources(spark: SparkSession) -> None:
     After shipping: a registered source captures the Python includes it runs with."""
     spark.dataSource.register(SeedDataSource)
     spark.dataSource.register(HoldDataSource)
-    spark.dataSource.register(BatchWatermarkSource)
 
 
 def ship_package(spark: SparkSession, archive: Path) -> None:

@@ -38,11 +38,17 @@ def test_missing_jars_name_the_command_that_resolves_them(
     (tmp_path / "kafka").mkdir()
     (tmp_path / "kafka" / "kafka_2.13-4.3.1.jar").write_bytes(b"")
     assert jars.broker_classpath() == [tmp_path / "kafka" / "kafka_2.13-4.3.1.jar"]
+    # Resolved but not built (a checkout that predates include/jvm/sources).
+    (tmp_path / "spark").mkdir()
+    (tmp_path / "spark" / "spark-sql-kafka-0-10_2.13-4.2.0.jar").write_bytes(b"")
+    with pytest.raises(ConfigError, match=r"no platform-sources.jar in .*: run make setup"):
+        jars.spark_jars()
 
 
 def test_the_resolved_jars_hold_sparks_kafka_source_and_no_second_spark() -> None:
     names = [jar.name for jar in jars.spark_jars()]
     assert any(name.startswith("spark-sql-kafka-0-10_2.13-4.2.0") for name in names)
+    assert jars.SOURCES_JAR in names
     # pyspark/jars has Spark, Scala and Hadoop: a second copy would shadow them.
     assert not [n for n in names if n.startswith(("spark-sql_", "scala-library", "hadoop-"))]
 
