@@ -4,15 +4,23 @@
 set -euo pipefail
 python=$1
 out=$2
-command -v javac >/dev/null || {
-  echo "error: javac not found: install a Java 17+ JDK (Debian: apt-get install openjdk-17-jdk-headless)"
+for tool in javac jar; do
+  command -v "$tool" >/dev/null || {
+    echo "error: $tool not found: install a Java 17+ JDK (Debian: apt-get install openjdk-17-jdk-headless)"
+    exit 1
+  }
+done
+version=$(javac -version 2>&1 | sed -E 's/^javac ([0-9]+).*/\1/')
+if [ "${version:-0}" -lt 17 ] 2>/dev/null; then
+  echo "error: javac $version is too old: install a Java 17+ JDK (Debian: apt-get install openjdk-17-jdk-headless)"
   exit 1
-}
+fi
 here=$(cd "$(dirname "$0")" && pwd)
 jars=$("$python" -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))')
+mapfile -t sources < <(find "$here/sources" -name '*.java' | sort)
 classes=$(mktemp -d)
 trap 'rm -rf "$classes"' EXIT
-javac --release 17 -nowarn -cp "$jars/*" -d "$classes" $(find "$here/sources" -name '*.java' | sort)
+javac --release 17 -nowarn -cp "$jars/*" -d "$classes" "${sources[@]}"
 mkdir -p "$(dirname "$out")"
 jar --create --file "$out.tmp" -C "$classes" .
 mv "$out.tmp" "$out"

@@ -42,7 +42,11 @@ def _key() -> str:
     # needs a new archive (the JVM would refuse the old one for good).
     from jobs.jars import spark_jars
 
-    jars = "|".join(sorted(str(jar) for jar in spark_jars()))
+    # A jar rebuilt in place (make setup) keeps its name: its size and time count too
+    # (the JVM refuses an archive whose jars changed, and would start without it).
+    jars = "|".join(
+        sorted(f"{jar}:{jar.stat().st_size}:{jar.stat().st_mtime_ns}" for jar in spark_jars())
+    )
     identity = f"{java}|{pyspark.__version__}|{Path(pyspark.__file__).parent}|{jars}"
     return hashlib.sha256(identity.encode()).hexdigest()[:16]
 

@@ -1,8 +1,8 @@
 """The SparkSession every job uses: RocksDB state with changelog checkpointing,
-Spark's Kafka source and Delta Lake (delta-spark) on the classpath, the
-platform's small Python sources registered (seed, hold, batch watermark), and
-the ``jobs`` package shipped to the executors so the same job runs on
-``local[N]`` and on any cluster manager."""
+Spark's Kafka source, Delta Lake (delta-spark) and the platform's own JVM source
+(the batch watermark) on the classpath, the platform's small Python sources
+registered (seed, hold: seeded epochs only), and the ``jobs`` package shipped to
+the executors so the same job runs on ``local[N]`` and on any cluster manager."""
 
 from __future__ import annotations
 
@@ -22,11 +22,13 @@ from pyspark.sql import SparkSession
 from jobs.errors import ConfigError
 from jobs.jars import spark_jars
 from jobs.settings import REPO_ROOT, Settings
+from jobs.streaming import batch_watermark
 from jobs.streaming.jvm import driver_java_options
 from jobs.streaming.seed import HoldDataSource, SeedDataSource
 
 # Spark's own Kafka source (from the jars ``make setup`` resolved).
 KAFKA_PROVIDER = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
+WATERMARK_SOURCE = batch_watermark.FORMAT
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 # Delta Lake's SQL extension and catalog: what ``format("delta")``, ``DeltaTable``
 # and Delta's SQL need in every session (a user's session too: see the README).
@@ -197,6 +199,7 @@ def hosted_by(spark: SparkSession) -> Iterator[None]:
     host's; ``PLATFORM_SPARK_*`` do not apply."""
     global _host
     check_delta_session(spark)
+    check_jars(spark)
     previous, _host = _host, spark
     try:
         yield
@@ -205,10 +208,15 @@ def hosted_by(spark: SparkSession) -> Iterator[None]:
 
 
 def check_jars(spark: SparkSession) -> None:
-    """A ``spark-submit`` without the platform's jars fails here, with the fix."""
+    """A ``spark-submit`` (or a host's session) without the platform's jars fails
+    here, with the fix."""
     jvm = spark.sparkContext._jvm
     assert jvm is not None
-    for what, name in (("Spark's Kafka source", KAFKA_PROVIDER), ("Delta Lake", DELTA_EXTENSION)):
+    for what, name in (
+        ("Spark's Kafka source", KAFKA_PROVIDER),
+        ("Delta Lake", DELTA_EXTENSION),
+        ("The platform's own JVM source", WATERMARK_SOURCE),
+    ):
         try:
             jvm.org.apache.spark.util.Utils.classForName(name, True, False)
         except Exception as err:  # py4j wraps the JVM's ClassNotFoundException

@@ -159,6 +159,14 @@ def run_report(airflow: dict[str, Any], dag_id: str, run_id: str) -> str:
     return "\n".join(lines)
 
 
+def approval_pause_noted(airflow: dict[str, Any], run_id: str) -> bool:
+    log = airflow["home"] / "standalone.log"
+    finished = (
+        f"TaskInstance Finished: dag_id=maintenance_rewind, task_id=approval, run_id={run_id},"
+    )
+    return log.exists() and finished in log.read_text(errors="replace")
+
+
 def review_a_rewind(page: Any, airflow: dict[str, Any], answer: str, shot: str) -> str:
     """Trigger maintenance_rewind, open its approval in the browser, answer it."""
     base = f"http://127.0.0.1:{airflow['port']}"
@@ -184,6 +192,15 @@ def review_a_rewind(page: Any, airflow: dict[str, Any], answer: str, shot: str) 
             task_states(airflow, "maintenance_rewind", run_id).get("approval")
             in ("awaiting_input", "deferred")
         ),
+    )
+    # Airflow 3.3's scheduler fails a resumed task when it drains the executor's
+    # "success" of the process that paused it only after the answer requeued it
+    # ("finished with state success, but the task instance's state attribute is
+    # queued": apache/airflow#72716, reproduced here). A person takes longer than
+    # that drain; a browser test must wait for it, as the runbook says to.
+    wait_until(
+        "the scheduler to note the approval's pause",
+        lambda: approval_pause_noted(airflow, run_id),
     )
     page.goto(
         f"{base}/dags/maintenance_rewind/runs/{urllib.parse.quote(run_id)}/tasks/approval"

@@ -46,3 +46,16 @@ def test_it_can_be_turned_off(folder: Path, monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv(jvm.ENV, "off")
     assert jvm.cds_options() == ""
     assert "log4j" in jvm.driver_java_options()
+
+
+def test_a_jar_rebuilt_in_place_gets_a_new_archive(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """make setup rebuilds platform-sources.jar under the same name; the JVM would
+    refuse the old archive for good and start without one."""
+    jar = tmp_path / "platform-sources.jar"
+    jar.write_bytes(b"one")
+    monkeypatch.setattr("jobs.jars.spark_jars", lambda: [jar])
+    before = jvm._key()
+    jar.write_bytes(b"two, longer")
+    assert jvm._key() != before

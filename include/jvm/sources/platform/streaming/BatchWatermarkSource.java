@@ -1,5 +1,6 @@
 package platform.streaming;
 
+import com.fasterxml.jackson.databind.DeserializationFeature;
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import java.io.BufferedReader;
@@ -41,6 +42,8 @@ public final class BatchWatermarkSource implements TableProvider {
   public static final String COLUMN = "_batch_watermark_ms";
   private static final StructType SCHEMA =
       new StructType().add(COLUMN, DataTypes.LongType, false);
+  private static final ObjectMapper JSON =
+      new ObjectMapper().enable(DeserializationFeature.FAIL_ON_TRAILING_TOKENS);
 
   @Override
   public StructType inferSchema(CaseInsensitiveStringMap options) {
@@ -80,15 +83,40 @@ public final class BatchWatermarkSource implements TableProvider {
           new BufferedReader(new InputStreamReader(fs.open(entry), StandardCharsets.UTF_8))) {
         reader.readLine(); // the version line
         String metadata = reader.readLine();
-        if (metadata == null) {
-          throw new IllegalStateException("unreadable offset log entry " + entry);
-        }
-        JsonNode node = new ObjectMapper().readTree(metadata);
-        return Math.max(node.path("batchWatermarkMs").asLong(0L), floorMs);
+        String endOffsets = reader.readLine();
+        return Math.max(watermarkOf(entry, metadata, endOffsets), floorMs);
       }
     } catch (IOException e) {
       throw new UncheckedIOException("reading the offset log in " + offsets, e);
     }
+  }
+
+  /**
+   * The metadata line's batchWatermarkMs, as jobs/streaming/offset_log.py reads it: an
+   * entry that is not Spark's (no end offsets, metadata that is not one JSON object, a
+   * watermark that is not a whole number) is an error, never a watermark of 0.
+   */
+  static long watermarkOf(Path entry, String metadata, String endOffsets) {
+    JsonNode node = null;
+    if (metadata != null && endOffsets != null) {
+      try {
+        node = JSON.readTree(metadata);
+      } catch (IOException e) {
+        node = null;
+      }
+    }
+    if (node == null || !node.isObject()) {
+      throw new IllegalStateException("unreadable offset log entry " + entry);
+    }
+    JsonNode watermark = node.get("batchWatermarkMs");
+    if (watermark == null) {
+      return 0L; // Spark writes it; an entry without one has not moved it
+    }
+    if (!watermark.isIntegralNumber() || !watermark.canConvertToLong()) {
+      throw new IllegalStateException(
+          "unreadable offset log entry " + entry + ": batchWatermarkMs is " + watermark);
+    }
+    return watermark.asLong();
   }
 
   private static final class WatermarkTable implements SupportsRead {
