@@ -1,7 +1,6 @@
 """Where a warm 1,000,000-event batch of ``user_clicks`` spends its CPU: Spark's
-stages from the event log (wall, task time, JVM CPU, GC), and the two costs the
-event log cannot see, measured apart: the Python source (confluent-kafka consume
-and Arrow building) and the broker serving the fetches.
+stages from the event log (wall, task time, JVM CPU, GC). Task time beyond JVM CPU
+is waiting (the broker serves the fetches on the same cores) and Python workers.
 
     .venv/bin/python -m benchmarks.batch_profile [--events 1000000] [--runs 2]
 
@@ -34,8 +33,10 @@ PARTITIONS = 4
 # What each stage of a windowed available-now run is (Spark names them after the
 # call that started them: "start" for the query's batch, "call" inside foreachBatch).
 STAGE_ROLES = [
-    "Kafka scan (Python source), parse, validate, partial aggregate",
+    "the batch watermark (JVM source, one row, broadcast)",
+    "Kafka scan (Spark's source), parse, classify, partial aggregate",
     "stateful aggregate (RocksDB), changelog files (Python tasks)",
+    "the no-data batch: its watermark broadcast",
     "the no-data batch Spark runs to advance the watermark",
 ]
 
