@@ -1,7 +1,9 @@
-"""A host session (``hosted_by``) without Delta's extension is refused up front."""
+"""A host session (``hosted_by``) without Delta's extension, or without the
+platform's jars, is refused up front."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -19,8 +21,19 @@ class FakeConf:
 
 
 class FakeSession:
-    def __init__(self, values: dict[str, str]) -> None:
+    def __init__(self, values: dict[str, str], missing: str = "") -> None:
         self.conf = FakeConf(values)
+
+        def class_for_name(name: str, _init: bool, _loader: bool) -> str:
+            if name == missing:
+                raise RuntimeError(f"java.lang.ClassNotFoundException: {name}")
+            return name
+
+        utils = SimpleNamespace(Utils=SimpleNamespace(classForName=class_for_name))
+        jvm = SimpleNamespace(
+            org=SimpleNamespace(apache=SimpleNamespace(spark=SimpleNamespace(util=utils)))
+        )
+        self.sparkContext = SimpleNamespace(_jvm=jvm)
 
 
 def test_a_session_without_deltas_extension_is_refused() -> None:
@@ -36,4 +49,15 @@ def test_a_session_with_another_extension_besides_delta_is_hosted() -> None:
     host: Any = FakeSession(conf)
     with sessions.hosted_by(host):
         assert sessions._host is host
+    assert sessions._host is None
+
+
+def test_a_session_without_the_platforms_jars_is_refused() -> None:
+    conf = {k: v for k, v in sessions.DELTA_CONF.items() if k.startswith("spark.sql.")}
+    host: Any = FakeSession(conf, missing=sessions.WATERMARK_SOURCE)
+    with (
+        pytest.raises(ConfigError, match=r"own JVM source is not on the driver's classpath"),
+        sessions.hosted_by(host),
+    ):
+        pass
     assert sessions._host is None
