@@ -19,7 +19,8 @@ SOURCES_JAR := $(JARS)/spark/platform-sources.jar
 
 $(STAMP): requirements.txt constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.txt -c constraints.txt
+	# --no-compile: modules compile when first imported (saves ~17 s of compiling all of them)
+	$(BIN)/pip install --quiet --no-compile --disable-pip-version-check -r requirements.txt -c constraints.txt
 	rm -f $(VENV)/.installed-* && touch $(STAMP)
 
 $(JARS_STAMP): $(POMS)
