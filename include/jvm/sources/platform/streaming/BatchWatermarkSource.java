@@ -119,7 +119,8 @@ public final class BatchWatermarkSource implements TableProvider {
     return watermark.asLong();
   }
 
-  private static final class WatermarkTable implements SupportsRead {
+  /** The table, its scan and its batch at once: all it holds is where to read. */
+  private static final class WatermarkTable implements SupportsRead, ScanBuilder, Scan, Batch {
     private final String checkpoint;
     private final long floorMs;
 
@@ -146,17 +147,12 @@ public final class BatchWatermarkSource implements TableProvider {
 
     @Override
     public ScanBuilder newScanBuilder(CaseInsensitiveStringMap options) {
-      return () -> new WatermarkScan(checkpoint, floorMs);
+      return this;
     }
-  }
 
-  private static final class WatermarkScan implements Scan, Batch {
-    private final String checkpoint;
-    private final long floorMs;
-
-    WatermarkScan(String checkpoint, long floorMs) {
-      this.checkpoint = checkpoint;
-      this.floorMs = floorMs;
+    @Override
+    public Scan build() {
+      return this;
     }
 
     @Override
@@ -169,6 +165,7 @@ public final class BatchWatermarkSource implements TableProvider {
       return this;
     }
 
+    /** Called once per planned batch: the entry Spark wrote just before planning it. */
     @Override
     public InputPartition[] planInputPartitions() {
       return new InputPartition[] {new Watermark(read(checkpoint, floorMs))};
