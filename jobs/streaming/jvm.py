@@ -34,6 +34,9 @@ LOG4J_CONFIG = REPO_ROOT / "include" / "config" / "log4j2.properties"
 # The JVM writes the archive while it exits, after the Python process that
 # started it: a dump is taken as complete only once it has not changed for this long.
 DUMP_SETTLE_S = 60.0
+# Archives of other jar sets (other checkouts, older setups) kept when a new one is
+# written: about 190 MB each, and every rebuilt jar set makes another.
+KEEP_OTHER_ARCHIVES = 3
 
 
 def _key() -> str:
@@ -77,8 +80,23 @@ def cds_options() -> str:
         return f"{quiet} -XX:SharedArchiveFile={final}"
     if dumping:
         return ""
+    prune_other_archives(folder, _key())
     log.info("no class-data-sharing archive yet: this run writes one at exit")
     return f"{quiet} -XX:ArchiveClassesAtExit={folder / f'spark-{_key()}.{os.getpid()}.jsa'}"
+
+
+def prune_other_archives(folder: Path, key: str) -> None:
+    """Delete all but the newest few archives of other keys (a JVM that maps one
+    keeps its mapping; a checkout that still uses it writes it again)."""
+    others = [
+        path
+        for path in folder.glob("spark-*.jsa")
+        if not path.name.startswith(f"spark-{key}.") and path.name.count(".") == 1
+    ]
+    others.sort(key=lambda path: path.stat().st_mtime, reverse=True)
+    for stale in others[KEEP_OTHER_ARCHIVES:]:
+        log.info("removing an old class-data-sharing archive: %s", stale.name)
+        stale.unlink(missing_ok=True)
 
 
 def driver_java_options() -> str:

@@ -59,3 +59,17 @@ def test_a_jar_rebuilt_in_place_gets_a_new_archive(
     before = jvm._key()
     jar.write_bytes(b"two, longer")
     assert jvm._key() != before
+
+
+def test_writing_a_new_archive_keeps_only_the_newest_few_of_other_jar_sets(
+    folder: Path,
+) -> None:
+    others = [folder / f"spark-{n:016x}.jsa" for n in range(6)]
+    for age, path in enumerate(others):
+        path.write_bytes(b"x")
+        os.utime(path, (time.time() - 1000 * age, time.time() - 1000 * age))
+    dumping = folder / "spark-00000000000000aa.4242.jsa"  # another key's dump in progress
+    dumping.write_bytes(b"x")
+    assert "-XX:ArchiveClassesAtExit" in jvm.cds_options()
+    kept = sorted(p.name for p in folder.glob("spark-*.jsa"))
+    assert kept == sorted([p.name for p in others[: jvm.KEEP_OTHER_ARCHIVES]] + [dumping.name])
