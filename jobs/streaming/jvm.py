@@ -10,7 +10,9 @@ instead of 7.3 s). The archive is keyed by the Java and Spark in use,
 written under a per-process name and renamed into place only once complete, so
 concurrent runs never read a half-written archive. A stale or foreign archive is
 refused by the JVM itself, which then starts without it (``-Xshare:auto``).
-``PLATFORM_SPARK_CDS=off`` disables it.
+``PLATFORM_SPARK_CDS=off`` disables it. ``PLATFORM_SPARK_JAVA_OPTIONS`` adds
+options of the user's (``-XX:TieredStopAtLevel=1``, the JIT's first tier only,
+made a cold 2,000-record run 23% faster and a cold 1M-event batch 10% slower).
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ from jobs.settings import REPO_ROOT
 
 log = logging.getLogger(__name__)
 ENV = "PLATFORM_SPARK_CDS"
+# More driver JVM options, after the platform's (the platform sets
+# spark.driver.extraJavaOptions, so a spark-defaults value would be replaced).
+EXTRA_ENV = "PLATFORM_SPARK_JAVA_OPTIONS"
 LOG4J_CONFIG = REPO_ROOT / "include" / "config" / "log4j2.properties"
 # The JVM writes the archive while it exits, after the Python process that
 # started it: a dump is taken as complete only once it has not changed for this long.
@@ -101,4 +106,5 @@ def prune_other_archives(folder: Path, key: str) -> None:
 
 def driver_java_options() -> str:
     """Every driver JVM's options: the platform's log config and the archive."""
-    return f"-Dlog4j.configurationFile={LOG4J_CONFIG} {cds_options()}".strip()
+    extra = os.environ.get(EXTRA_ENV, "").strip()
+    return f"-Dlog4j.configurationFile={LOG4J_CONFIG} {cds_options()} {extra}".strip()

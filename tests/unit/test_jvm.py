@@ -73,3 +73,14 @@ def test_writing_a_new_archive_keeps_only_the_newest_few_of_other_jar_sets(
     assert "-XX:ArchiveClassesAtExit" in jvm.cds_options()
     kept = sorted(p.name for p in folder.glob("spark-*.jsa"))
     assert kept == sorted([p.name for p in others[: jvm.KEEP_OTHER_ARCHIVES]] + [dumping.name])
+
+
+def test_the_users_options_come_after_the_platforms(
+    folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(jvm.EXTRA_ENV, "-XX:TieredStopAtLevel=1 -Dx=y")
+    options = jvm.driver_java_options()
+    assert options.startswith("-Dlog4j.configurationFile=")
+    assert options.endswith(" -XX:TieredStopAtLevel=1 -Dx=y")
+    monkeypatch.delenv(jvm.EXTRA_ENV)
+    assert "TieredStopAtLevel" not in jvm.driver_java_options()
