@@ -68,8 +68,13 @@ def test_writing_a_new_archive_keeps_only_the_newest_few_of_other_jar_sets(
     for age, path in enumerate(others):
         path.write_bytes(b"x")
         os.utime(path, (time.time() - 1000 * age, time.time() - 1000 * age))
-    dumping = folder / "spark-00000000000000aa.4242.jsa"  # another key's dump in progress
+    dumping = folder / f"spark-00000000000000aa.{os.getpid()}.jsa"  # another key's, writing
     dumping.write_bytes(b"x")
+    spare = folder / f"spark-00000000000000bb.{2**22 + 12345}.jsa"  # another key's, writer gone
+    spare.write_bytes(b"x")
+    old = time.time() - jvm.DUMP_SETTLE_S - 5
+    os.utime(spare, (old, old))
+    os.utime(dumping, (old, old))
     assert "-XX:ArchiveClassesAtExit" in jvm.cds_options()
     kept = sorted(p.name for p in folder.glob("spark-*.jsa"))
     assert kept == sorted([p.name for p in others[: jvm.KEEP_OTHER_ARCHIVES]] + [dumping.name])
