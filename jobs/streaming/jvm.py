@@ -93,20 +93,25 @@ def cds_options() -> str:
 def prune_other_archives(folder: Path, key: str) -> None:
     """Delete all but the newest few archives of other keys (a JVM that maps one
     keeps its mapping; a checkout that still uses it writes it again), and other
-    keys' spare dumps whose writer is gone (two runs that exit together both dump)."""
-    others: list[Path] = []
+    keys' spare dumps whose writer is gone (two runs that exit together both dump).
+    Runs of the same key may prune at once: a file gone meanwhile is skipped."""
+    others: list[tuple[float, Path]] = []
     for path in folder.glob("spark-*.jsa"):
         if path.name.startswith(f"spark-{key}."):
             continue
+        try:
+            modified = path.stat().st_mtime
+        except FileNotFoundError:
+            continue
         if path.name.count(".") == 1:
-            others.append(path)
+            others.append((modified, path))
             continue
         pid = path.suffixes[-2].lstrip(".")
-        settled = time.time() - path.stat().st_mtime > DUMP_SETTLE_S
+        settled = time.time() - modified > DUMP_SETTLE_S
         if settled and not (pid.isdigit() and psutil.pid_exists(int(pid))):
             path.unlink(missing_ok=True)
-    others.sort(key=lambda path: path.stat().st_mtime, reverse=True)
-    for stale in others[KEEP_OTHER_ARCHIVES:]:
+    others.sort(reverse=True)
+    for _modified, stale in others[KEEP_OTHER_ARCHIVES:]:
         log.info("removing an old class-data-sharing archive: %s", stale.name)
         stale.unlink(missing_ok=True)
 

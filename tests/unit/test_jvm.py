@@ -89,3 +89,10 @@ def test_the_users_options_come_after_the_platforms(
     assert options.endswith(" -XX:TieredStopAtLevel=1 -Dx=y")
     monkeypatch.delenv(jvm.EXTRA_ENV)
     assert "TieredStopAtLevel" not in jvm.driver_java_options()
+
+
+def test_an_archive_another_run_removed_meanwhile_is_skipped(folder: Path) -> None:
+    """Runs of one key prune at once: a file listed, then gone, is no error."""
+    (folder / "spark-00000000000000cc.jsa").symlink_to(folder / "gone.jsa")  # stat: not found
+    (folder / f"spark-00000000000000dd.{2**22 + 12345}.jsa").symlink_to(folder / "gone.jsa")
+    jvm.prune_other_archives(folder, "0000000000000000")
