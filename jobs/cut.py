@@ -29,9 +29,11 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable
 
+from jobs.coverage import Boundary, History, origin
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
 from jobs.delta.log import commit_infos
@@ -41,10 +43,8 @@ from jobs.kafka_source import offsets as kafka_offsets
 from jobs.ledger import (
     BOUNDARY_COLUMNS,
     IS_BATCH,
-    Boundary,
     LedgerSnapshot,
-    Lineage,
-    batch_boundaries,
+    batch_entries,
     batch_rows,
     beyond_horizon,
     current_epoch,
@@ -195,21 +195,42 @@ def recorded_definition(pipeline: Pipeline) -> dict[str, Any]:
 
 
 def check_definition(layout: AppLayout, pipeline: Pipeline, cut: Cut) -> None:
-    """Refuse a definition changed under the same version: the version is how the
-    ledger, the output topic and a backfill tell results of one logic from another.
-    Compared with what the epoch's newest batch ran (else what its cut recorded)."""
-    recorded = cut.definition or {}
-    last = last_batch(layout)
-    if last is not None and int(last["epoch"]) == cut.epoch:
-        recorded = json.loads(last["details"] or "{}").get("definition") or recorded
-    changed = definition_changes(recorded, pipeline)
-    if changed:
-        raise ConfigError(
-            f"pipeline {pipeline.application_id}: {', '.join(changed)} changed but version is "
-            f"still {pipeline.version}: set version: {pipeline.version + 1} (results of another "
-            f"logic need another version; python -m jobs backfill --pipeline "
-            f"{pipeline.application_id} ... then republishes earlier results under it)"
-        )
+    """Refuse a definition that differs from any recorded under the same version:
+    the version is how the ledger, the output topic and a backfill tell results of
+    one logic from another. Compared with every epoch's cut and the newest batch
+    that ran the version (``cut``: the current epoch's)."""
+    version = pipeline.version
+    recorded: list[tuple[str, dict[str, Any]]] = []
+    for epoch in range(cut.epoch + 1):
+        found = cut if epoch == cut.epoch else read_cut(layout, epoch)
+        if found is not None and found.definition:
+            recorded.append((f"epoch {epoch}'s cut", found.definition))
+    last = last_batch(layout, ds.field("pipeline_version") == version)
+    if last is not None:
+        definition = json.loads(last["details"] or "{}").get("definition")
+        if definition:
+            where = f"epoch {last['epoch']} batch {last['batch_id']}"
+            recorded.append((where, definition))
+    for where, definition in recorded:
+        changed = definition_changes(definition, pipeline)
+        if changed:
+            newest = max(int(d.get("version", 0)) for _w, d in recorded)
+            newest = max(newest, version, _highest_version(layout))
+            raise ConfigError(
+                f"pipeline {pipeline.application_id}: version {version} was recorded with "
+                f"another definition ({where}): {', '.join(changed)} "
+                f"{'differs' if len(changed) == 1 else 'differ'}; set version: "
+                f"{newest + 1} (results of another logic need another version; python -m "
+                f"jobs backfill --pipeline {pipeline.application_id} ... then republishes "
+                "earlier results under it)"
+            )
+
+
+def _highest_version(layout: AppLayout) -> int:
+    rows = read_ledger(layout, ["pipeline_version"], IS_BATCH)
+    if rows is None or rows.num_rows == 0:
+        return 0
+    return int(max(v for v in rows["pipeline_version"].to_pylist() if v is not None))
 
 
 def write_cut(layout: AppLayout, cut: Cut) -> None:
@@ -241,17 +262,10 @@ def starting_offsets(
 
 
 def first_offsets(layout: AppLayout) -> Offsets:
-    """Where the application first read each partition: epoch 0's cut, and for a
-    partition that joined later, the offset the ledger's first batch with it starts
-    (or ends, for the batch that discovered it) at."""
+    """Where the application first read each partition (``coverage.origin``)."""
     first_cut = read_cut(layout, 0)
-    origin = {} if first_cut is None else first_cut.offsets()
-    for row in batch_rows(read_ledger(layout, BOUNDARY_COLUMNS, IS_BATCH)):
-        begin = kafka_offsets.from_json_dict(json.loads(row["start_offsets"] or "{}"))
-        end = kafka_offsets.from_json_dict(json.loads(row["end_offsets"] or "{}"))
-        for tp, off in end.items():
-            origin.setdefault(tp, begin.get(tp, off))
-    return origin
+    rows = batch_rows(read_ledger(layout, [*BOUNDARY_COLUMNS, "details"], IS_BATCH))
+    return origin(batch_entries(rows), {} if first_cut is None else first_cut.offsets())
 
 
 def fill_from_first(layout: AppLayout, start: Offsets, marks: kafka_offsets.Watermarks) -> Offsets:
@@ -375,19 +389,13 @@ def live_boundaries(
     snap = snap or snapshot(layout)
     if snap is None:
         return []
-    found = [b for b in batch_boundaries(layout, snap) if b.epoch not in other_logs]
-    for epoch in snap.lineage.upto:
-        step = snap.lineage.steps.get(epoch)
-        if step is None or step.state_version is None or epoch in other_logs:
-            continue
-        cut = read_cut(layout, epoch)
+    history = snap.history(other_logs)
+    cuts = {}
+    for epoch in history.upto:
+        cut = read_cut(layout, epoch) if epoch in history.steps else None
         if cut is not None:
-            found.append(
-                Boundary(
-                    epoch, -1, cut.offsets(), step.state_version, cut.watermark_ms, step.done_us
-                )
-            )
-    return sorted(found, key=lambda b: (b.epoch, b.batch_id))
+            cuts[epoch] = (cut.offsets(), cut.watermark_ms)
+    return history.boundaries(cuts)
 
 
 def lineage_head(layout: AppLayout, snap: LedgerSnapshot | None = None) -> Boundary | None:
@@ -402,18 +410,18 @@ def lineage_head(layout: AppLayout, snap: LedgerSnapshot | None = None) -> Bound
 def boundary_at_or_before(
     layout: AppLayout, target: Offsets, other_logs: frozenset[int] = frozenset()
 ) -> Boundary | None:
-    """The latest point of the live lineage with every partition at or before
-    ``target``. ``other_logs``: epochs that read an earlier log of a topic (deleted
-    and recreated since): their offsets do not compare with ``target``'s."""
-    fits = [
-        (sum(b.end_offsets.values()), i, b)
-        for i, b in enumerate(live_boundaries(layout, other_logs=other_logs))
-        if all(off <= target.get(tp, off) for tp, off in b.end_offsets.items())
-    ]
-    # Furthest along; for the same offsets, the later one (latest state).
-    if not fits:
+    """The latest point of the live lineage at or before ``target`` in every
+    partition (``History.latest_before``: a target inside a skipped range is
+    reached at its end). ``other_logs``: epochs that read an earlier log of a
+    topic (deleted and recreated since): their offsets do not compare with
+    ``target``'s."""
+    snap = snapshot(layout)
+    if snap is None:
         return None
-    chosen: Boundary = max(fits, key=lambda f: (f[0], f[1]))[2]
+    history = snap.history(other_logs)
+    chosen = history.latest_before(live_boundaries(layout, snap, other_logs), target)
+    if chosen is None:
+        return None
     kept = beyond_horizon(layout, chosen.state_version)
     if kept is not None:
         raise ConsistencyError(
@@ -426,13 +434,13 @@ def boundary_at_or_before(
     return chosen
 
 
-def current_log_lineage(layout: AppLayout, snap: LedgerSnapshot) -> Lineage:
-    """The live lineage without the epochs that read a topic's deleted log (what
-    the application reads now is the current cut's log): what verify recomputes
-    and whose judgments a backfill reuses."""
+def current_log_history(layout: AppLayout, snap: LedgerSnapshot) -> History:
+    """The coverage without the epochs that read a topic's deleted log (what the
+    application reads now is the current cut's log): what verify recomputes and
+    whose judgments a backfill reuses."""
     cut = latest_cut(layout, snap.epoch)
     ids = {} if cut is None else cut.topic_ids
-    return snap.lineage.excluding(epochs_on_other_logs(layout, ids))
+    return snap.history(epochs_on_other_logs(layout, ids))
 
 
 def state_behind(layout: AppLayout) -> int | None:

@@ -9,7 +9,7 @@ and the planners use it without starting Spark.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 from deltalake import DeltaTable
 
+from jobs.coverage import BatchEntry, Boundary, History, Step, partition_of
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
 from jobs.delta.writer import table_epoch
@@ -29,18 +30,6 @@ STARTED, DONE = "started", "done"
 # Table maintenance: never changes the epoch; its "started" row records the oldest
 # state version it keeps (the rewind horizon it promises).
 MAINTAIN = "maintain"
-
-
-@dataclass(frozen=True)
-class Boundary:
-    """A committed batch's end: offsets, and the state version exact for them."""
-
-    epoch: int
-    batch_id: int
-    end_offsets: Offsets
-    state_version: int
-    watermark_ms: int = 0
-    commit_time_us: int = 0
 
 
 @dataclass(frozen=True)
@@ -60,61 +49,6 @@ class UnfinishedOperation:
         )
 
 
-@dataclass(frozen=True)
-class Step:
-    """How an epoch began: the operation's plan, as its "done" ledger row holds it."""
-
-    action: str  # keep, restore, empty, publish
-    boundary: tuple[int, int] | None  # (epoch, batch id) the state was taken at
-    recomputed: tuple[Offsets, Offsets] | None  # a backfill's [read_from, target)
-    state_version: int | None = None  # the state version it left
-    done_us: int = 0  # when it recorded that it was done
-
-
-@dataclass(frozen=True)
-class Lineage:
-    """The application's live lineage: the batches its state is still made of.
-
-    From the current epoch back: an epoch an operation began continues from the
-    batch boundary its plan took the state at (that epoch's later batches were
-    discarded); an epoch no operation began (the first, or a fence's) continues the
-    one before with all its batches; an operation that emptied the state, or took
-    it from before any batch, ends the walk. Rewinds, backfills and ``maintain``
-    choose boundaries from this only: a discarded epoch's state never comes back.
-
-    ``decided``: the batches whose judgments of records (late, too far ahead: the
-    watermark and batch time they recorded) the state reflects. A backfill replaced
-    the state of the batches after its start, with their own judgments: they stay
-    decided, though no longer a state to go back to.
-    """
-
-    epoch: int
-    upto: dict[int, int | None]  # live epoch -> its last live batch id (None: all)
-    steps: dict[int, Step]
-    decided_upto: dict[int, int | None] = field(default_factory=dict)
-
-    def holds(self, epoch: int, batch_id: int) -> bool:
-        return _within(self.upto, epoch, batch_id)
-
-    def decided(self, epoch: int, batch_id: int) -> bool:
-        return _within(self.decided_upto, epoch, batch_id)
-
-    def excluding(self, epochs: frozenset[int]) -> Lineage:
-        """Without ``epochs`` (those that read a topic's deleted log)."""
-        return replace(
-            self,
-            upto={e: b for e, b in self.upto.items() if e not in epochs},
-            decided_upto={e: b for e, b in self.decided_upto.items() if e not in epochs},
-        )
-
-
-def _within(upto: dict[int, int | None], epoch: int, batch_id: int) -> bool:
-    if epoch not in upto:
-        return False
-    limit = upto[epoch]
-    return limit is None or batch_id <= limit
-
-
 def epoch_steps(rows: list[dict[str, Any]]) -> dict[int, Step]:
     """The completed operations (their "done" rows) by the epoch they began."""
     steps = {}
@@ -127,44 +61,46 @@ def epoch_steps(rows: list[dict[str, Any]]) -> dict[int, Step]:
             continue
         plan = details.get("plan") or {}
         boundary = plan.get("boundary")
-        recomputed = None
-        if plan.get("state_action") == "publish":
-            recomputed = (
-                kafka_offsets.from_json_dict(plan.get("read_from") or {}),
-                kafka_offsets.from_json_dict(plan.get("target_offsets") or {}),
-            )
         version = (details.get("result") or {}).get("state_version")
         steps[int(row["epoch"])] = Step(
             action=str(plan.get("state_action", "keep")),
             boundary=None
             if boundary is None
             else (int(boundary["epoch"]), int(boundary["batch_id"])),
-            recomputed=recomputed,
+            skipped={
+                partition_of(name): (int(r[0]), int(r[1]))
+                for name, r in (plan.get("skipped") or {}).items()
+            },
             state_version=None if version is None else int(version),
             done_us=_micros(row.get("commit_time")),
         )
     return steps
 
 
-def live_lineage(steps: dict[int, Step], epoch: int) -> Lineage:
-    return Lineage(epoch, _walk(steps, epoch, False), steps, _walk(steps, epoch, True))
-
-
-def _walk(steps: dict[int, Step], epoch: int, decisions: bool) -> dict[int, int | None]:
-    upto: dict[int, int | None] = {}
-    at, last = epoch, None
-    while at >= 0 and at not in upto:
-        upto[at] = last
-        step = steps.get(at)
-        if step is None or (decisions and step.action == "publish"):
-            # The first epoch, a fence's, one whose operation died; or, for the
-            # decisions, a backfill: it judged with those of the epochs before it.
-            at, last = at - 1, None
-        elif step.action == "empty" or step.boundary is None:
-            break
-        else:
-            at, last = step.boundary
-    return upto
+def batch_entries(rows: list[dict[str, Any]]) -> list[BatchEntry]:
+    """The ledger's batch rows as the coverage reads them."""
+    found = []
+    for row in rows:
+        versions = json.loads(row.get("delta_versions") or "{}")
+        details = json.loads(row.get("details") or "{}")
+        state_after = versions.get("state_after")
+        found.append(
+            BatchEntry(
+                epoch=int(row["epoch"]),
+                batch_id=int(row["batch_id"]),
+                start=kafka_offsets.from_json_dict(json.loads(row["start_offsets"] or "{}")),
+                end=kafka_offsets.from_json_dict(json.loads(row["end_offsets"] or "{}")),
+                watermark_ms=int(row["watermark_ms"] or 0),
+                # Rows written before the batch time was recorded: their commit time
+                # (the same batch, seconds later).
+                batch_time_ms=int(
+                    details.get("batch_timestamp_ms") or _micros(row["commit_time"]) // 1000
+                ),
+                state_version=None if state_after is None else int(state_after),
+                commit_time_us=_micros(row["commit_time"]),
+            )
+        )
+    return found
 
 
 class LedgerSnapshot:
@@ -176,7 +112,7 @@ class LedgerSnapshot:
         self.version = int(table.version())
         self.epoch = max(0, table_epoch(table, layout.application_id))
         self._dataset = table.to_pyarrow_dataset()
-        self._lineage: Lineage | None = None
+        self._histories: dict[frozenset[int], History] = {}
 
     def rows(
         self, columns: list[str] | None = None, where: ds.Expression | None = None
@@ -191,12 +127,16 @@ class LedgerSnapshot:
             rows = rows.append_column(name, pa.nulls(rows.num_rows, kind))
         return rows if columns is None else rows.select(columns)
 
-    @property
-    def lineage(self) -> Lineage:
-        if self._lineage is None:
-            rows = self.rows(["entry_type", "epoch", "details"], ~IS_BATCH).to_pylist()
-            self._lineage = live_lineage(epoch_steps(rows), self.epoch)
-        return self._lineage
+    def history(self, excluded: frozenset[int] = frozenset()) -> History:
+        """The application's coverage and live lineage as of this read, without the
+        epochs ``excluded`` (those that read a topic's deleted log)."""
+        if excluded not in self._histories:
+            steps = epoch_steps(
+                self.rows(["entry_type", "epoch", "details"], ~IS_BATCH).to_pylist()
+            )
+            rows = batch_rows(self.rows([*BOUNDARY_COLUMNS, "details"], IS_BATCH))
+            self._histories[excluded] = History(batch_entries(rows), steps, self.epoch, excluded)
+        return self._histories[excluded]
 
 
 def snapshot(layout: AppLayout) -> LedgerSnapshot | None:
@@ -225,14 +165,15 @@ def ledger_dataset(layout: AppLayout) -> ds.Dataset | None:
 IS_BATCH = ds.field("entry_type") == BATCH
 
 
-def last_batch(layout: AppLayout) -> dict[str, Any] | None:
-    """The newest batch row by (epoch, batch_id), in bounded memory: a scan of two
-    columns for its position, then a read of that one row."""
+def last_batch(layout: AppLayout, where: ds.Expression | None = None) -> dict[str, Any] | None:
+    """The newest batch row by (epoch, batch_id) (of those matching ``where``), in
+    bounded memory: a scan of two columns for its position, then a read of that row."""
     dataset = ledger_dataset(layout)
     if dataset is None:
         return None
     best: tuple[int, int] | None = None
-    for chunk in dataset.to_batches(columns=["epoch", "batch_id"], filter=IS_BATCH):
+    scope = IS_BATCH if where is None else IS_BATCH & where
+    for chunk in dataset.to_batches(columns=["epoch", "batch_id"], filter=scope):
         if chunk.num_rows == 0:
             continue
         epoch = pc.max(chunk["epoch"]).as_py()
@@ -286,83 +227,7 @@ BOUNDARY_COLUMNS = [
 def batch_boundaries(layout: AppLayout, snap: LedgerSnapshot | None = None) -> list[Boundary]:
     """Every committed batch end of the application's live lineage, oldest first."""
     snap = snap or snapshot(layout)
-    if snap is None:
-        return []
-    lineage = snap.lineage
-    result = []
-    for row in batch_rows(snap.rows(BOUNDARY_COLUMNS, IS_BATCH)):
-        if not lineage.holds(int(row["epoch"]), int(row["batch_id"])):
-            continue
-        versions = json.loads(row["delta_versions"] or "{}")
-        if versions.get("state_after") is None:
-            continue
-        result.append(
-            Boundary(
-                epoch=int(row["epoch"]),
-                batch_id=int(row["batch_id"]),
-                end_offsets=kafka_offsets.from_json_dict(json.loads(row["end_offsets"])),
-                state_version=int(versions["state_after"]),
-                watermark_ms=int(row["watermark_ms"] or 0),
-                commit_time_us=_micros(row["commit_time"]),
-            )
-        )
-    return result
-
-
-def decided_watermark(layout: AppLayout, snap: LedgerSnapshot | None = None) -> int:
-    """The highest watermark among the batches whose judgments the state reflects
-    (a backfill's published state continues from it)."""
-    snap = snap or snapshot(layout)
-    if snap is None:
-        return 0
-    return highest_decided_watermark(snap.rows(BOUNDARY_COLUMNS, IS_BATCH), snap.lineage)
-
-
-def highest_decided_watermark(ledger: pa.Table | None, lineage: Lineage) -> int:
-    return max(
-        (
-            int(r["watermark_ms"] or 0)
-            for r in batch_rows(ledger)
-            if lineage.decided(int(r["epoch"]), int(r["batch_id"]))
-        ),
-        default=0,
-    )
-
-
-Range = tuple[str, int, int, int, int, int]
-
-
-def watermark_ranges(ledger: pa.Table | None, lineage: Lineage) -> list[Range]:
-    """(topic, partition, begin, end, watermark_ms, batch_time_ms): the watermark and
-    the batch time each offset range the state reflects was judged with (the
-    lineage's decided batches), without overlaps. A range read again in a later
-    epoch (after a rewind) takes the later decision, the one the state reflects."""
-    spans: dict[tuple[str, int], list[tuple[int, int, tuple[int, int]]]] = {}
-    for row in batch_rows(ledger):
-        if not lineage.decided(int(row["epoch"]), int(row["batch_id"])):
-            continue
-        details = json.loads(row["details"] or "{}")
-        # Rows written before the batch time was recorded: their commit time (the
-        # same batch, seconds later).
-        batch_time = int(details.get("batch_timestamp_ms") or _micros(row["commit_time"]) // 1000)
-        decided = (int(row["watermark_ms"] or 0), batch_time)
-        begin_of = kafka_offsets.from_json_dict(json.loads(row["start_offsets"] or "{}"))
-        end_of = kafka_offsets.from_json_dict(json.loads(row["end_offsets"] or "{}"))
-        for tp, end in end_of.items():
-            begin = begin_of.get(tp, end)
-            if end <= begin:
-                continue
-            kept = []
-            for b, e, d in spans.get(tp, []):  # cut what the newer range covers
-                if b < begin:
-                    kept.append((b, min(e, begin), d))
-                if e > end:
-                    kept.append((max(b, end), e, d))
-            kept.append((begin, end, decided))
-            spans[tp] = kept
-    return sorted(
-        (tp[0], tp[1], b, e, *d) for tp, ranges in spans.items() for b, e, d in ranges if e > b
-    )
+    return [] if snap is None else snap.history().boundaries({})
 
 
 def _micros(value: Any) -> int:

@@ -34,10 +34,11 @@ from deltalake import CommitProperties, DeltaTable, write_deltalake
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from jobs.coverage import Boundary, Coverage, Intervals, layers, named, spelled
 from jobs.cut import (
     StateAction,
     boundary_at_or_before,
-    current_log_lineage,
+    current_log_history,
     fill_from_first,
     lineage_head,
     replay_from_origin,
@@ -51,17 +52,7 @@ from jobs.errors import ConfigError
 from jobs.faults import maybe_crash
 from jobs.kafka_source import offsets as kafka_offsets
 from jobs.kafka_source import spark_kafka
-from jobs.ledger import (
-    BOUNDARY_COLUMNS,
-    IS_BATCH,
-    LedgerSnapshot,
-    Lineage,
-    current_epoch,
-    highest_decided_watermark,
-    live_lineage,
-    snapshot,
-    watermark_ranges,
-)
+from jobs.ledger import LedgerSnapshot, current_epoch, snapshot
 from jobs.operations.plan import Plan, header
 from jobs.operations.restart import broker_marks, other_logs
 from jobs.operations.targets import TargetSpec, resolve_targets
@@ -103,21 +94,28 @@ def plan_backfill(
         read_from = replay_from_origin(layout, marks, f"a backfill from {source}")
     else:
         read_from = fill_from_first(layout, boundary.end_offsets, marks)
-    # To where the stream's decisions are recorded (a partition it never read: none).
+    # To where the stream's decisions are recorded (a partition it never read: none),
+    # reading only what the state judged: a range a skip left out stays out.
     head = {tp: current.get(tp, off) for tp, off in read_from.items()}
+    ranges, gaps = judged_since(layout, boundary, read_from)
+    notes = []
+    if gaps:
+        notes.append(f"leaves out the ranges a skip left out ({spelled(gaps)}): they stay unjudged")
     plan = Plan(
         **header("backfill", pipeline.application_id, reason, epoch, current),
         target_offsets=head,
         seed_state_version=None if boundary is None else boundary.state_version,
         state_action=StateAction.PUBLISH,
         boundary=boundary,
-        records_to_replay=sum(head[tp] - read_from.get(tp, head[tp]) for tp in head),
+        records_to_replay=sum(e - b for spans in ranges.values() for b, e in spans),
         source=source,
         read_from=read_from,
+        read_ranges=named(ranges),
         notes=[
             f"recomputes with pipeline version {pipeline.version} from "
             f"{kafka_offsets.to_json_dict(read_from)} to the stream's last committed offsets, "
-            "in one batch job; the stream reads on from there"
+            "in one batch job; the stream reads on from there",
+            *notes,
         ],
     )
     # Refusals before anything is fenced (the plan is made before and under the lock).
@@ -129,9 +127,33 @@ def plan_backfill(
     return plan
 
 
+def judged_since(
+    layout: AppLayout, boundary: Boundary | None, read_from: kafka_offsets.Offsets
+) -> tuple[Intervals, Intervals]:
+    """The offsets the state judged after ``boundary`` (all, without one), and the
+    gaps (skipped ranges) among them from ``read_from`` on: what a backfill reads
+    and what it leaves out."""
+    snap = snapshot(layout)
+    if snap is None:
+        return {}, {}
+    history = current_log_history(layout, snap)
+    head = history.head
+    judged = head.judged() if boundary is None else head.excluding(history.coverage_at(boundary))
+    gaps = {
+        tp: [(max(b, read_from.get(tp, b)), e) for b, e in spans if e > read_from.get(tp, b)]
+        for tp, spans in head.gaps().items()
+    }
+    return judged, {tp: spans for tp, spans in gaps.items() if spans}
+
+
 def recompute(spark: SparkSession, pipeline: Pipeline, settings: Settings, plan: Plan) -> pa.Table:
-    """The corrected state: the boundary's state plus every record after it."""
-    raw = read_records(spark, pipeline, settings, plan.read_from, plan.target_offsets, plan.source)
+    """The corrected state: the boundary's state plus every record it judged after it."""
+    reads = layers(plan.ranges())
+    raw = read_records(spark, pipeline, settings, *reads[0], plan.source) if reads else None
+    for start, end in reads[1:]:
+        raw = raw.unionByName(read_records(spark, pipeline, settings, start, end, plan.source))  # type: ignore[union-attr]
+    if raw is None:
+        raw = read_records(spark, pipeline, settings, {}, {}, plan.source)
     with SparkJobProgress(spark, "backfill", plan.records_to_replay):
         return aggregate_records(spark, pipeline, settings, raw, plan.seed_state_version)
 
@@ -168,9 +190,8 @@ def aggregate_records(
     the caller planned from (verify's), else one read now."""
     layout = AppLayout(settings.warehouse, pipeline.application_id)
     snap = snap or snapshot(layout)
-    decided = None if snap is None else snap.rows([*BOUNDARY_COLUMNS, "details"], IS_BATCH)
-    lineage = live_lineage({}, 0) if snap is None else current_log_lineage(layout, snap)
-    raw = with_stream_decisions(spark, raw, decided, lineage, pipeline.window is not None)
+    head = Coverage() if snap is None else current_log_history(layout, snap).head
+    raw = with_stream_decisions(spark, raw, head, pipeline.window is not None)
     contributions = records.contributions(records.classify(raw, pipeline), pipeline)
     if seed_state_version is not None:
         base = DeltaTable(str(layout.table("state")), version=seed_state_version)
@@ -186,17 +207,16 @@ def aggregate_records(
 def with_stream_decisions(
     spark: SparkSession,
     raw: DataFrame,
-    ledger: pa.Table | None,
-    lineage: Lineage,
+    head: Coverage,
     windowed: bool,
 ) -> DataFrame:
     """Each record with the watermark and the batch time the stream judged it with
-    (from the ledger's live lineage), so that ``classify`` leaves out exactly the
+    (the judges of the state's coverage), so that ``classify`` leaves out exactly the
     records the stream dead-lettered (late, or too far ahead of its batch). A backfill
     and verify read only ranges the stream judged; a record outside them (a ledger
     of an older version of the platform) gets the last watermark and the time now."""
-    ranges = watermark_ranges(ledger, lineage)
-    last = highest_decided_watermark(ledger, lineage)
+    ranges = head.decisions()
+    last = head.watermark_ms
     schema = (
         "r_topic string, r_partition int, r_begin long, r_end long, r_watermark long, r_time long"
     )

@@ -17,7 +17,8 @@ epochs' Spark checkpoints and seeds, and staged data files of batches that can n
 longer commit, are deleted.
 ``maintain`` runs next to a live stream without its lock (Delta's optimistic
 commits order the two; a conflict is retried), and refuses to run next to an
-operation.
+operation; its refusals are made when it plans and again when it applies
+(``refuse_to_maintain``).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from deltalake import CommitProperties, DeltaTable
 from deltalake.exceptions import CommitFailedError
 
 from jobs import kafka_admin
+from jobs.coverage import Boundary
 from jobs.cut import live_boundaries, seed_file
 from jobs.delta import layout as tables
 from jobs.delta.files import stale_staged_files
@@ -46,7 +48,6 @@ from jobs.ledger import (
     DONE,
     MAINTAIN,
     STARTED,
-    Boundary,
     current_epoch,
     unfinished_operation,
 )
@@ -158,23 +159,7 @@ def plan_maintenance(
 ) -> MaintenancePlan:
     """Read-only: what ``maintain`` would keep and remove now."""
     layout = AppLayout(settings.warehouse, pipeline.application_id)
-    if not DeltaTable.is_deltatable(str(layout.table(tables.LEDGER))):
-        raise ConsistencyError(
-            f"{pipeline.application_id} has no tables yet: nothing to maintain (run it first)"
-        )
-    busy = refuse_next_to_an_operation(layout)
-    if busy is not None and pipeline.reader_grace_hours == 0:
-        raise LockedError(
-            f"{pipeline.application_id}: maintenance.reader_grace_hours is 0, and a stream is "
-            f"running ({describe(busy)}): vacuum could delete files it is writing; stop the "
-            "stream or set reader_grace_hours to 1 or more"
-        )
-    unfinished = unfinished_operation(layout)
-    if unfinished is not None:
-        raise ConsistencyError(
-            f"{pipeline.application_id}: {unfinished.describe()}; run the same "
-            f"{unfinished.operation} again to complete it, then maintain"
-        )
+    refuse_to_maintain(pipeline, layout)
     now = now_us if now_us is not None else int(time.time() * 1_000_000)
     boundaries = live_boundaries(layout)
     kept = oldest_kept(boundaries, now - pipeline.rewind_horizon_seconds * 1_000_000)
@@ -278,6 +263,30 @@ def stale_paths(layout: AppLayout, epoch: int, names: list[str]) -> list[Path]:
     return found
 
 
+def refuse_to_maintain(pipeline: Pipeline, layout: AppLayout) -> None:
+    """Every refusal of ``maintain``, made when it plans and again when it applies:
+    in between, a scheduled stream or an operation may start, or an operation die
+    after its fence. (The output topic's bookmark only moves on: the version the
+    plan keeps for it stays enough.)"""
+    if not DeltaTable.is_deltatable(str(layout.table(tables.LEDGER))):
+        raise ConsistencyError(
+            f"{pipeline.application_id} has no tables yet: nothing to maintain (run it first)"
+        )
+    busy = refuse_next_to_an_operation(layout)
+    if busy is not None and pipeline.reader_grace_hours == 0:
+        raise LockedError(
+            f"{pipeline.application_id}: maintenance.reader_grace_hours is 0, and a stream is "
+            f"running ({describe(busy)}): vacuum could delete files it is writing; stop the "
+            "stream or set reader_grace_hours to 1 or more"
+        )
+    unfinished = unfinished_operation(layout)
+    if unfinished is not None:
+        raise ConsistencyError(
+            f"{pipeline.application_id}: {unfinished.describe()}; run the same "
+            f"{unfinished.operation} again to complete it, then maintain"
+        )
+
+
 def refuse_next_to_an_operation(layout: AppLayout) -> dict[str, Any] | None:
     """The running stream holding the application, if any; an operation: refused."""
     busy = holder(layout)
@@ -309,7 +318,8 @@ def apply_maintenance(
     append_audit(
         layout, audit_row(pipeline, MAINTAIN, plan.epoch, {**plan.details(), "phase": STARTED})
     )
-    refuse_next_to_an_operation(layout)  # one that started while we planned
+    # After the promise: an operation that starts from here on plans with it.
+    refuse_to_maintain(pipeline, layout)  # what started (or died) while we planned
     props = CommitProperties(
         custom_metadata={
             "application_id": pipeline.application_id,

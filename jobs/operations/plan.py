@@ -11,9 +11,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from jobs.coverage import Boundary, partition_of
 from jobs.cut import StateAction
 from jobs.kafka_source import offsets as kafka_offsets
-from jobs.ledger import Boundary
 
 Offsets = kafka_offsets.Offsets
 
@@ -35,6 +35,9 @@ class Plan:
     skipped: dict[str, list[int]] = field(default_factory=dict)  # "topic[p]" -> [from, to)
     source: str = "kafka"  # where a backfill reads: "kafka" or "archive" (the raw table)
     read_from: Offsets = field(default_factory=dict)  # a backfill's first offsets
+    # What a backfill reads: the judged offsets after its boundary ("topic[p]" ->
+    # [[begin, end), ...]); a skipped range is not among them.
+    read_ranges: dict[str, list[list[int]]] = field(default_factory=dict)
     # Topics a rewind points at their current log: they may have been recreated.
     reset_topics: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -58,6 +61,19 @@ class Plan:
     def republishes(self) -> bool:
         """A backfill: it may publish the state under a new definition (new columns)."""
         return self.state_action is StateAction.PUBLISH
+
+    def ranges(self) -> dict[tuple[str, int], list[tuple[int, int]]]:
+        """``read_ranges`` by partition; a plan saved without them: [read_from, target)."""
+        if not self.read_ranges:
+            return {
+                tp: [(self.read_from.get(tp, end), end)]
+                for tp, end in self.target_offsets.items()
+                if end > self.read_from.get(tp, end)
+            }
+        return {
+            partition_of(name): [(int(b), int(e)) for b, e in spans]
+            for name, spans in self.read_ranges.items()
+        }
 
     @property
     def records_skipped(self) -> int:

@@ -17,6 +17,7 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from jobs import kafka_admin
+from jobs.coverage import spelled
 from jobs.cut import (
     Cut,
     StateAction,
@@ -36,11 +37,7 @@ from jobs.delta.layout import AppLayout
 from jobs.delta.writer import fenced_properties
 from jobs.errors import ConfigError
 from jobs.kafka_source import offsets as kafka_offsets
-from jobs.ledger import (
-    current_epoch,
-    decided_watermark,
-    unfinished_epochs,
-)
+from jobs.ledger import current_epoch, snapshot, unfinished_epochs
 from jobs.operations.audit import append_audit, audit_row
 from jobs.operations.plan import Plan, header
 from jobs.operations.targets import TargetSpec, resolve_targets
@@ -82,7 +79,8 @@ def plan_rebuild(pipeline: Pipeline, settings: Settings, reason: str, from_sourc
             records_to_replay=sum(current.get(tp, off) - off for tp, off in target.items()),
             notes=[
                 "recomputes from the application's first offsets; the published state is "
-                "empty until the replay has caught up"
+                "empty until the replay has caught up",
+                *filled_gaps(layout),
             ],
         )
     check_seedable(pipeline)
@@ -169,7 +167,8 @@ def plan_rewind(
             records_to_replay=sum(current.get(tp, off) - off for tp, off in origin.items()),
             notes=[
                 "no batch ended at or before the target: replays from the application's "
-                "first offsets"
+                "first offsets",
+                *filled_gaps(layout),
             ],
         )
     check_seedable(pipeline)
@@ -188,6 +187,16 @@ def plan_rewind(
         if boundary.end_offsets != target
         else [],
     )
+
+
+def filled_gaps(layout: AppLayout) -> list[str]:
+    """A replay from the first offsets judges the ranges a skip left out: the plan
+    says so (a skip's gap is never filled silently)."""
+    snap = snapshot(layout)
+    gaps = {} if snap is None else snap.history().head.gaps()
+    if not gaps:
+        return []
+    return [f"the replay also judges the ranges a skip left out ({spelled(gaps)})"]
 
 
 def _names(pairs: dict[tuple[str, int], tuple[Any, int]]) -> str:
@@ -235,7 +244,8 @@ def watermark_floor(layout: AppLayout, plan: Plan) -> int:
     published state has judged every record the stream read, with the stream's
     watermarks, so it continues from the highest one."""
     if plan.state_action is StateAction.PUBLISH:
-        return decided_watermark(layout)
+        snap = snapshot(layout)
+        return 0 if snap is None else snap.history().head.watermark_ms
     if plan.state_action is StateAction.EMPTY or plan.boundary is None:
         return 0
     return plan.boundary.watermark_ms

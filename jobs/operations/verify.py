@@ -1,13 +1,8 @@
 """``verify``: recompute the state in batch and compare it with the published one.
 
-The recomputation covers exactly the records the published state is made of, its
-**lineage**, reconstructed from the ledger: the batches of the current epoch,
-plus what the epoch started from. An operation's "done" row says that: a cut
-seeded from a batch boundary carries that boundary's lineage; an emptied state
-carries none; a backfill carries its boundary's lineage and the range it
-recomputed. So records a rewind skipped stay out, and a range replayed after a
-rewind counts once. Between an operation and the new epoch's first batch, the
-lineage is what the operation started the epoch from.
+The recomputation covers exactly the records the published state is made of: the
+judged intervals of its coverage (``jobs/coverage.py``). So records a rewind
+skipped stay out, and a range replayed after a rewind counts once.
 
 The comparison is with the ``state`` table at its newest version before any
 batch the ledger does not hold yet: a stream committing next to verify is left
@@ -33,15 +28,13 @@ from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from jobs.cut import current_log_lineage, lineage_head
+from jobs.coverage import Intervals, layers
+from jobs.cut import current_log_history, lineage_head
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
 from jobs.errors import ConfigError, ConsistencyError
-from jobs.kafka_source import offsets as kafka_offsets
 from jobs.ledger import (
-    IS_BATCH,
     LedgerSnapshot,
-    Lineage,
     last_boundary,
     snapshot,
     unfinished_operation,
@@ -57,60 +50,6 @@ from jobs.streaming.records import resolve
 log = logging.getLogger(__name__)
 VERIFY = "verify"
 SAMPLE_BUCKETS = 1_000_000
-
-Intervals = dict[tuple[str, int], list[tuple[int, int]]]  # merged [start, end) per partition
-
-
-def merge(intervals: Intervals) -> Intervals:
-    merged: Intervals = {}
-    for tp, spans in intervals.items():
-        out: list[tuple[int, int]] = []
-        for start, end in sorted(s for s in spans if s[1] > s[0]):
-            if out and start <= out[-1][1]:
-                out[-1] = (out[-1][0], max(out[-1][1], end))
-            else:
-                out.append((start, end))
-        if out:
-            merged[tp] = out
-    return merged
-
-
-def lineage(batches: list[dict[str, Any]], live: Lineage, upto: int | None = None) -> Intervals:
-    """The offsets the state of the lineage's epoch (after batch ``upto``) is made
-    of: the batches of the live lineage and the ranges its backfills recomputed."""
-    epoch = live.epoch
-    found: Intervals = {}
-
-    def add(start: kafka_offsets.Offsets, end: kafka_offsets.Offsets) -> None:
-        for tp, stop in end.items():
-            found.setdefault(tp, []).append((start.get(tp, stop), stop))
-
-    for row in batches:
-        at, batch_id = int(row["epoch"]), int(row["batch_id"])
-        if live.holds(at, batch_id) and (at != epoch or upto is None or batch_id <= upto):
-            add(
-                kafka_offsets.from_json_dict(json.loads(row["start_offsets"])),
-                kafka_offsets.from_json_dict(json.loads(row["end_offsets"])),
-            )
-    for at in live.upto:
-        step = live.steps.get(at)
-        if step is not None and step.action != "empty" and step.recomputed is not None:
-            add(*step.recomputed)
-    return merge(found)
-
-
-def layers(intervals: Intervals) -> list[tuple[kafka_offsets.Offsets, kafka_offsets.Offsets]]:
-    """Reads of one range per partition each (what the source takes), together
-    covering every interval: the k-th interval of every partition in the k-th."""
-    depth = max((len(spans) for spans in intervals.values()), default=0)
-    reads = []
-    for k in range(depth):
-        start, end = {}, {}
-        for tp, spans in intervals.items():
-            span = spans[k] if k < len(spans) else (spans[-1][1], spans[-1][1])
-            start[tp], end[tp] = span
-        reads.append((start, end))
-    return reads
 
 
 def sampled(pipeline: Pipeline, fraction: float | None) -> Callable[[DataFrame], DataFrame] | None:
@@ -156,25 +95,22 @@ def _epoch_of(info: dict[str, Any]) -> int:
 def state_lineage(snap: LedgerSnapshot) -> tuple[str, int, Intervals]:
     """What the published state stands for as of one read of the ledger: a
     description, the state version its lineage was committed at (or after), and
-    the lineage."""
+    the offsets it judged (its coverage, skipped ranges left out)."""
     layout = snap.layout
     unfinished = unfinished_operation(layout, snap)
     if unfinished is not None:
         raise ConsistencyError(
             f"{layout.application_id}: {unfinished.describe()}; verify after it is completed"
         )
-    batches = snap.rows(["epoch", "batch_id", "start_offsets", "end_offsets"], IS_BATCH)
-    rows = batches.to_pylist()
-    live = current_log_lineage(layout, snap)
+    judged = current_log_history(layout, snap).head.judged()
     boundary = last_boundary(layout, snap)
     epoch = snap.epoch
     if boundary is not None and boundary.epoch == epoch:
-        where = f"epoch {epoch} batch {boundary.batch_id}"
-        return where, boundary.state_version, lineage(rows, live, boundary.batch_id)
-    if epoch in live.steps:  # an operation started this epoch; no batch of it yet
+        return f"epoch {epoch} batch {boundary.batch_id}", boundary.state_version, judged
+    if epoch in snap.history().steps:  # an operation started this epoch; no batch of it yet
         head = lineage_head(layout, snap)
         base = -1 if head is None else head.state_version
-        return f"epoch {epoch} as its operation began it", base, lineage(rows, live)
+        return f"epoch {epoch} as its operation began it", base, judged
     raise ConfigError(f"{layout.application_id} has no committed batch: nothing to verify")
 
 

@@ -25,7 +25,8 @@ batch skip it. Counts are checked before anything is written:
 dead letter per dead-lettered record. The rows written are Spark's update-mode
 output as it is (no re-read of the state table: the cost of a batch does not grow
 with the state); Spark's own late-row drops, which must stay zero because late
-records are dead letters first, are checked from its progress.
+records are dead letters first, are checked from its progress. A drop is recorded
+in the ledger, and ``run`` refuses until a repair took the state from before it.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
 from jobs import kafka_admin
+from jobs.coverage import History
 from jobs.cut import recorded_definition
 from jobs.delta import layout as tables
 from jobs.delta.files import DataFile
@@ -53,7 +55,9 @@ from jobs.errors import ConsistencyError
 from jobs.faults import maybe_crash
 from jobs.kafka_source import offsets as kafka_offsets
 from jobs.kafka_source import spark_kafka
+from jobs.ledger import snapshot
 from jobs.metrics import METRICS, Metrics
+from jobs.operations.audit import append_audit, audit_row
 from jobs.output.publisher import OutputPublisher
 from jobs.pipeline import Pipeline
 from jobs.streaming import offset_log
@@ -66,6 +70,8 @@ from jobs.streaming.seed import verify_seeded_state
 log = logging.getLogger(__name__)
 # Changed rows a batch's state merge takes in memory (see ChangedRows.source).
 MERGE_IN_MEMORY_ROWS = 1_000_000
+# The ledger row recording that Spark dropped late rows in a committed batch.
+WATERMARK_DROP = "watermark_drop"
 
 
 class ChangedRows:
@@ -235,10 +241,11 @@ class BatchCommitter:
             self._publish()
             return
         offsets = offset_log.read_offsets(self.checkpoint, batch_id)
-        start = (
+        start = offset_log.batch_start(
             self.initial_offsets
             if batch_id == 0
-            else offset_log.read_offsets(self.checkpoint, batch_id - 1).end_offsets
+            else offset_log.read_offsets(self.checkpoint, batch_id - 1).end_offsets,
+            offsets.end_offsets,
         )
         # A replay whose changelog commit happened before the crash: its rows are
         # the committed ones (the state still needs them).
@@ -463,9 +470,40 @@ class BatchCommitter:
                 for op in entry.get("stateOperators", [])
             )
             if dropped:
-                raise ConsistencyError(
-                    f"Spark dropped {dropped} late row(s) in batch {batch_id} of epoch "
-                    f"{self.epoch} of {self.pipeline.application_id} that were counted as "
-                    "aggregated; the state misses them. Repair: python -m jobs backfill "
-                    f"--pipeline {self.pipeline.application_id} --from-earliest --reason ..."
+                # Recorded before it stops the run: the next run (an Airflow retry is
+                # a new process, which never sees this progress) refuses too.
+                details = {"batch_id": batch_id, "dropped": dropped}
+                append_audit(
+                    self.layout, audit_row(self.pipeline, WATERMARK_DROP, self.epoch, details)
                 )
+                raise drop_error(self.pipeline.application_id, self.epoch, details)
+
+
+def drop_error(application_id: str, epoch: int, drop: dict[str, Any]) -> ConsistencyError:
+    return ConsistencyError(
+        f"Spark dropped {drop['dropped']} late row(s) in batch {drop['batch_id']} of epoch "
+        f"{epoch} of {application_id} that were counted as aggregated; the state misses them, "
+        f"and run refuses until it is repaired: python -m jobs backfill --pipeline "
+        f"{application_id} --from-earliest --reason ..."
+    )
+
+
+def unrepaired_drops(recorded: list[dict[str, Any]], history: History) -> list[dict[str, Any]]:
+    """The recorded drops (``WATERMARK_DROP`` rows) whose batch the state is still
+    made of: no operation since took the state from before it (a backfill from an
+    earlier start, a rewind to before it, a rebuild from the source)."""
+    drops = [{**json.loads(r["details"] or "{}"), "epoch": int(r["epoch"])} for r in recorded]
+    return [d for d in drops if history.holds(d["epoch"], int(d["batch_id"]))]
+
+
+def refuse_unrepaired_drops(layout: AppLayout) -> None:
+    """``run`` refuses while a recorded drop stands: its batches would bury the
+    batch whose state misses the dropped rows."""
+    snap = snapshot(layout)
+    if snap is None:
+        return
+    where = ds.field("entry_type") == WATERMARK_DROP
+    recorded = snap.rows(["epoch", "details"], where).to_pylist()
+    standing = unrepaired_drops(recorded, snap.history()) if recorded else []
+    if standing:
+        raise drop_error(layout.application_id, standing[0]["epoch"], standing[0])

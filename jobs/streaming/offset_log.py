@@ -52,3 +52,15 @@ def read_offsets(checkpoint: Path, batch_id: int) -> OffsetLogEntry:
         watermark_ms=int(metadata.get("batchWatermarkMs", 0)),
         batch_timestamp_ms=int(metadata.get("batchTimestampMs", 0)),
     )
+
+
+def batch_start(previous_end: dict[str, Any], end: dict[str, Any]) -> dict[str, Any]:
+    """A batch's start offsets: the previous batch's end, and for a partition that
+    appeared since (added to the topic), 0: Spark's Kafka source reads a new
+    partition from its earliest offset and, with ``failOnDataLoss``, fails the batch
+    unless that is 0. The offset log's previous entry does not name it."""
+    start = {topic: dict(parts) for topic, parts in previous_end.items()}
+    for topic, parts in end.items():
+        for part in parts:
+            start.setdefault(topic, {}).setdefault(part, 0)
+    return start

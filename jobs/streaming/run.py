@@ -40,7 +40,7 @@ from jobs.pipeline import Pipeline
 from jobs.progress import Progress
 from jobs.settings import Settings
 from jobs.streaming import offset_log, query, records
-from jobs.streaming.batch import BatchCommitter, BatchResult
+from jobs.streaming.batch import BatchCommitter, BatchResult, refuse_unrepaired_drops
 from jobs.streaming.seed import seed_stream
 
 
@@ -193,6 +193,7 @@ def _run_locked(
             f"{unfinished.operation} again to complete it (python -m jobs {unfinished.operation} "
             f"--pipeline {pipeline.application_id} ...), then run"
         )
+    refuse_unrepaired_drops(layout)
     epoch = current_epoch(layout)
     cut = epoch_cut(layout, pipeline, settings)
     check_state_shape(layout, pipeline, cut)

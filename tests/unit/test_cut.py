@@ -168,11 +168,14 @@ def test_status_and_the_planners_do_not_import_spark() -> None:
 
 
 def test_watermark_ranges_take_the_later_epochs_decision(tmp_path: Path) -> None:
-    from jobs.ledger import Lineage, read_ledger, watermark_ranges
+    from jobs.coverage import History, Step
+    from jobs.ledger import batch_entries, batch_rows, read_ledger
 
     where = layout(tmp_path)
-    every = {2: None, 1: None, 0: None}
-    every_batch = Lineage(2, every, {}, every)
+
+    def decisions(epoch: int, steps: dict[int, Step]) -> list[tuple[str, int, int, int, int, int]]:
+        rows = batch_entries(batch_rows(read_ledger(where)))
+        return History(rows, steps, epoch).head.decisions()
 
     def batch(epoch: int, batch_id: int, begin: int, end: int, watermark: int) -> dict:  # type: ignore[type-arg]
         return {
@@ -186,21 +189,20 @@ def test_watermark_ranges_take_the_later_epochs_decision(tmp_path: Path) -> None
     # Epoch 0 read 0..100 and 100..200; a rewind made epoch 1 read 50..150 again.
     write_ledger(where, [batch(0, 0, 0, 100, 10), batch(0, 1, 100, 200, 20)])
     write_ledger(where, [batch(1, 0, 50, 150, 30)])
-    assert watermark_ranges(read_ledger(where), every_batch) == [
+    assert decisions(1, {}) == [
         ("t", 0, 0, 50, 10, 70),
         ("t", 0, 50, 150, 30, 210),
         ("t", 0, 150, 200, 20, 140),
     ]
     # Epoch 1 continued from epoch 0's batch 0: batch 1's decision was discarded.
-    discarded = Lineage(1, {1: None, 0: 0}, {}, {1: None, 0: 0})
-    assert watermark_ranges(read_ledger(where), discarded) == [
+    assert decisions(1, {1: Step("restore", (0, 0))}) == [
         ("t", 0, 0, 50, 10, 70),
         ("t", 0, 50, 150, 30, 210),
     ]
     # A row from before the batch time was recorded: its commit time stands in.
     old = {**batch(2, 0, 200, 210, 40), "details": None}
     write_ledger(where, [old])
-    last = watermark_ranges(read_ledger(where), every_batch)[-1]
+    last = decisions(2, {})[-1]
     assert last == ("t", 0, 200, 210, 40, 1_000_000)
 
 

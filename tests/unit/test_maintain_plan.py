@@ -1,17 +1,37 @@
 """The vacuum rule of ``maintain``: which boundary stays the oldest rewind target,
-and what keeps its state version (and every later one) loadable."""
+and what keeps its state version (and every later one) loadable; and its
+refusals, made when it plans and again when it applies (no Spark)."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from jobs.delta import layout as tables
 from jobs.delta.files import stale_staged_files
-from jobs.delta.layout import AppLayout
+from jobs.delta.layout import AppLayout, ensure_tables
+from jobs.delta.writer import bump_epoch
+from jobs.errors import ConsistencyError
 from jobs.ledger import Boundary
+from jobs.lock import LockedError, application_lock
 from jobs.operations.maintain import (
     HOUR_US,
     PLAN_MARGIN_US,
+    apply_maintenance,
     oldest_kept,
+    plan_maintenance,
     vacuum_rule,
 )
+from jobs.pipeline import load_pipeline
+from jobs.settings import REPO_ROOT, Settings, load_settings
+from tests import ledger_rows as ledger
 
 NOW = 1_000 * HOUR_US
 
@@ -70,3 +90,78 @@ def test_staged_files_go_once_their_batch_can_no_longer_commit(tmp_path) -> None
     assert {p.name for p in stale_staged_files(layout.table("changelog"), 2, None)} == {
         names["old_epoch"]
     }
+
+
+# What ``maintain`` refuses, it refuses when it applies too: a scheduled stream (or
+# an operation) may start, or an operation die after its fence, between plan and apply.
+PIPELINE = load_pipeline("user_clicks", REPO_ROOT / "include" / "pipelines")
+NO_GRACE = dataclasses.replace(PIPELINE, reader_grace_hours=0)
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    layout = AppLayout(tmp_path, NO_GRACE.application_id)
+    ensure_tables(layout, NO_GRACE)
+    ledger.append(layout, [ledger.batch_row(0, 0, 0, 100, 0)])
+    return dataclasses.replace(load_settings(), warehouse=tmp_path)
+
+
+def being_written(layout: AppLayout) -> Path:
+    """A data file a batch has moved into ``state`` and not committed yet: a vacuum
+    with no grace deletes it."""
+    path = layout.table("state") / "part-e0-b1-c00000-ff.parquet"
+    pq.write_table(pa.table({"x": [1]}), path)
+    return path
+
+
+@contextmanager
+def a_stream_runs(layout: AppLayout) -> Iterator[None]:
+    with application_lock(layout, "run --trigger available-now"):
+        yield
+
+
+@contextmanager
+def an_operation_runs(layout: AppLayout) -> Iterator[None]:
+    with application_lock(layout, "rewind --reason 'bad deploy'"):
+        yield
+
+
+@contextmanager
+def an_operation_died(layout: AppLayout) -> Iterator[None]:
+    bump_epoch([layout.table(tables.LEDGER)], layout.application_id, 1, "rewind")
+    started = {"phase": "started", "who": "ops", "reason": "bad deploy"}
+    ledger.append(layout, [{"entry_type": "rewind", "epoch": 1, "details": json.dumps(started)}])
+    yield
+
+
+REFUSALS = [
+    (a_stream_runs, LockedError, "reader_grace_hours is 0, and a stream is running"),
+    (an_operation_runs, LockedError, "not next to an operation"),
+    (an_operation_died, ConsistencyError, "rewind by ops .* did not finish"),
+]
+
+
+@pytest.mark.parametrize(("situation", "error", "message"), REFUSALS)
+def test_maintain_refuses_the_same_when_planning_and_when_applying(
+    settings: Settings,
+    situation: Callable[[AppLayout], AbstractContextManager[None]],
+    error: type[Exception],
+    message: str,
+) -> None:
+    layout = AppLayout(settings.warehouse, NO_GRACE.application_id)
+    plan = plan_maintenance(NO_GRACE, settings, "hourly")  # nothing in the way yet
+    written = being_written(layout)
+    with situation(layout):
+        with pytest.raises(error, match=message):
+            plan_maintenance(NO_GRACE, settings, "hourly")
+        with pytest.raises(error, match=message):
+            apply_maintenance(NO_GRACE, settings, plan, echo=lambda _line: None)
+    assert written.exists()  # nothing was vacuumed
+
+
+def test_with_nothing_in_the_way_the_plan_is_applied(settings: Settings) -> None:
+    layout = AppLayout(settings.warehouse, NO_GRACE.application_id)
+    plan = plan_maintenance(NO_GRACE, settings, "hourly")
+    written = being_written(layout)
+    apply_maintenance(NO_GRACE, settings, plan, echo=lambda _line: None)
+    assert not written.exists()  # what the refusals above protect

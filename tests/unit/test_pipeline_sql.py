@@ -231,7 +231,15 @@ def test_a_definition_changed_under_the_same_version_is_refused(tmp_path: Path) 
     with pytest.raises(ConfigError) as error:
         check_definition(layout, changed, cut)
     assert str(error.value) == (
-        "pipeline orders_revenue: filter changed but version is still 1: set version: 2 "
-        "(results of another logic need another version; python -m jobs backfill --pipeline "
-        "orders_revenue ... then republishes earlier results under it)"
+        "pipeline orders_revenue: version 1 was recorded with another definition (epoch 0's "
+        "cut): filter differs; set version: 2 (results of another logic need another "
+        "version; python -m jobs backfill --pipeline orders_revenue ... then republishes "
+        "earlier results under it)"
     )
+    # Version 2 began epoch 1; a file that says version 1 again with another
+    # filter is refused against epoch 0's record, not only the newest one.
+    v2 = parse_pipeline(orders(version=2, derived=[*ORDERS["derived"]]), "v2")
+    later = Cut(1, {}, "backfill", definition=recorded_definition(v2))
+    write_cut(layout, later)
+    with pytest.raises(ConfigError, match=r"version 1 was recorded .*epoch 0's cut.*version: 3"):
+        check_definition(layout, changed, later)

@@ -13,9 +13,11 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
+from deltalake import write_deltalake
 
-from jobs.delta.layout import AppLayout, ensure_tables
+from jobs.delta.layout import DEAD_LETTER_SCHEMA, AppLayout, ensure_tables
 from jobs.lock import application_lock
 from jobs.pipeline import load_pipeline
 from jobs.settings import REPO_ROOT, Settings, load_settings
@@ -99,3 +101,51 @@ def test_planned_batches_without_their_commits_mean_the_commit_log_is_gone(
     status = application_status(PIPELINE, settings, with_broker=False)
     assert status.repair == "rebuild"
     assert any("commit log is gone" in p for p in status.problems), status.problems
+
+
+def dead_letters(layout: AppLayout, epoch: int, batch_id: int, count: int) -> None:
+    rows = [
+        {
+            "topic": "clicks",
+            "partition": 0,
+            "offset": 100 * batch_id + i,
+            "reason": "bad json",
+            "epoch": epoch,
+            "batch_id": batch_id,
+            "commit_time": 0,
+        }
+        for i in range(count)
+    ]
+    write_deltalake(
+        str(layout.table("dead_letter")),
+        pa.Table.from_pylist(rows, DEAD_LETTER_SCHEMA),
+        mode="append",
+    )
+
+
+def test_the_ledgers_dead_letter_counts_are_checked_against_the_table(
+    settings: Settings, layout: AppLayout
+) -> None:
+    def batch(batch_id: int, dead: int, **columns: object) -> dict[str, object]:
+        valid = {"records_valid": 100 - dead, "aggregated": 100 - dead, "dead_lettered": dead}
+        return ledger.batch_row(
+            0, batch_id, 100 * batch_id, 100 * (batch_id + 1), 0, **valid, **columns
+        )
+
+    ledger.append(
+        layout,
+        [batch(0, 2), batch(1, 1), batch(2, 1, processing_guarantee="at_least_once")],
+    )
+    spark_logs(layout, planned=range(3), committed=range(3))
+    dead_letters(layout, 0, 0, 2)
+    dead_letters(layout, 0, 2, 2)  # at least once: a replay may append them again
+    dead_letters(layout, 0, 3, 5)  # a batch in flight: not in the ledger yet
+    status = application_status(PIPELINE, settings, with_broker=False)
+    assert status.problems == [
+        "batch (0, 1): 1 dead-lettered per the ledger, 0 rows in dead_letter"
+    ]
+    dead_letters(layout, 0, 1, 2)  # twice, under exactly once
+    status = application_status(PIPELINE, settings, with_broker=False)
+    assert status.problems == [
+        "batch (0, 1): 1 dead-lettered per the ledger, 2 rows in dead_letter"
+    ]

@@ -1,0 +1,353 @@
+"""What the state covers: per topic-partition, the offset intervals its records were
+judged in and what judged each (a batch, with its watermark and batch time), with
+the ranges a skip left out as explicit gaps. The one owner of the application's
+lineage: every planner, ``verify``, ``status`` and ``maintain`` read it from here.
+
+Pure: built from the ledger's batch rows and the operations' "done" rows, no Spark,
+no broker. How each epoch begins (its operation's plan, ``Step``):
+
+- no operation (the first epoch, a fence's, one whose operation died): the coverage
+  the previous epoch ended with;
+- ``keep`` (rebuild, rewind skip): the coverage at the plan's boundary, plus the
+  skip's ranges as gaps;
+- ``restore`` (rewind reprocess): the coverage at the boundary;
+- ``empty`` (rebuild from source, a rewind before the first batch): nothing;
+- ``publish`` (backfill): what the previous epoch ended with. A backfill recomputes
+  exactly the judged intervals with their own judgments: it changes the code the
+  state was computed with, not which records it holds.
+
+Each batch then adds its [start, end) per partition (a partition that appeared
+mid-epoch from its first offset). "Judged exactly once" is interval arithmetic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+
+TP = tuple[str, int]
+Offsets = dict[TP, int]
+Intervals = dict[TP, list[tuple[int, int]]]  # merged [begin, end) per partition
+
+
+class Judged(StrEnum):
+    BATCH = "batch"
+    SKIP = "skip"  # a gap: no record in it reached the state
+
+
+@dataclass(frozen=True)
+class Judge:
+    kind: Judged
+    epoch: int
+    batch_id: int = -1
+    watermark_ms: int = 0
+    batch_time_ms: int = 0
+
+
+@dataclass(frozen=True)
+class Span:
+    begin: int
+    end: int
+    judge: Judge
+
+
+@dataclass(frozen=True)
+class Coverage:
+    spans: dict[TP, tuple[Span, ...]] = field(default_factory=dict)  # sorted, disjoint
+    watermark_ms: int = 0  # the highest watermark among the batches it holds
+
+    def judged(self) -> Intervals:
+        """The offsets whose records the state reflects (gaps left out), merged."""
+        return _merged(
+            {
+                tp: [(s.begin, s.end) for s in spans if s.judge.kind is Judged.BATCH]
+                for tp, spans in self.spans.items()
+            }
+        )
+
+    def gaps(self) -> Intervals:
+        return _merged(
+            {
+                tp: [(s.begin, s.end) for s in spans if s.judge.kind is Judged.SKIP]
+                for tp, spans in self.spans.items()
+            }
+        )
+
+    def judged_end(self) -> Offsets:
+        """Per partition, the end of the last judged interval."""
+        return {tp: spans[-1][1] for tp, spans in self.judged().items()}
+
+    def records(self) -> int:
+        return sum(e - b for spans in self.judged().values() for b, e in spans)
+
+    def decisions(self) -> list[tuple[str, int, int, int, int, int]]:
+        """(topic, partition, begin, end, watermark_ms, batch_time_ms) of every judged
+        span: how a recomputation judges each record as the stream did."""
+        return sorted(
+            (tp[0], tp[1], s.begin, s.end, s.judge.watermark_ms, s.judge.batch_time_ms)
+            for tp, spans in self.spans.items()
+            for s in spans
+            if s.judge.kind is Judged.BATCH
+        )
+
+    def adding(self, batches: Iterable[tuple[Offsets, Offsets, Judge]]) -> Coverage:
+        """With each [start, end) per partition judged by its judge, in order: a later
+        judgment of an offset replaces an earlier one (never both)."""
+        spans = {tp: list(s) for tp, s in self.spans.items()}
+        watermark = self.watermark_ms
+        for start, end, judge in batches:
+            for tp, stop in end.items():
+                begin = start.get(tp, stop)
+                if stop <= begin:
+                    continue
+                have = spans.setdefault(tp, [])
+                new = Span(begin, stop, judge)
+                if not have or have[-1].end <= begin:
+                    have.append(new)  # the common case: a batch reads on from the last
+                else:
+                    have[:] = _overlaid(have, new)
+            if judge.kind is Judged.BATCH:
+                watermark = max(watermark, judge.watermark_ms)
+        return Coverage({tp: tuple(s) for tp, s in spans.items() if s}, watermark)
+
+    def excluding(self, other: Coverage) -> Intervals:
+        """Judged here and not in ``other`` (what a recomputation from ``other``'s
+        state reads)."""
+        mine, theirs = self.judged(), other.judged()
+        return _merged({tp: _minus(spans, theirs.get(tp, [])) for tp, spans in mine.items()})
+
+
+def _overlaid(spans: list[Span], new: Span) -> list[Span]:
+    kept: list[Span] = []
+    for s in spans:
+        if s.begin < new.begin:
+            kept.append(replace(s, end=min(s.end, new.begin)))
+        if s.end > new.end:
+            kept.append(replace(s, begin=max(s.begin, new.end)))
+    kept.append(new)
+    return sorted((s for s in kept if s.end > s.begin), key=lambda s: s.begin)
+
+
+def _merged(intervals: Intervals) -> Intervals:
+    out: Intervals = {}
+    for tp, spans in intervals.items():
+        merged: list[tuple[int, int]] = []
+        for begin, end in sorted(s for s in spans if s[1] > s[0]):
+            if merged and begin <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+            else:
+                merged.append((begin, end))
+        if merged:
+            out[tp] = merged
+    return out
+
+
+def _minus(spans: list[tuple[int, int]], holes: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out = []
+    for begin, end in spans:
+        pieces = [(begin, end)]
+        for hb, he in holes:
+            pieces = [
+                p for b, e in pieces for p in ((b, min(e, hb)), (max(b, he), e)) if p[1] > p[0]
+            ]
+        out.extend(pieces)
+    return out
+
+
+def layers(intervals: Intervals) -> list[tuple[Offsets, Offsets]]:
+    """Reads of one range per partition each (what the source takes), together
+    covering every interval: the k-th interval of every partition in the k-th."""
+    depth = max((len(spans) for spans in intervals.values()), default=0)
+    reads = []
+    for k in range(depth):
+        start: Offsets = {}
+        end: Offsets = {}
+        for tp, spans in intervals.items():
+            span = spans[k] if k < len(spans) else (spans[-1][1], spans[-1][1])
+            start[tp], end[tp] = span
+        reads.append((start, end))
+    return reads
+
+
+def partition_of(name: str) -> TP:
+    """``topic[p]`` (a plan's name of a partition) as (topic, p)."""
+    topic, _, part = name.rpartition("[")
+    return topic, int(part.rstrip("]"))
+
+
+def spelled(intervals: Intervals) -> str:
+    """``topic[p] begin..last`` for each interval (a plan's note)."""
+    return ", ".join(f"{k} {b}..{e - 1}" for k, spans in named(intervals).items() for b, e in spans)
+
+
+def named(intervals: Intervals) -> dict[str, list[list[int]]]:
+    """``topic[p]`` -> [[begin, end), ...] (a plan's JSON form)."""
+    return {f"{t}[{p}]": [[b, e] for b, e in spans] for (t, p), spans in sorted(intervals.items())}
+
+
+@dataclass(frozen=True)
+class BatchEntry:
+    """A committed batch as the ledger holds it."""
+
+    epoch: int
+    batch_id: int
+    start: Offsets
+    end: Offsets
+    watermark_ms: int = 0
+    batch_time_ms: int = 0
+    state_version: int | None = None  # the state version it left (None: not recorded)
+    commit_time_us: int = 0
+
+
+@dataclass(frozen=True)
+class Step:
+    """How an epoch began: the operation's plan, as its "done" ledger row holds it."""
+
+    action: str  # keep, restore, empty, publish
+    boundary: tuple[int, int] | None  # (epoch, batch id) the state was taken at
+    skipped: dict[TP, tuple[int, int]] = field(default_factory=dict)  # a skip's [from, to)
+    state_version: int | None = None  # the state version it left
+    done_us: int = 0  # when it recorded that it was done
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """A point of the lineage the state can be taken from: a committed batch's end
+    (or an operation's cut, batch id -1), and the state version exact for it."""
+
+    epoch: int
+    batch_id: int
+    end_offsets: Offsets
+    state_version: int
+    watermark_ms: int = 0
+    commit_time_us: int = 0
+
+
+class History:
+    """The application's epochs, replayed: the coverage every epoch began with, and
+    the live lineage (the epochs and batches its state is still made of)."""
+
+    def __init__(
+        self,
+        batches: list[BatchEntry],
+        steps: dict[int, Step],
+        epoch: int,
+        excluded: frozenset[int] = frozenset(),
+    ) -> None:
+        self.epoch = epoch
+        self.steps = steps
+        self.excluded = excluded
+        self.batches: dict[int, list[BatchEntry]] = {}
+        for b in sorted(batches, key=lambda b: (b.epoch, b.batch_id)):
+            if b.epoch not in excluded:
+                self.batches.setdefault(b.epoch, []).append(b)
+        self.starts: dict[int, Coverage] = {}
+        for at in range(epoch + 1):
+            self.starts[at] = self._start(at)
+        self.upto = self._chain()
+
+    def _start(self, at: int) -> Coverage:
+        step = self.steps.get(at)
+        if at == 0:
+            return Coverage()
+        if step is None or step.action == "publish":
+            return self.at(at - 1)
+        if step.action == "empty" or step.boundary is None:
+            return Coverage()
+        base = self.at(*step.boundary)
+        if step.skipped:
+            begin = {tp: r[0] for tp, r in step.skipped.items()}
+            end = {tp: r[1] for tp, r in step.skipped.items()}
+            base = base.adding([(begin, end, Judge(Judged.SKIP, at))])
+        return base
+
+    def at(self, epoch: int, batch_id: int | None = None) -> Coverage:
+        """The coverage after ``epoch``'s batch ``batch_id`` (-1: as the epoch began;
+        None: after its last batch)."""
+        return self.starts.get(epoch, Coverage()).adding(
+            (
+                b.start,
+                b.end,
+                Judge(Judged.BATCH, b.epoch, b.batch_id, b.watermark_ms, b.batch_time_ms),
+            )
+            for b in self.batches.get(epoch, [])
+            if batch_id is None or b.batch_id <= batch_id
+        )
+
+    @property
+    def head(self) -> Coverage:
+        return self.at(self.epoch)
+
+    def _chain(self) -> dict[int, int | None]:
+        """The live epochs, from the current one back, with their last live batch
+        (None: all): an epoch an operation began continues from its boundary (the
+        batches after it were discarded); one no operation began continues the one
+        before; emptied state, or state taken before any batch, ends it."""
+        upto: dict[int, int | None] = {}
+        at, last = self.epoch, None
+        while at >= 0 and at not in upto:
+            if at not in self.excluded:
+                upto[at] = last
+            step = self.steps.get(at)
+            if step is None:
+                at, last = at - 1, None
+            elif step.action == "empty" or step.boundary is None:
+                break
+            else:
+                at, last = step.boundary
+        return upto
+
+    def holds(self, epoch: int, batch_id: int) -> bool:
+        if epoch not in self.upto:
+            return False
+        limit = self.upto[epoch]
+        return limit is None or batch_id <= limit
+
+    def boundaries(self, cuts: dict[int, tuple[Offsets, int]]) -> list[Boundary]:
+        """Every live point the state can be taken from, in lineage order: batch ends
+        that recorded their state version, and the cut (``cuts``: epoch -> offsets,
+        watermark) of each completed operation on the lineage that left a version."""
+        found = [
+            Boundary(b.epoch, b.batch_id, b.end, b.state_version, b.watermark_ms, b.commit_time_us)
+            for batches in self.batches.values()
+            for b in batches
+            if b.state_version is not None and self.holds(b.epoch, b.batch_id)
+        ]
+        for epoch in self.upto:
+            step = self.steps.get(epoch)
+            if step is None or step.state_version is None or epoch not in cuts:
+                continue
+            offsets, watermark = cuts[epoch]
+            found.append(Boundary(epoch, -1, offsets, step.state_version, watermark, step.done_us))
+        return sorted(found, key=lambda b: (b.epoch, b.batch_id))
+
+    def coverage_at(self, boundary: Boundary) -> Coverage:
+        return self.at(boundary.epoch, boundary.batch_id)
+
+    def latest_before(self, boundaries: list[Boundary], target: Offsets) -> Boundary | None:
+        """The last boundary (lineage order) at or before ``target`` in every partition
+        ``target`` names. A target inside a range a skip left out is reached at the
+        skip's end: the state there is the state before the gap, and the gap stays."""
+        gaps = {epoch: start.gaps() for epoch, start in self.starts.items()}
+
+        def fits(b: Boundary) -> bool:
+            for tp, off in b.end_offsets.items():
+                want = target.get(tp, off)
+                last_gap = (gaps[b.epoch].get(tp) or [(off, -1)])[-1]
+                if off > want and not (last_gap[1] == off and last_gap[0] <= want):
+                    return False
+            return True
+
+        chosen = [b for b in boundaries if fits(b)]
+        return chosen[-1] if chosen else None
+
+
+def origin(batches: list[BatchEntry], first_cut: Offsets) -> Offsets:
+    """Where the application first read each partition: epoch 0's cut, and for a
+    partition that joined later, the start of the first batch with it."""
+    found = dict(first_cut)
+    for b in sorted(batches, key=lambda b: (b.epoch, b.batch_id)):
+        for tp, off in b.end.items():
+            found.setdefault(tp, b.start.get(tp, off))
+    return found

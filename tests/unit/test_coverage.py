@@ -1,0 +1,148 @@
+"""What the state covers (``jobs/coverage.py``): offsets, gaps and judges, from
+the ledger's rows (pure: no Spark)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from jobs.coverage import BatchEntry, Boundary, History, Step, layers
+from jobs.ledger import epoch_steps
+
+T = "clicks"
+P = (T, 0)
+
+
+def entry(epoch: int, batch_id: int, start: int, end: int, watermark: int = 0) -> BatchEntry:
+    return BatchEntry(epoch, batch_id, {P: start}, {P: end}, watermark, 0, batch_id)
+
+
+def batch(epoch: int, batch_id: int, start: int, end: int) -> dict[str, Any]:
+    return {
+        "epoch": epoch,
+        "batch_id": batch_id,
+        "start_offsets": json.dumps({T: {"0": start}}),
+        "end_offsets": json.dumps({T: {"0": end}}),
+    }
+
+
+def judged(batches: list[BatchEntry], steps: dict[int, Step], epoch: int) -> Any:
+    return History(batches, steps, epoch).head.judged()
+
+
+def test_a_rewind_replay_counts_once_and_a_skip_stays_out() -> None:
+    batches = [entry(0, 0, 0, 400), entry(0, 1, 400, 800), entry(0, 2, 800, 1000)]
+    # Rewind (reprocess) to batch 0's end: epoch 1 replays 400.. again.
+    batches += [entry(1, 0, 400, 700)]
+    steps = {1: Step("restore", (0, 0))}
+    assert judged(batches, steps, 1) == {P: [(0, 700)]}  # not 700..1000: undone
+    # Rewind (skip) to 1500: epoch 2 keeps epoch 1's state and reads from 1500.
+    batches += [entry(2, 0, 1500, 1600)]
+    steps[2] = Step("keep", (1, 0), {P: (700, 1500)})
+    history = History(batches, steps, 2)
+    assert history.head.judged() == {P: [(0, 700), (1500, 1600)]}
+    assert history.head.gaps() == {P: [(700, 1500)]}
+    # Emptied (rebuild --from-source): only what the new epoch read.
+    batches += [entry(3, 0, 0, 50)]
+    steps[3] = Step("empty", None)
+    assert judged(batches, steps, 3) == {P: [(0, 50)]}
+
+
+def test_a_backfill_covers_what_the_state_judged_and_no_gap() -> None:
+    # 0..900 judged, a skip to 950, 950..1000 judged, then a backfill (from batch 0).
+    batches = [entry(0, 0, 0, 400), entry(0, 1, 400, 900), entry(1, 0, 950, 1000)]
+    steps = {1: Step("keep", (0, 1), {P: (900, 950)}), 2: Step("publish", (0, 0))}
+    history = History(batches, steps, 2)
+    assert history.head.judged() == {P: [(0, 900), (950, 1000)]}
+    at = history.at(0, 0)
+    assert history.head.excluding(at) == {P: [(400, 900), (950, 1000)]}
+    # The batches it replaced are no state to go back to; their judgments stay.
+    assert [history.holds(0, b) for b in (0, 1)] == [True, False]
+    assert [d[4] for d in history.head.decisions()] == [0, 0, 0]
+
+
+def test_a_target_inside_a_skipped_range_is_reached_at_its_end() -> None:
+    batches = [entry(0, 0, 0, 900)]
+    steps = {1: Step("keep", (0, 0), {P: (900, 950)}, state_version=7)}
+    history = History(batches, steps, 1)
+    points = history.boundaries({1: ({P: 950}, 0)})
+    assert [(b.epoch, b.batch_id) for b in points] == [(0, 0), (1, -1)]
+    assert history.latest_before(points, {P: 920}) == Boundary(1, -1, {P: 950}, 7)
+    assert history.latest_before(points, {P: 899}) is None
+    assert history.latest_before(points, {P: 900}) == Boundary(1, -1, {P: 950}, 7)
+
+
+def test_a_partition_that_appears_mid_epoch_enters_at_its_first_offset() -> None:
+    q = (T, 1)
+    batches = [
+        BatchEntry(0, 0, {P: 0}, {P: 10}),
+        BatchEntry(0, 1, {P: 10, q: 0}, {P: 20, q: 5}),
+    ]
+    assert History(batches, {}, 0).head.judged() == {P: [(0, 20)], q: [(0, 5)]}
+
+
+def test_one_read_of_the_ledger_next_to_a_committing_stream(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A batch committed after verify read the ledger is in neither the lineage nor
+    the state version compared (before: the lineage from one read, the version from
+    a second, and a false drift)."""
+    import time
+
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from jobs.delta import layout as tables
+    from jobs.ledger import snapshot
+    from jobs.operations.verify import comparable_version, state_lineage
+    from tests.output_tables import StateWriter, clicks_pipeline
+
+    writer = StateWriter(tmp_path, clicks_pipeline())
+    ledger = writer.layout.table(tables.LEDGER)
+
+    def commit_batch(batch_id: int, counts: dict[str, int | None]) -> int:
+        version = writer.batch(counts)
+        row = {
+            "application_id": writer.pipeline.application_id,
+            "entry_type": "batch",
+            "pipeline_version": 1,
+            "processing_guarantee": "exactly_once",
+            "commit_time": int(time.time() * 1_000_000),
+            **batch(0, batch_id, 100 * batch_id, 100 * (batch_id + 1)),
+            "delta_versions": json.dumps({"state_after": version}),
+        }
+        write_deltalake(
+            str(ledger), pa.Table.from_pylist([row], tables.LEDGER_SCHEMA), mode="append"
+        )
+        return version
+
+    first = commit_batch(0, {"a": 1})
+    snap = snapshot(writer.layout)
+    assert snap is not None
+    commit_batch(1, {"a": 2})  # the stream, between verify's reads
+    where, base, intervals = state_lineage(snap)
+    assert (where, base, intervals) == ("epoch 0 batch 0", first, {(T, 0): [(0, 100)]})
+    assert comparable_version(writer.layout, base, snap.epoch) == first
+
+
+def test_steps_come_from_done_rows_only() -> None:
+    def row(entry: str, epoch: int, details: dict[str, Any]) -> dict[str, Any]:
+        return {"entry_type": entry, "epoch": epoch, "details": json.dumps(details)}
+
+    plan = {"state_action": "keep", "boundary": {"epoch": 0, "batch_id": 3}}
+    skip = {**plan, "skipped": {"a[b][2]": [5, 9]}}
+    steps = epoch_steps(
+        [
+            row("rewind", 1, {"dry_run": True, "plan": plan}),
+            row("rewind", 1, {"phase": "started", "plan": plan}),
+            row("rewind", 1, {"phase": "done", "plan": skip}),
+            row("maintain", 1, {"phase": "done"}),
+        ]
+    )
+    assert steps == {1: Step("keep", (0, 3), {("a[b]", 2): (5, 9)})}
+
+
+def test_disjoint_intervals_are_read_in_layers() -> None:
+    reads = layers({(T, 0): [(0, 10), (20, 30)], (T, 1): [(5, 8)]})
+    assert reads == [
+        ({(T, 0): 0, (T, 1): 5}, {(T, 0): 10, (T, 1): 8}),
+        ({(T, 0): 20, (T, 1): 8}, {(T, 0): 30, (T, 1): 8}),
+    ]

@@ -1,0 +1,230 @@
+"""Random sequences of operations against a plain-Python model (issue 28).
+
+The model keeps, per partition, the set of offsets the state judged and the set a
+skip left out, and the lineage as a list of points (what the state held and where
+the stream stood). The system under test is ``jobs.coverage`` fed with the ledger
+entries the platform writes (batch rows, operations' steps and cuts) and its own
+choices (``History.latest_before``, ``Coverage.excluding``). After every step the
+two agree on what is judged, what is skipped and where the stream reads next;
+Hypothesis shrinks a failing sequence to a minimal one.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from jobs.coverage import TP, BatchEntry, Boundary, History, Intervals, Step
+
+T = "t"
+
+
+def as_intervals(offsets: dict[TP, set[int]]) -> Intervals:
+    out: Intervals = {}
+    for tp, found in offsets.items():
+        spans: list[tuple[int, int]] = []
+        for o in sorted(found):
+            if spans and spans[-1][1] == o:
+                spans[-1] = (spans[-1][0], o + 1)
+            else:
+                spans.append((o, o + 1))
+        if spans:
+            out[tp] = spans
+    return out
+
+
+@dataclass
+class Point:
+    """The model's lineage point: what the state held and where the stream stood."""
+
+    judged: dict[TP, set[int]]
+    skipped: dict[TP, set[int]]
+    pos: dict[TP, int]
+
+    def copy(self) -> Point:
+        return Point(
+            {tp: set(s) for tp, s in self.judged.items()},
+            {tp: set(s) for tp, s in self.skipped.items()},
+            dict(self.pos),
+        )
+
+    def fits(self, target: dict[TP, int]) -> bool:
+        """Nothing judged at or after the target, and anything between the target
+        and where the stream stood was skipped."""
+        return all(
+            all(o in self.skipped.get(tp, set()) for o in range(target[tp], pos))
+            for tp, pos in self.pos.items()
+            if tp in target
+        )
+
+
+class Repairs(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.log: dict[TP, int] = {(T, 0): 0}  # records produced per partition
+        # The model.
+        self.model = Point({}, {}, {(T, 0): 0})
+        self.points: list[Point] = []  # the first cut has no state version to restore
+        # What the platform writes: ledger rows, steps, cuts; where its stream reads.
+        self.epoch = 0
+        self.batch_id = 0
+        self.version = 0
+        self.batches: list[BatchEntry] = []
+        self.steps: dict[int, Step] = {}
+        self.cuts: dict[int, tuple[dict[TP, int], int]] = {}
+        self.reads: dict[TP, int] = {(T, 0): 0}
+
+    # -- the system under test ------------------------------------------------
+    def history(self) -> History:
+        return History(self.batches, self.steps, self.epoch)
+
+    def boundaries(self, history: History) -> list[Boundary]:
+        return history.boundaries(self.cuts)
+
+    def begin_epoch(self, step: Step | None, reads: dict[TP, int]) -> None:
+        self.epoch += 1
+        self.batch_id = 0
+        if step is not None:
+            self.version += 1
+            self.steps[self.epoch] = Step(
+                step.action, step.boundary, step.skipped, state_version=self.version
+            )
+            self.cuts[self.epoch] = (dict(reads), 0)
+        self.reads = dict(reads)
+
+    def chosen(self, target: dict[TP, int]) -> tuple[Boundary | None, Point | None]:
+        history = self.history()
+        found = history.latest_before(self.boundaries(history), target)
+        fits = [p for p in self.points if p.fits(target)]
+        return found, (fits[-1] if fits else None)
+
+    # -- rules ------------------------------------------------------------------
+    @rule(part=st.integers(0, 3), n=st.integers(1, 30))
+    def produce(self, part: int, n: int) -> None:
+        tp = (T, part % len(self.log))
+        self.log[tp] += n
+
+    @precondition(lambda self: len(self.log) < 4)
+    @rule()
+    def add_partition(self) -> None:
+        self.log[(T, len(self.log))] = 0
+
+    @rule(most=st.integers(1, 40))
+    def run(self, most: int) -> None:
+        """One batch of at most ``most`` records per partition; a new partition is
+        read from offset 0 (``offset_log.batch_start``)."""
+        start = {tp: self.reads.get(tp, 0) for tp in self.log}
+        end = {tp: min(self.log[tp], start[tp] + most) for tp in self.log}
+        if all(end[tp] == start[tp] for tp in self.log):
+            return  # Spark runs no batch when nothing is new
+        self.version += 1
+        self.batches.append(
+            BatchEntry(self.epoch, self.batch_id, start, end, state_version=self.version)
+        )
+        self.batch_id += 1
+        self.reads = end
+        for tp in self.log:
+            self.model.judged.setdefault(tp, set()).update(range(start[tp], end[tp]))
+            self.model.pos[tp] = end[tp]
+        self.points.append(self.model.copy())
+
+    @rule()
+    def crash_an_operation_after_its_fence(self) -> None:
+        """An operation that bumped the epoch and died: no step; the state goes on."""
+        self.begin_epoch(None, self.reads)
+
+    @precondition(lambda self: self.batches)
+    @rule()
+    def rebuild(self) -> None:
+        head = self.boundaries(self.history())[-1]
+        self.begin_epoch(Step("keep", (head.epoch, head.batch_id)), head.end_offsets)
+        self.points.append(self.model.copy())
+
+    @rule()
+    def rebuild_from_source(self) -> None:
+        self.begin_epoch(Step("empty", None), {tp: 0 for tp in self.log})
+        self.model = Point({}, {}, {tp: 0 for tp in self.log})
+        self.points = [self.model.copy()]
+
+    @precondition(lambda self: self.batches)
+    @rule(data=st.data())
+    def skip(self, data: st.DataObject) -> None:
+        head = self.boundaries(self.history())[-1]
+        target = {
+            tp: data.draw(st.integers(self.reads.get(tp, 0), self.log[tp])) for tp in self.log
+        }
+        skipped = {
+            tp: (self.reads.get(tp, 0), off)
+            for tp, off in target.items()
+            if off > self.reads.get(tp, 0)
+        }
+        self.begin_epoch(Step("keep", (head.epoch, head.batch_id), skipped), target)
+        for tp, (begin, end) in skipped.items():
+            self.model.skipped.setdefault(tp, set()).update(range(begin, end))
+        self.model.pos = dict(target)
+        self.points.append(self.model.copy())
+
+    @precondition(lambda self: self.batches)
+    @rule(data=st.data())
+    def reprocess(self, data: st.DataObject) -> None:
+        target = {tp: data.draw(st.integers(0, self.log[tp])) for tp in self.log}
+        found, point = self.chosen(target)
+        assert (found is None) == (point is None), (found, point)
+        if found is None or point is None:
+            self.rebuild_from_source()  # no point before the target: replay from the start
+            return
+        assert found.end_offsets == {tp: off for tp, off in point.pos.items()}
+        self.begin_epoch(Step("restore", (found.epoch, found.batch_id)), found.end_offsets)
+        self.model = point.copy()
+        self.points = self.points[: self.points.index(point) + 1] + [self.model.copy()]
+
+    @precondition(lambda self: self.batches)
+    @rule(data=st.data(), earliest=st.booleans())
+    def backfill(self, data: st.DataObject, earliest: bool) -> None:
+        history = self.history()
+        head = history.head
+        if earliest:
+            found, point = None, None
+        else:
+            target = {tp: data.draw(st.integers(0, self.log[tp])) for tp in self.log}
+            found, point = self.chosen(target)
+        reads = head.judged() if found is None else head.excluding(history.coverage_at(found))
+        base = {} if point is None else point.judged
+        expected = {tp: judged - base.get(tp, set()) for tp, judged in self.model.judged.items()}
+        assert reads == as_intervals(expected)
+        boundary = None if found is None else (found.epoch, found.batch_id)
+        self.begin_epoch(Step("publish", boundary), self.reads)
+        assert self.history().head.judged() == head.judged()  # a backfill changes no coverage
+        kept = [] if point is None else self.points[: self.points.index(point) + 1]
+        self.points = [*kept, self.model.copy()]
+
+    # -- what must always hold --------------------------------------------------
+    @invariant()
+    def the_coverage_is_the_models(self) -> None:
+        head = self.history().head
+        assert head.judged() == as_intervals(self.model.judged)
+        assert head.gaps() == as_intervals(
+            {tp: s - self.model.judged.get(tp, set()) for tp, s in self.model.skipped.items()}
+        )
+        for spans in head.spans.values():  # every offset judged once: disjoint spans
+            assert all(a.end <= b.begin for a, b in itertools.pairwise(spans))
+
+    @invariant()
+    def no_record_is_both_judged_and_skipped(self) -> None:
+        for tp, judged in self.model.judged.items():
+            assert not judged & self.model.skipped.get(tp, set())
+
+    @invariant()
+    def the_stream_reads_on_where_the_model_does(self) -> None:
+        for tp, pos in self.model.pos.items():
+            assert self.reads.get(tp, 0) == pos, (tp, self.reads, self.model.pos)
+
+
+Repairs.TestCase.settings = settings(
+    max_examples=2000, stateful_step_count=20, deadline=None, database=None, derandomize=True
+)
+test_repairs_in_any_order = Repairs.TestCase
