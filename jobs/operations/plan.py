@@ -36,8 +36,9 @@ class Plan:
     source: str = "kafka"  # where a backfill reads: "kafka" or "archive" (the raw table)
     read_from: Offsets = field(default_factory=dict)  # a backfill's first offsets
     # What a backfill reads: the judged offsets after its boundary ("topic[p]" ->
-    # [[begin, end), ...]); a skipped range is not among them.
-    read_ranges: dict[str, list[list[int]]] = field(default_factory=dict)
+    # [[begin, end), ...]; None: a plan saved before they were); a skipped range is
+    # not among them.
+    read_ranges: dict[str, list[list[int]]] | None = None
     # Topics a rewind points at their current log: they may have been recreated.
     reset_topics: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -64,7 +65,7 @@ class Plan:
 
     def ranges(self) -> dict[tuple[str, int], list[tuple[int, int]]]:
         """``read_ranges`` by partition; a plan saved without them: [read_from, target)."""
-        if not self.read_ranges:
+        if self.read_ranges is None:
             return {
                 tp: [(self.read_from.get(tp, end), end)]
                 for tp, end in self.target_offsets.items()

@@ -136,10 +136,11 @@ def plan_rewind(
                 f"{_names(backwards)}; use --mode reprocess"
             )
         check_seedable(pipeline)
+        # A partition the application has not read yet (added to the topic since)
+        # would be read from its log start: skipping it skips from there.
+        start = {tp: current.get(tp, marks[tp][0]) for tp in chosen}
         skipped = {
-            f"{tp[0]}[{tp[1]}]": [current.get(tp, off), off]
-            for tp, off in chosen.items()
-            if off > current.get(tp, off)
+            f"{tp[0]}[{tp[1]}]": [start[tp], off] for tp, off in chosen.items() if off > start[tp]
         }
         restarted = {tp: off for tp, off in chosen.items() if off < current.get(tp, off)}
         if restarted:

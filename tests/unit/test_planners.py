@@ -233,3 +233,14 @@ def test_a_backfill_after_a_backfill_keeps_the_stream_watermark(settings, monkey
     monkeypatch.setattr(backfill, "broker_marks", lambda *_a, **_k: ({}, {TP: (0, 1000)}))
     plan = backfill.plan_backfill(PIPELINE, settings, "again", TargetSpec("earliest"))
     assert restart.watermark_floor(layout, plan) == 2000
+
+
+def test_a_skip_over_a_partition_never_read_records_its_gap_from_the_log_start(  # type: ignore[no-untyped-def]
+    settings, marks
+) -> None:
+    # clicks[1] was added after the last batch: the stream would read it from its
+    # log start (0), so skipping it to 50 leaves 0..49 out, recorded as a gap.
+    marks[("clicks", 1)] = (0, 80)
+    spec = TargetSpec("offset", json.dumps({"clicks": {"0": 950, "1": 50}}))
+    plan = restart.plan_rewind(PIPELINE, settings, "junk", spec, "skip", None)
+    assert plan.skipped == {"clicks[0]": [900, 950], "clicks[1]": [0, 50]}

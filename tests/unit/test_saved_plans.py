@@ -44,6 +44,22 @@ def test_a_plan_survives_its_json() -> None:
     assert Plan.from_dict(plan.to_dict()) == plan
 
 
+def test_a_backfill_reads_its_ranges_and_nothing_when_they_are_empty() -> None:
+    """Found by a random sequence (rebuild --from-source, skip, backfill): a plan
+    with nothing judged to read read [read_from, target) as a plan saved before
+    ranges were recorded does."""
+    plan = dataclasses.replace(
+        a_plan(),
+        read_from={("clicks", 0): 0},
+        target_offsets={("clicks", 0): 11},
+        read_ranges={"clicks[0]": [[0, 5], [8, 11]]},
+    )
+    assert Plan.from_dict(plan.to_dict()).ranges() == {("clicks", 0): [(0, 5), (8, 11)]}
+    assert dataclasses.replace(plan, read_ranges={}).ranges() == {}
+    old = dataclasses.replace(plan, read_ranges=None)  # saved before ranges were recorded
+    assert old.ranges() == {("clicks", 0): [(0, 11)]}
+
+
 def test_saved_and_loaded_exactly(tmp_path: Path) -> None:
     writer = StateWriter(tmp_path, clicks_pipeline())
     plan_id = saved.save(writer.layout, writer.pipeline, a_plan(), {"preview": {"keys": 3}})
