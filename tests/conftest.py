@@ -61,6 +61,7 @@ SLOW_FIRST = (
     "test_interrupted_operations.py",
     "test_airflow_ui.py",
     "test_backfill.py",
+    "test_repair_sequences.py",
     "test_backfill_memory.py",
     "test_repair_lineage.py",
     "test_warm_driver.py",
