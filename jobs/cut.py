@@ -163,17 +163,43 @@ def latest_cut(layout: AppLayout, epoch: int) -> Cut | None:
     return None
 
 
+def _shape_changes(pipeline: Pipeline, cut: Cut, new_checkpoint: bool) -> list[str]:
+    before = cut.state_shape
+    if before is None:
+        if new_checkpoint or "window_key" not in pipeline.state_shape:
+            return []
+        # Recorded before shapes were: Spark keys its hopping windows by their start.
+        before = {**pipeline.state_shape, "window_key": None}
+    changes = shape_changes(before, pipeline.state_shape)
+    if new_checkpoint:
+        changes = [c for c in changes if not c.startswith(("shuffle_partitions", "window_key"))]
+    return changes
+
+
+def needs_rekeying(pipeline: Pipeline, cut: Cut) -> bool:
+    """The epoch's checkpoint keys hopping windows by their start (written before
+    they were keyed by their last pane) and nothing else changed: a seeded
+    ``rebuild`` starts a checkpoint with the new keys from the unchanged state."""
+    changes = _shape_changes(pipeline, cut, new_checkpoint=False)
+    return bool(changes) and all(c.startswith("window_key") for c in changes)
+
+
 def check_state_shape(
     layout: AppLayout, pipeline: Pipeline, cut: Cut, new_checkpoint: bool = False
 ) -> None:
     """Refuse, before Spark starts, a pipeline whose state does not fit the epoch's.
     ``new_checkpoint``: the state is seeded into a fresh checkpoint (a rewind's,
-    rebuild's or backfill's), whose shuffle partitions may differ."""
-    if cut.state_shape is None:
-        return
-    changes = shape_changes(cut.state_shape, pipeline.state_shape)
-    if new_checkpoint:
-        changes = [c for c in changes if not c.startswith("shuffle_partitions")]
+    rebuild's or backfill's), whose shuffle partitions and hopping window keys may
+    differ (the published rows mean the same under either key)."""
+    changes = _shape_changes(pipeline, cut, new_checkpoint)
+    if not new_checkpoint and needs_rekeying(pipeline, cut):
+        raise ConfigError(
+            f"pipeline {pipeline.application_id}: epoch {cut.epoch}'s checkpoint keys hopping "
+            f"windows by their start, this platform by their last pane ({changes[0]}): its "
+            f"checkpoint cannot continue; repair: python -m jobs rebuild --pipeline "
+            f"{pipeline.application_id} --reason ... (seeds a new checkpoint from the published "
+            "state, which is unchanged; Kafka is not re-read)"
+        )
     if changes:
         raise ConfigError(
             f"pipeline {pipeline.application_id} v{pipeline.version} changes what Spark's state "

@@ -176,8 +176,12 @@ class Pipeline:
     def state_shape(self) -> dict[str, Any]:
         """What Spark's state for this pipeline is made of: a checkpoint of one shape
         cannot continue under another (Spark fails deep in a batch, or a window
-        change silently counts into the wrong windows). JSON-safe; cuts record it."""
-        return {
+        change silently counts into the wrong windows). JSON-safe; cuts record it.
+
+        ``window_key`` (hopping windows only): Spark keys such a window by its last
+        pane (``streaming/query.aggregate``). An older checkpoint's keys, of the same
+        type, hold window starts: continued, it would count into other rows."""
+        shape: dict[str, Any] = {
             "keys": list(self.keys),
             "window": None
             if self.window is None
@@ -185,6 +189,9 @@ class Pipeline:
             "aggregations": [[a.name, a.function, a.field] for a in self.aggregations],
             "shuffle_partitions": self.shuffle_partitions,
         }
+        if self.window is not None and self.window.windows_per_record > 1:
+            shape["window_key"] = "last_pane"
+        return shape
 
     @property
     def definition(self) -> dict[str, str]:
@@ -703,12 +710,13 @@ def definition_changes(recorded: dict[str, Any], pipeline: Pipeline) -> list[str
 
 
 def shape_changes(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
-    """What differs between two ``state_shape``s, in words."""
+    """What differs between two ``state_shape``s, in words (each starts with the key)."""
     names = {
         "keys": "keys",
         "window": "window [size, slide] (seconds)",
         "aggregations": "aggregations [name, function, field]",
         "shuffle_partitions": "shuffle_partitions",
+        "window_key": "window_key (Spark's key of a hopping window; None: its start)",
     }
     return [
         f"{label} {before.get(key)} -> {now.get(key)}"

@@ -18,14 +18,6 @@ from jobs.errors import ConfigError
 from jobs.pipeline import Aggregation, Pipeline, stored_column
 
 
-def check_seedable(pipeline: Pipeline) -> None:
-    if pipeline.window is not None and pipeline.window.windows_per_record != 1:
-        raise ConfigError(
-            f"{pipeline.application_id}: a hopping window cannot be seeded from its state "
-            "(a seed row would land in several windows); recompute from the source instead"
-        )
-
-
 def seed_ddl(pipeline: Pipeline) -> str:
     """The Spark schema of the seed stream: the contributions' columns (the pipeline
     must have been analysed by Spark when a derived column is a key or summed)."""
@@ -39,11 +31,10 @@ def seed_rows(state: pa.Table, pipeline: Pipeline) -> pa.Table:
     """State rows -> contributions: what each row adds to a fresh aggregation. The
     columns keep the state table's types (a process without Spark cannot tell a
     derived column's type; the state table was written with it)."""
-    check_seedable(pipeline)
     n = state.num_rows
     columns: dict[str, Any] = {k: state[k] for k in pipeline.keys}
     if pipeline.window is not None:
-        columns["_event_time"] = state["window_start"]
+        columns["_event_time"] = seed_time(state, pipeline)
     else:
         columns["_event_time"] = pa.array([0] * n, TIMESTAMP)
     for agg in pipeline.aggregations:
@@ -54,11 +45,25 @@ def seed_rows(state: pa.Table, pipeline: Pipeline) -> pa.Table:
     return pa.table(columns)
 
 
+def seed_time(state: pa.Table, pipeline: Pipeline) -> pa.ChunkedArray:
+    """The event time a window row is seeded at, inside that window's key only: a
+    tumbling window's start; a hopping window's last pane (end - slide), by which
+    ``query.aggregate`` keys it (its start would fall in the panes of n windows)."""
+    assert pipeline.window is not None
+    window = pipeline.window
+    if window.windows_per_record == 1:
+        return state["window_start"]
+    end = state["window_end"]
+    last_pane = pc.subtract(pc.cast(end, pa.int64()), window.slide_seconds * 1_000_000)
+    return pc.cast(last_pane, end.type)
+
+
 def open_windows(state: pa.Table, pipeline: Pipeline) -> pa.Table:
     """The state rows Spark still needs: windows the seeded watermark keeps open.
 
     Spark's watermark after the seed batch is the newest seeded window start minus
-    the delay, and it drops windows that end at or before it (they stay in the Delta
+    the delay (a hopping window's seed time and Spark's delay are both size - slide
+    more), and it drops windows that end at or before it (they stay in the Delta
     ``state`` table, closed, as they were). Unwindowed state is needed whole.
     """
     if pipeline.window is None or state.num_rows == 0:

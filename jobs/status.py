@@ -10,7 +10,7 @@ from typing import Any
 from deltalake import DeltaTable
 
 from jobs import kafka_admin
-from jobs.cut import live_boundaries, read_cut
+from jobs.cut import latest_cut, live_boundaries, needs_rekeying, read_cut
 from jobs.delta.layout import AppLayout
 from jobs.errors import PlatformError
 from jobs.kafka_source import offsets as plan
@@ -121,6 +121,14 @@ def application_status(
         return status
 
     repair = _check_checkpoint(layout, epoch, newest_in_epoch, problems)
+    cut = latest_cut(layout, epoch)
+    if repair is None and cut is not None and needs_rekeying(pipeline, cut):
+        problems.append(
+            f"epoch {epoch}'s checkpoint keys hopping windows by their start, this platform "
+            "by their last pane: run refuses it until a rebuild seeds a new checkpoint from "
+            "the published state (unchanged)"
+        )
+        repair = "rebuild"
     committed = plan.from_json_dict(json.loads(last["end_offsets"]))
     lags = (
         _lags(pipeline, settings, committed, problems, _cut_topic_ids(layout, epoch, problems))
@@ -218,7 +226,10 @@ def _check_batches(
                 f"{found} rows in dead_letter"
             )
         end = previous_end.get(row["epoch"])
-        if end is not None and end != row["start_offsets"]:
+        # A partition added to the topic since the previous batch starts at 0.
+        if end is not None and json.loads(row["start_offsets"]) != offset_log.batch_start(
+            json.loads(end), json.loads(row["end_offsets"])
+        ):
             problems.append(
                 f"batch {ident}: starts at {row['start_offsets']}, previous ended at {end}"
             )

@@ -64,6 +64,7 @@ SLOW_FIRST = (
     "test_repair_sequences.py",
     "test_backfill_memory.py",
     "test_repair_lineage.py",
+    "test_hopping_repairs.py",
     "test_warm_driver.py",
     "test_stream_dag_run.py",
     "test_metrics.py",

@@ -106,16 +106,26 @@ class Sequence:
         assert done.returncode == 0, f"{self.done}: {done.stdout[-1500:]}{done.stderr[-1500:]}"
         return str(done.stdout)
 
+    def last_batch(self) -> tuple[int, int] | None:
+        from jobs.delta.layout import AppLayout
+        from jobs.ledger import last_batch
+
+        row = last_batch(AppLayout(self.settings.warehouse, "inventory"))
+        return None if row is None else (int(row["epoch"]), int(row["batch_id"]))
+
     def state(self) -> dict[str, tuple[int, int]]:
         table = DeltaTable(str(self.settings.warehouse / "inventory" / "state"))
         return {
             r["sku"]: (r["quantity"], r["movements"]) for r in table.to_pyarrow_table().to_pylist()
         }
 
-    def expected(self) -> dict[str, tuple[int, int]]:
+    def expected(self, version_now: int | None = None) -> dict[str, tuple[int, int]]:
+        """The state: each judged valid record with the version that judged it (or
+        ``version_now``'s logic: what verify recomputes)."""
         totals: dict[str, tuple[int, int]] = {}
         for tp, judged in self.model.judged.items():
-            for offset, version in judged.items():
+            for offset, judged_by in judged.items():
+                version = judged_by if version_now is None else version_now
                 event = self.records[tp][offset]
                 if event is None:
                     continue  # a dead letter
@@ -224,14 +234,56 @@ class Sequence:
         target = {tp: 0 for tp in self.records} if earliest else self._target(lambda tp: 0)
         where = ["--to-earliest"] if earliest else ["--to-offset", self._offsets(target)]
         self.jobs("rewind", *where, "--reason", "reprocess")
-        fits = [p for p in self.points if p.fits(target)]
-        if fits:
-            point = fits[-1]
-            self.model = point.copy()
-            self.points = self.points[: self.points.index(point) + 1] + [self.model.copy()]
-        else:
-            self._emptied()
+        self._restored(target)
         self.done.append(f"reprocess to {sorted(target.values())}")
+
+    def _chosen(self, target: dict[TP, int]) -> Point | None:
+        """The model's boundary for a target: the last point that judged nothing at
+        or after it (what lies between it and the point's offsets was skipped)."""
+        fits = [p for p in self.points if p.fits(target)]
+        return fits[-1] if fits else None
+
+    def _restored(self, target: dict[TP, int]) -> None:
+        point = self._chosen(target)
+        if point is None:
+            self._emptied()
+            return
+        self.model = point.copy()
+        self.points = self.points[: self.points.index(point) + 1] + [self.model.copy()]
+
+    def saved_plan(self) -> None:
+        """A reviewed rewind applied after something else happened: refused (nothing
+        changes) when a batch committed since the dry run, applied exactly otherwise."""
+        target = self._target(lambda tp: 0)
+        out = self.jobs(
+            "rewind", "--to-offset", self._offsets(target), "--reason", "review", "--dry-run"
+        )
+        plan_id = out.rsplit("plan: ", 1)[1].split()[0]
+        moved = False
+        if self.rng.random() < 0.5:
+            self.produce()
+            if self.rng.random() < 0.5:
+                before = self.last_batch()
+                self.run()
+                moved = self.last_batch() != before  # a batch committed since the review
+        done = self.run_jobs(
+            self.path,
+            self.settings,
+            "rewind",
+            "--plan",
+            plan_id,
+            "--reason",
+            "review",
+            spark=self.spark,
+        )
+        if moved:
+            assert done.returncode == 2 and "no longer fits" in done.stderr, done.stderr[-1500:]
+        else:
+            assert done.returncode == 0, f"{self.done}: {done.stderr[-1500:]}"
+            self._restored(target)
+        self.done.append(
+            f"saved rewind to {sorted(target.values())}, {'refused' if moved else 'applied'}"
+        )
 
     def _emptied(self) -> None:
         """Replayed from the first offsets: gaps and all (the plan says so)."""
@@ -249,14 +301,25 @@ class Sequence:
         self.done.append("rebuild --from-source")
 
     def backfill(self) -> None:
+        """A new version republishes the state: from the earliest offsets, or from the
+        boundary at or before a target (the state there stays as it was judged)."""
         self.version += 1
         self.path = self.pipeline_file(self.version)
-        self.jobs("backfill", "--from-earliest", "--reason", f"v{self.version}")
-        for judged in self.model.judged.values():
+        base: Point | None = None
+        if self.rng.random() < 0.4:
+            target = self._target(lambda tp: 0)
+            start = ["--from-offset", self._offsets(target)]
+            base = self._chosen(target)
+        else:
+            start = ["--from-earliest"]
+        self.jobs("backfill", *start, "--reason", f"v{self.version}")
+        for tp, judged in self.model.judged.items():
+            kept = {} if base is None else base.judged.get(tp, {})
             for offset in judged:
-                judged[offset] = self.version
-        self.points = [self.model.copy()]
-        self.done.append(f"backfill v{self.version}")
+                judged[offset] = kept.get(offset, self.version)
+        kept_points = [] if base is None else self.points[: self.points.index(base) + 1]
+        self.points = [*kept_points, self.model.copy()]
+        self.done.append(f"backfill v{self.version} {start[0]}")
 
     def maintain(self) -> None:
         """Compaction and vacuum: no row changes, every boundary stays restorable."""
@@ -264,8 +327,16 @@ class Sequence:
         self.done.append("maintain")
 
     def verify(self) -> None:
-        out = self.jobs("verify")
-        assert ", 0 differ" in out, f"after {self.done}: {out[-1500:]}"
+        """The state recomputed with the current version: equal, unless some of it
+        was judged by an older one (a backfill from a boundary keeps what it found
+        there), which verify must then report."""
+        done = self.run_jobs(self.path, self.settings, "verify", spark=self.spark)
+        if self.expected(self.version) == self.expected():
+            assert done.returncode == 0 and ", 0 differ" in done.stdout, (
+                f"after {self.done}: {done.stdout[-1500:]}{done.stderr[-1500:]}"
+            )
+        else:
+            assert done.returncode != 0 and "differ" in done.stderr, done.stderr[-1500:]
         self.done.append("verify")
 
     def step(self) -> None:
@@ -280,7 +351,13 @@ class Sequence:
             (self.maintain, 1),
         ]
         if self.has_batches():
-            choices += [(self.skip, 2), (self.reprocess, 2), (self.rebuild, 1), (self.backfill, 1)]
+            choices += [
+                (self.skip, 2),
+                (self.reprocess, 2),
+                (self.saved_plan, 1),
+                (self.rebuild, 1),
+                (self.backfill, 1),
+            ]
         operations, weights = zip(*choices, strict=True)
         self.rng.choices(operations, weights)[0]()
         self.check()
@@ -298,4 +375,7 @@ def run_sequence(seed: int, steps: int, **context: Any) -> list[str]:
     sequence.run()
     sequence.check()
     sequence.verify()
+    # status names no problem that is not there (nothing is lagging or damaged).
+    status = json.loads(sequence.jobs("status", "--json"))
+    assert status["problems"] == [] and status["repair"] is None, (sequence.done, status)
     return sequence.done

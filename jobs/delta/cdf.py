@@ -32,11 +32,10 @@ def rows_of(changes: pa.Table, kinds: tuple[str, ...], columns: list[str]) -> pa
 
 
 def plain_strings(table: pa.Table) -> pa.Table:
-    """The change data feed reads strings as string_view, which few kernels take."""
+    """The change data feed reads strings as string_view and bytes (a distinct
+    count's sketch) as binary_view, which few kernels take (``take`` does not)."""
+    plain = {pa.string_view(): pa.string(), pa.binary_view(): pa.binary()}
     schema = pa.schema(
-        [
-            pa.field(f.name, pa.string(), f.nullable) if pa.types.is_string_view(f.type) else f
-            for f in table.schema
-        ]
+        [pa.field(f.name, plain.get(f.type, f.type), f.nullable) for f in table.schema]
     )
     return table.cast(schema)

@@ -43,7 +43,7 @@ from jobs.operations.plan import Plan, header
 from jobs.operations.targets import TargetSpec, resolve_targets
 from jobs.pipeline import Pipeline
 from jobs.settings import Settings
-from jobs.snapshot import check_seedable, open_windows, seed_rows
+from jobs.snapshot import open_windows, seed_rows
 
 Offsets = kafka_offsets.Offsets
 
@@ -83,7 +83,6 @@ def plan_rebuild(pipeline: Pipeline, settings: Settings, reason: str, from_sourc
                 *filled_gaps(layout),
             ],
         )
-    check_seedable(pipeline)
     return Plan(
         **header("rebuild", pipeline.application_id, reason, epoch, current),
         target_offsets=dict(current),
@@ -135,8 +134,7 @@ def plan_rewind(
                 f"--mode skip only moves forward (it keeps the state); these would go back: "
                 f"{_names(backwards)}; use --mode reprocess"
             )
-        check_seedable(pipeline)
-        # A partition the application has not read yet (added to the topic since)
+            # A partition the application has not read yet (added to the topic since)
         # would be read from its log start: skipping it skips from there.
         start = {tp: current.get(tp, marks[tp][0]) for tp in chosen}
         skipped = {
@@ -172,7 +170,6 @@ def plan_rewind(
                 *filled_gaps(layout),
             ],
         )
-    check_seedable(pipeline)
     return Plan(
         **base,
         target_offsets=dict(boundary.end_offsets),

@@ -176,7 +176,7 @@ def resume_unchanged(
     try:
         plan = plan_rebuild(pipeline, settings, reason, from_source=False)
         result = apply_plan(pipeline, settings, plan)
-    except PlatformError as cannot:  # a hopping window cannot be seeded, say
+    except PlatformError as cannot:  # the state's shape no longer fits a seed, say
         return ConfigError(
             f"{refused}; the stream was fenced before this was known, and it cannot "
             f"resume unchanged ({cannot}); complete the fence with python -m jobs rebuild "

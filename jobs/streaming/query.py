@@ -78,16 +78,26 @@ def observe_input(classified: DataFrame) -> DataFrame:
 
 
 def aggregate(contributions: DataFrame, pipeline: Pipeline) -> DataFrame:
-    """Contributions -> one output row per (key, window) changed in the batch (update mode)."""
+    """Contributions -> one output row per (key, window) changed in the batch (update mode).
+
+    A hopping window is grouped by its last pane, the tumbling window of one slide
+    its ``_event_time`` rows fall in (``records.contributions``), and published as
+    the window ending with it: seeded from the ``state`` table, a row then lands in
+    its own window only, where Spark's hopping windows would put it in several.
+    Spark's watermark delay grows by size - slide, the shift of the last window's
+    rows: its watermark stays the newest event time minus the pipeline's delay, and
+    a window's state is still dropped when the watermark passes its end.
+    """
     group: list[Column] = [F.col(k) for k in pipeline.keys]
-    if pipeline.window is not None:
+    window = pipeline.window
+    shift = 0 if window is None else window.size_seconds - window.slide_seconds
+    if window is not None:
         assert pipeline.watermark_seconds is not None
         contributions = contributions.withWatermark(
-            "_event_time", f"{pipeline.watermark_seconds} seconds"
+            "_event_time", f"{pipeline.watermark_seconds + shift} seconds"
         )
-        size = f"{pipeline.window.size_seconds} seconds"
-        slide = f"{pipeline.window.slide_seconds} seconds"
-        group.append(F.window("_event_time", size, slide).alias("_window"))
+        pane = f"{window.slide_seconds} seconds"  # (a tumbling window's size)
+        group.append(F.window("_event_time", pane, pane).alias("_window"))
     aggs: list[Column] = []
     for agg in pipeline.aggregations:
         added = F.col(contribution(agg))
@@ -109,11 +119,12 @@ def aggregate(contributions: DataFrame, pipeline: Pipeline) -> DataFrame:
     grouped = contributions.groupBy(*group).agg(*aggs)
 
     out: list[Column] = [F.col(k) for k in pipeline.keys]
-    if pipeline.window is not None:
-        out += [
-            F.col("_window.start").alias("window_start"),
-            F.col("_window.end").alias("window_end"),
-        ]
+    if window is not None:
+        start = F.col("_window.start")
+        if shift:
+            size_us = window.size_seconds * 1_000_000
+            start = F.timestamp_micros(F.unix_micros(F.col("_window.end")) - F.lit(size_us))
+        out += [start.alias("window_start"), F.col("_window.end").alias("window_end")]
     for agg in pipeline.aggregations:
         stored = F.col(stored_column(agg))
         if agg.function == "avg":

@@ -345,12 +345,33 @@ def classify(raw: DataFrame, pipeline: Pipeline) -> DataFrame:
     return frame.withColumn("_filtered", F.col("_reason").isNull() & ~F.coalesce(kept, F.lit(True)))
 
 
+def _window_times(pipeline: Pipeline) -> Column:
+    """A record's ``_event_time``: its event time, or with a hopping window one row
+    per window it falls in, at that window's last pane (the event time plus k
+    slides): ``query.aggregate`` keys a hopping window by its last pane, which no
+    other window has, so a seed row (``snapshot.seed_rows``) reaches its window only."""
+    event_us = F.col("_event_us")
+    window = pipeline.window
+    if window is None or window.windows_per_record == 1:
+        return F.timestamp_micros(event_us)
+    slide_us = window.slide_seconds * 1_000_000
+    return F.explode(
+        F.array(
+            *(
+                F.timestamp_micros(event_us + F.lit(k * slide_us))
+                for k in range(window.windows_per_record)
+            )
+        )
+    )
+
+
 def contributions(classified: DataFrame, pipeline: Pipeline) -> DataFrame:
-    """Aggregated records -> keys, event time and what each adds to each aggregate."""
+    """Aggregated records -> keys, event time and what each adds to each aggregate
+    (with a hopping window: a row per window, see ``_window_times``)."""
     valid = classified.filter(F.col("_reason").isNull() & ~F.col("_filtered"))
     types = contribution_types(pipeline)
     columns = [F.col(f"`{k}`").alias(k) for k in pipeline.keys]
-    columns.append(F.timestamp_micros(F.col("_event_us")).alias("_event_time"))
+    columns.append(_window_times(pipeline).alias("_event_time"))
     for agg in pipeline.aggregations:
         name = contribution(agg)
         value = F.lit(1) if agg.field is None else _value(agg.field)

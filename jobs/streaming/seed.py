@@ -8,8 +8,12 @@ records (counts and sums add, min and max combine), while Kafka is held back
 until that batch (and, with a window, the no-data batch that moves the watermark
 on) is committed. Batch 1 first checks Spark's state store against the snapshot,
 before any record is processed, as Kafka Streams finishes restoring before it
-resumes. Caveat: the watermark after a seed is the newest seeded window start
-minus the delay, at most one window behind the old epoch's.
+resumes. A window's row is seeded at the start of the pane Spark keys it by
+(``snapshot.seed_time``): a tumbling window's start, a hopping window's last pane,
+so that it lands in that window only, and Spark's state key starts at the seed
+row's ``_event_time`` (the check compares them). Caveat: the watermark after a
+seed is the newest seeded window start minus the delay, at most one window behind
+the old epoch's.
 """
 
 from __future__ import annotations

@@ -149,3 +149,60 @@ def test_the_ledgers_dead_letter_counts_are_checked_against_the_table(
     assert status.problems == [
         "batch (0, 1): 1 dead-lettered per the ledger, 2 rows in dead_letter"
     ]
+
+
+def test_a_hopping_checkpoint_keyed_by_window_start_names_a_seeded_rebuild(
+    tmp_path: Path,
+) -> None:
+    """A hopping pipeline's epoch began before Spark's state keyed its windows by
+    their last pane: ``status`` names the rebuild the recovery DAG applies."""
+    import yaml
+
+    from jobs.cut import Cut, write_cut
+
+    data = yaml.safe_load((REPO_ROOT / "include" / "pipelines" / "user_clicks.yaml").read_text())
+    data["window"] = {"type": "hopping", "size": "2 minutes", "slide": "1 minute"}
+    (tmp_path / "hopping.yaml").write_text(yaml.safe_dump(data))
+    hopping = load_pipeline(str(tmp_path / "hopping.yaml"), tmp_path)
+    where = AppLayout(tmp_path, hopping.application_id)
+    ensure_tables(where, hopping)
+    old_shape = {k: v for k, v in hopping.state_shape.items() if k != "window_key"}
+    write_cut(where, Cut(0, {"clicks": {"0": 0}}, "pipeline", state_shape=old_shape))
+    ledger.append(where, [ledger.batch_row(0, 0, 0, 100, 0)])
+    spark_logs(where, range(1), range(1))
+    settings = dataclasses.replace(load_settings(), warehouse=tmp_path)
+    found = application_status(hopping, settings, with_broker=False)
+    assert found.repair == "rebuild"
+    assert any("last pane" in p for p in found.problems)
+    write_cut(where, Cut(0, {"clicks": {"0": 0}}, "pipeline", state_shape=hopping.state_shape))
+    assert application_status(hopping, settings, with_broker=False).repair is None
+
+
+def test_a_partition_added_mid_epoch_starts_at_0_and_is_no_gap(
+    settings: Settings, layout: AppLayout
+) -> None:
+    """Found by a random sequence: the batch that first read an added partition
+    starts it at 0, which the previous batch's end does not name."""
+    added = {
+        "start_offsets": json.dumps({"clicks": {"0": 100, "1": 0}}),
+        "end_offsets": json.dumps({"clicks": {"0": 200, "1": 30}}),
+        "records_in": 130,
+        "records_valid": 130,
+        "aggregated": 130,
+    }
+    ledger.append(
+        layout, [ledger.batch_row(0, 0, 0, 100, 0), ledger.batch_row(0, 1, 0, 0, 0, **added)]
+    )
+    spark_logs(layout, planned=range(2), committed=range(2))
+    assert application_status(PIPELINE, settings, with_broker=False).problems == []
+    gap = {**added, "start_offsets": json.dumps({"clicks": {"0": 200, "1": 5}})}
+    ledger.append(
+        layout,
+        [
+            ledger.batch_row(
+                0, 2, 0, 0, 0, **{**gap, "end_offsets": json.dumps({"clicks": {"0": 300, "1": 40}})}
+            )
+        ],
+    )
+    problems = application_status(PIPELINE, settings, with_broker=False).problems
+    assert problems and "batch (0, 2): starts at" in problems[0]
