@@ -73,13 +73,16 @@ def cds_options() -> str:
     dumping = False
     for dump in folder.glob(f"spark-{_key()}.*.jsa"):
         pid = int(dump.suffixes[-2].lstrip("."))
-        settled = time.time() - dump.stat().st_mtime > DUMP_SETTLE_S
-        if psutil.pid_exists(pid) or not settled:
-            dumping = True  # another run is writing one: do not write a second
-        elif final.exists() or dump.stat().st_size == 0:
-            dump.unlink(missing_ok=True)  # a spare (or an empty) dump
-        else:
-            dump.replace(final)  # a finished dump of an earlier run
+        try:
+            settled = time.time() - dump.stat().st_mtime > DUMP_SETTLE_S
+            if psutil.pid_exists(pid) or not settled:
+                dumping = True  # another run is writing one: do not write a second
+            elif final.exists() or dump.stat().st_size == 0:
+                dump.unlink(missing_ok=True)  # a spare (or an empty) dump
+            else:
+                dump.replace(final)  # a finished dump of an earlier run
+        except FileNotFoundError:
+            continue  # another run starting at the same time moved or removed it
     quiet = "-Xshare:auto -Xlog:cds=off,cds+dynamic=off"
     if final.exists():
         return f"{quiet} -XX:SharedArchiveFile={final}"

@@ -67,7 +67,7 @@ def test_a_rewind_to_the_oldest_kept_boundary_works_after_maintain(  # type: ign
     with_maintenance(path, rewind_horizon=f"{int(age)} seconds", reader_grace_hours=0)
     state_dir = settings.warehouse / "user_clicks" / "state"
     on_disk_before = len(list(state_dir.glob("*.parquet")))
-    done = run_jobs(path, settings, "maintain", "--reason", "test")
+    done = run_jobs(path, settings, "maintain", "--reason", "test", spark=spark)
     assert done.returncode == 0, done.stderr
     started = [
         json.loads(r["details"])
@@ -97,12 +97,14 @@ def test_a_rewind_to_the_oldest_kept_boundary_works_after_maintain(  # type: ign
         DeltaTable(str(state_dir), version=oldest_version).to_pyarrow_table()
     too_old = json.loads(run_one[0]["end_offsets"])
     refused = run_jobs(
-        path, settings, "rewind", "--to-offset", json.dumps(too_old), "--reason", "t"
+        path, settings, "rewind", "--to-offset", json.dumps(too_old), "--reason", "t", spark=spark
     )
     assert refused.returncode == 2 and "rewind horizon" in refused.stderr, refused.stderr
 
     kept = last_of_run_one["end_offsets"]
-    rewound = run_jobs(path, settings, "rewind", "--to-offset", kept, "--reason", "test")
+    rewound = run_jobs(
+        path, settings, "rewind", "--to-offset", kept, "--reason", "test", spark=spark
+    )
     assert rewound.returncode == 0, rewound.stderr
     assert "'restored_version'" in rewound.stdout
     run_pipeline(spark, load_pipeline(str(path), tmp_path), settings)
@@ -112,11 +114,11 @@ def test_a_rewind_to_the_oldest_kept_boundary_works_after_maintain(  # type: ign
     # deletes it; the state stays exact and status finds nothing wrong.
     checkpoint_zero = settings.warehouse / "user_clicks" / "_checkpoints" / "epoch=0"
     assert checkpoint_zero.exists()
-    again = run_jobs(path, settings, "maintain", "--reason", "test")
+    again = run_jobs(path, settings, "maintain", "--reason", "test", spark=spark)
     assert again.returncode == 0, again.stderr
     assert not checkpoint_zero.exists()
     assert_exact(settings, first + second)
-    status = run_jobs(path, settings, "status", "--json")
+    status = run_jobs(path, settings, "status", "--json", spark=spark)
     assert json.loads(status.stdout)["problems"] == []
 
 
@@ -141,13 +143,13 @@ def test_maintain_next_to_a_running_stream(  # type: ignore[no-untyped-def]
         zero.parent.mkdir()
         zero.write_text(path.read_text())
         with_maintenance(zero, reader_grace_hours=0)
-        refused = run_jobs(zero, settings, "maintain", "--reason", "test")
+        refused = run_jobs(zero, settings, "maintain", "--reason", "test", spark=spark)
         assert refused.returncode == 2 and "reader_grace_hours" in refused.stderr
         for round_ in range(3):
             more = clicks(300, round_ + 1)
             produce(kafka_config, topic, more)
             produced += more
-            done = run_jobs(path, settings, "maintain", "--reason", f"round {round_}")
+            done = run_jobs(path, settings, "maintain", "--reason", f"round {round_}", spark=spark)
             assert done.returncode == 0, done.stderr
     finally:
         stream.send_signal(signal.SIGTERM)

@@ -98,11 +98,11 @@ def test_rebuild_after_the_checkpoint_is_lost(
     assert status.repair == "rebuild"
     assert any("checkpoint" in p and "missing" in p for p in status.problems)
 
-    dry = cli(path, settings, "rebuild", "--reason", "checkpoint deleted", "--dry-run")
+    dry = cli(path, settings, "rebuild", "--reason", "checkpoint deleted", "--dry-run", spark=spark)
     assert dry.returncode == 0, dry.stderr
     assert "Spark state is seeded from: Delta state version" in dry.stdout
     assert "dry run: nothing was changed" in dry.stdout
-    applied = cli(path, settings, "rebuild", "--reason", "checkpoint deleted")
+    applied = cli(path, settings, "rebuild", "--reason", "checkpoint deleted", spark=spark)
     assert applied.returncode == 0, applied.stderr
 
     second = clicks(600, 2)
@@ -134,7 +134,9 @@ def test_rebuild_from_source(spark, settings, kafka_config, new_topic, tmp_path)
     first = clicks(900, 3)
     produce(kafka_config, topic, first)
     run_pipeline(spark, pipeline, settings)
-    applied = cli(path, settings, "rebuild", "--reason", "distrust delta", "--from-source")
+    applied = cli(
+        path, settings, "rebuild", "--reason", "distrust delta", "--from-source", spark=spark
+    )
     assert applied.returncode == 0, applied.stderr
     assert "published state table: empty" in applied.stdout
     # Emptied: every key's tombstone went out as a correction of the rebuild.
@@ -155,11 +157,21 @@ def test_rewind_reprocess_counts_every_event_once(
     produce(kafka_config, topic, first)
     run_pipeline(spark, pipeline, settings)  # batches end at 400, 800, 1000
     spec = json.dumps({topic: {"0": 500}})
-    dry = cli(path, settings, "rewind", "--to-offset", spec, "--reason", "replay", "--dry-run")
+    dry = cli(
+        path,
+        settings,
+        "rewind",
+        "--to-offset",
+        spec,
+        "--reason",
+        "replay",
+        "--dry-run",
+        spark=spark,
+    )
     assert dry.returncode == 0, dry.stderr
     assert f"{topic}[0]" in dry.stdout and "1000 ->      400" in dry.stdout
     assert "records to replay: 600" in dry.stdout
-    applied = cli(path, settings, "rewind", "--to-offset", spec, "--reason", "replay")
+    applied = cli(path, settings, "rewind", "--to-offset", spec, "--reason", "replay", spark=spark)
     assert applied.returncode == 0, applied.stderr
     # The published state went back to the boundary (offset 400) in one commit,
     # and to the output topic as corrections of the rewind.
@@ -180,7 +192,7 @@ def test_rewind_reprocess_counts_every_event_once(
     run_pipeline(spark, pipeline, settings)
     assert_state(settings, first)
     assert_topic_is_the_state(settings, topic, first)
-    status = json.loads(cli(path, settings, "status", "--json").stdout)["output"]
+    status = json.loads(cli(path, settings, "status", "--json", spark=spark).stdout)["output"]
     assert status["unpublished_versions"] == 0
     assert status["published_through"] == status["state_version"]
 
@@ -196,7 +208,17 @@ def test_a_reviewed_plan_is_applied_exactly_or_refused(
     spec = json.dumps({topic: {"0": 400}})
 
     def dry_run() -> str:
-        dry = cli(path, settings, "rewind", "--to-offset", spec, "--reason", "replay", "--dry-run")
+        dry = cli(
+            path,
+            settings,
+            "rewind",
+            "--to-offset",
+            spec,
+            "--reason",
+            "replay",
+            "--dry-run",
+            spark=spark,
+        )
         assert dry.returncode == 0, dry.stderr
         found = re.search(r"^plan: (\S+)$", dry.stdout, re.MULTILINE)
         assert found, dry.stdout
@@ -205,7 +227,7 @@ def test_a_reviewed_plan_is_applied_exactly_or_refused(
     stale = dry_run()
     produce(kafka_config, topic, second)
     run_pipeline(spark, pipeline, settings)  # the application moves on: batch 2
-    refused = cli(path, settings, "rewind", "--plan", stale, "--reason", "replay")
+    refused = cli(path, settings, "rewind", "--plan", stale, "--reason", "replay", spark=spark)
     assert refused.returncode == 2
     assert f"error: plan {stale}" in refused.stderr
     # How many batches the second run took depends on Spark (a no-data batch
@@ -220,14 +242,14 @@ def test_a_reviewed_plan_is_applied_exactly_or_refused(
     assert audits(settings, "rewind")[-1]["details"]["dry_run"]  # nothing was applied
 
     reviewed = dry_run()
-    applied = cli(path, settings, "rewind", "--plan", reviewed, "--reason", "replay")
+    applied = cli(path, settings, "rewind", "--plan", reviewed, "--reason", "replay", spark=spark)
     assert applied.returncode == 0, applied.stderr
     assert f"applying plan {reviewed}" in applied.stdout
     done = audits(settings, "rewind")[-1]["details"]
     assert done["phase"] == "done" and done["plan"]["plan_id"] == reviewed
     assert done["plan"]["target_offsets"] == {topic: {"0": 400}}
     # A retry (Airflow's, after the task died past the apply) does nothing, and says so.
-    again = cli(path, settings, "rewind", "--plan", reviewed, "--reason", "replay")
+    again = cli(path, settings, "rewind", "--plan", reviewed, "--reason", "replay", spark=spark)
     assert again.returncode == 0, again.stderr
     assert f"plan {reviewed} was already applied" in again.stdout
     assert audits(settings, "rewind")[-1]["details"] == done
@@ -249,15 +271,15 @@ def test_a_changed_window_is_refused_before_spark_and_rebuilt_from_source(
     path.write_text(yaml.safe_dump(data))
     change = "window [size, slide] (seconds) [60, 60] -> [120, 120]"
 
-    refused = cli(path, settings, "run")
+    refused = cli(path, settings, "run", spark=spark)
     assert refused.returncode == 2
     assert f"changes what Spark's state holds since epoch 0 began ({change})" in refused.stderr
     assert "rebuild --pipeline user_clicks --from-source" in refused.stderr
     # Seeding the new definition from the old state is refused the same way.
-    seeded = cli(path, settings, "rebuild", "--reason", "new window")
+    seeded = cli(path, settings, "rebuild", "--reason", "new window", spark=spark)
     assert seeded.returncode == 2 and change in seeded.stderr
 
-    rebuilt = cli(path, settings, "rebuild", "--from-source", "--reason", "new window")
+    rebuilt = cli(path, settings, "rebuild", "--from-source", "--reason", "new window", spark=spark)
     assert rebuilt.returncode == 0, rebuilt.stderr
     run_pipeline(spark, load_pipeline(str(path), tmp_path), settings)
     expected, _dead, late = clicks_per_window([first], window_s=120)
@@ -296,9 +318,30 @@ def test_rewind_skip_leaves_out_exactly_the_skipped_records(
     produce(kafka_config, topic, first)
     run_pipeline(spark, pipeline, settings)
     produce(kafka_config, topic, skipped)
-    back = cli(path, settings, "rewind", "--to-offset", "100", "--mode", "skip", "--reason", "x")
+    back = cli(
+        path,
+        settings,
+        "rewind",
+        "--to-offset",
+        "100",
+        "--mode",
+        "skip",
+        "--reason",
+        "x",
+        spark=spark,
+    )
     assert back.returncode == 2 and "only moves forward" in back.stderr
-    applied = cli(path, settings, "rewind", "--to-latest", "--mode", "skip", "--reason", "bad data")
+    applied = cli(
+        path,
+        settings,
+        "rewind",
+        "--to-latest",
+        "--mode",
+        "skip",
+        "--reason",
+        "bad data",
+        spark=spark,
+    )
     assert applied.returncode == 0, applied.stderr
     produce(kafka_config, topic, later)
     run_pipeline(spark, pipeline, settings)

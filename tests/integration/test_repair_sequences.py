@@ -11,7 +11,7 @@ from tests.sequences import run_sequence
 
 pytestmark = pytest.mark.integration
 SEEDS = [11, 12, 13, 14, 15, 16]
-STEPS = 5
+STEPS = 4
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -96,3 +96,25 @@ def test_an_archive_another_run_removed_meanwhile_is_skipped(folder: Path) -> No
     (folder / "spark-00000000000000cc.jsa").symlink_to(folder / "gone.jsa")  # stat: not found
     (folder / f"spark-00000000000000dd.{2**22 + 12345}.jsa").symlink_to(folder / "gone.jsa")
     jvm.prune_other_archives(folder, "0000000000000000")
+
+
+def test_two_runs_that_both_find_a_finished_dump_start_alike(
+    folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two test workers started Spark at once: both found a dead run's finished
+    dump, one moved it into place first, the other's move failed (seen in CI:
+    FileNotFoundError at session start). The second maps the archive the first
+    put in place."""
+    dump = folder / f"spark-{jvm._key()}.{2**22 + 12345}.jsa"  # no such pid
+    dump.write_bytes(b"archive")
+    old = time.time() - 3600
+    os.utime(dump, (old, old))
+    original = Path.replace
+
+    def moved_first(self: Path, target: Path) -> Path:  # the other run wins the race
+        original(self, target)
+        return original(self, target)
+
+    monkeypatch.setattr(Path, "replace", moved_first)
+    final = folder / f"spark-{jvm._key()}.jsa"
+    assert f"-XX:SharedArchiveFile={final}" in jvm.cds_options()
