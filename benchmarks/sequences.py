@@ -29,13 +29,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     args = parser.parse_args()
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from jobs.streaming.spark import get_spark
-    from tests.conftest import run_jobs, run_with_fault
+    from tests.conftest import long_lived_session, run_jobs, run_with_fault
     from tests.sequences import run_sequence
 
     lines = []
     with scratch_broker("sequences-") as (work, info):
-        spark = get_spark("local[2]", "sequences")
+        spark = long_lived_session("sequences")
         config = kafka_admin.client_config(info.bootstrap_servers)
         started = time.monotonic()
         for seed in range(args.seed, args.seed + args.count):

@@ -226,7 +226,14 @@ class Boundary:
 
 class History:
     """The application's epochs, replayed: the coverage every epoch began with, and
-    the live lineage (the epochs and batches its state is still made of)."""
+    the live lineage (the epochs and batches its state is still made of).
+
+    ``excluded``: epochs that read a topic's deleted log (it was recreated since).
+    Their offsets compare with nothing in the new log, so they cover nothing here.
+    The operation that moved the application onto the new log keeping its state is
+    the ``floor``: the state it kept holds the deleted log's judgments, which no
+    broker can replay, so whatever recomputes from the first offsets starts there.
+    """
 
     def __init__(
         self,
@@ -245,11 +252,12 @@ class History:
         self.starts: dict[int, Coverage] = {}
         for at in range(epoch + 1):
             self.starts[at] = self._start(at)
+        self.floor: int | None = None
         self.upto = self._chain()
 
     def _start(self, at: int) -> Coverage:
         step = self.steps.get(at)
-        if at == 0:
+        if at == 0 or at in self.excluded:
             return Coverage()
         if step is None or step.action == "publish":
             return self.at(at - 1)
@@ -293,6 +301,9 @@ class History:
             if step is None:
                 at, last = at - 1, None
             elif step.action == "empty" or step.boundary is None:
+                break
+            elif at not in self.excluded and step.boundary[0] in self.excluded:
+                self.floor = at
                 break
             else:
                 at, last = step.boundary

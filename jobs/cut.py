@@ -448,16 +448,55 @@ def boundary_at_or_before(
     chosen = history.latest_before(live_boundaries(layout, snap, other_logs), target)
     if chosen is None:
         return None
+    _check_restorable(
+        layout,
+        chosen,
+        "the batch boundary at or before the target",
+        "choose a later target (python -m jobs status shows the oldest kept boundary), "
+        "rewind --mode skip, or rebuild --from-source",
+    )
+    return chosen
+
+
+def log_floor(layout: AppLayout, snap: LedgerSnapshot) -> Boundary | None:
+    """Where a recomputation "from the first offsets" starts (``History.floor``):
+    the cut that moved the application onto a recreated topic's new log keeping
+    its state, which holds the deleted log's judgments; None: from empty state."""
+    history = current_log_history(layout, snap)
+    if history.floor is None:
+        return None
+    for found in live_boundaries(layout, snap, history.excluded):
+        if found.epoch == history.floor and found.batch_id == -1:
+            _check_restorable(
+                layout,
+                found,
+                "the state that holds the judgments of a recreated topic's deleted log",
+                "recompute from a later boundary (backfill --from-offset or --from-datetime, "
+                "rewind --mode reprocess to a later target)",
+            )
+            return found
+    raise ConsistencyError(
+        f"{layout.application_id}: epoch {history.floor} moved the application onto a "
+        "recreated topic's new log, but its cut or state version is missing; repair: "
+        "recompute from a later boundary (backfill --from-offset or --from-datetime)"
+    )
+
+
+def floor_note(floor: Boundary) -> str:
+    return (
+        f"keeps the judgments of the recreated topic's deleted log as epoch {floor.epoch} "
+        f"kept them (state version {floor.state_version}): no broker holds those records"
+    )
+
+
+def _check_restorable(layout: AppLayout, chosen: Boundary, what: str, repair: str) -> None:
     kept = beyond_horizon(layout, chosen.state_version)
     if kept is not None:
         raise ConsistencyError(
-            f"{layout.application_id}: the batch boundary at or before the target (epoch "
-            f"{chosen.epoch} batch {chosen.batch_id}) is older than the rewind horizon: "
-            f"maintain removed the files of its state (kept from state version {kept}); "
-            "choose a later target (python -m jobs status shows the oldest kept boundary), "
-            "rewind --mode skip, or rebuild --from-source"
+            f"{layout.application_id}: {what} (epoch {chosen.epoch} batch {chosen.batch_id}) "
+            "is older than the rewind horizon: maintain removed the files of its state "
+            f"(kept from state version {kept}); {repair}"
         )
-    return chosen
 
 
 def current_log_history(layout: AppLayout, snap: LedgerSnapshot) -> History:

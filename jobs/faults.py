@@ -22,6 +22,7 @@ POINTS = (
     "during_output",  # the output transaction's records sent, not committed
     "after_output",  # the output transaction committed
     "during_operation",  # a backfill's first table written, not its second
+    "after_fence",  # an operation's cut written (the stream fenced), its state untouched
 )
 
 

@@ -95,16 +95,22 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerInfo]:
 
 @pytest.fixture(scope="session")
 def spark():  # type: ignore[no-untyped-def]
+    session = long_lived_session("tests")
+    yield session
+    session.stop()
+
+
+def long_lived_session(name: str) -> Any:
+    """A session for many jobs, with the JIT's every tier (the quick JIT's 48 MB
+    code cache fills within minutes of work, and then compilation stops)."""
     from jobs.streaming.spark import get_spark
 
     quick = os.environ.pop(JVM_OPTIONS_ENV, None)
     try:
-        session = get_spark("local[2]", "tests")
+        return get_spark("local[2]", name)
     finally:
         if quick is not None:
             os.environ[JVM_OPTIONS_ENV] = quick
-    yield session
-    session.stop()
 
 
 @pytest.fixture

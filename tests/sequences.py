@@ -2,14 +2,18 @@
 plain-Python model after every step (issue 28).
 
 The application is ``inventory`` (quantity and movements per SKU, no window) on a
-topic whose partitions the driver writes explicitly, so the model knows every
-record's offset. A sequence draws from: produce (with bad records), run, a run
-killed between two commits and recovered, add a partition, rewind skip and
-reprocess to offsets, rebuild from Delta and from the source, backfill from the
-earliest offsets with a new version (odd versions subtract returns, even ones add
-them back), verify. The model keeps which offsets the state judged and with which
-version, which a skip left out, and the lineage's points; the expected state is a
-sum over the judged records. ``python -m benchmarks.sequences`` runs long ones.
+topic whose partitions the driver writes explicitly, with Kafka timestamps an hour
+apart per produce, so the model knows every record's offset and time. A sequence
+draws from: produce (with bad records), run, a run killed between two commits and
+recovered, add a partition, the topic deleted and recreated (the run refuses, the
+named repair applies), rewind skip and reprocess to offsets, times, durations and
+earliest, an operation killed after its fence and run again, rebuild from Delta
+and from the source, backfill with a new version (odd versions subtract returns,
+even ones add them back) from the earliest offsets, an offset or a time, from
+Kafka or the raw archive, saved plans applied after another operation, maintain,
+verify. The model keeps which offsets the state judged and with which version,
+which a skip left out, and the lineage's points; the expected state is a sum over
+the judged records. ``python -m benchmarks.sequences`` runs long ones.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +32,14 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewPartitions
 from deltalake import DeltaTable
 
+from jobs import kafka_admin
 from jobs.settings import REPO_ROOT, Settings
 
 TP = tuple[str, int]
 SIGNS = {1: {"receipt": 1, "sale": -1, "return": -1}, 0: {"receipt": 1, "sale": -1, "return": 1}}
 KINDS = ["receipt", "receipt", "sale", "return"]
 FAULTS = ["after_dead_letter", "after_changelog", "after_state", "after_ledger"]
+HOUR_MS = 3_600_000
 
 
 def signed_qty(version: int) -> str:
@@ -80,21 +87,35 @@ class Sequence:
     run_jobs: Callable[..., Any]
     run_with_fault: Callable[..., int]
     records: dict[TP, list[dict[str, Any] | None]] = field(default_factory=dict)
+    stamps: dict[TP, list[int]] = field(default_factory=dict)  # Kafka timestamps (ms)
     version: int = 1
+    rounds: int = 0  # produce calls: round r's records are stamped base + r hours
+    logs: int = 0  # topic recreations: the deleted logs' records keep their own keys
     model: Point = field(default_factory=lambda: Point({}, {}, {}))
     points: list[Point] = field(default_factory=list)
+    # After a topic recreation, the point the repair kept: the deleted log's
+    # judgments, which a recomputation "from the first offsets" starts from.
+    floor: Point | None = None
     done: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.records = {(self.topic, 0): [], (self.topic, 1): []}
+        self.stamps = {tp: [] for tp in self.records}
         self.model.pos = {tp: 0 for tp in self.records}
+        self.base_ms = (int(time.time()) // 3600 - 48) * HOUR_MS
+        self.archive = self.rng.random() < 0.5
         self.path = self.pipeline_file(self.version)
+
+    def live(self) -> list[TP]:
+        """The partitions of the topic's current log."""
+        return sorted(tp for tp in self.records if tp[0] == self.topic)
 
     # -- the application -------------------------------------------------------
     def pipeline_file(self, version: int) -> Path:
         data = yaml.safe_load((REPO_ROOT / "include" / "pipelines" / "inventory.yaml").read_text())
         data["source"]["topics"] = [self.topic]
         data["version"] = version
+        data["source"]["archive"] = self.archive
         data["derived"][0]["expr"] = signed_qty(version)
         path = self.directory / f"v{version}" / "inventory.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -123,9 +144,11 @@ class Sequence:
         """The state: each judged valid record with the version that judged it (or
         ``version_now``'s logic: what verify recomputes)."""
         totals: dict[str, tuple[int, int]] = {}
+        kept = {} if self.floor is None else self.floor.judged  # no broker replays them
         for tp, judged in self.model.judged.items():
             for offset, judged_by in judged.items():
-                version = judged_by if version_now is None else version_now
+                recorded = version_now is None or offset in kept.get(tp, {})
+                version = judged_by if recorded else version_now
                 event = self.records[tp][offset]
                 if event is None:
                     continue  # a dead letter
@@ -142,9 +165,10 @@ class Sequence:
     def produce(self) -> None:
         n = self.rng.randint(5, 60)
         producer = Producer({**self.kafka_config, "enable.idempotence": True})
-        now_ms = int(time.time() * 1000)
+        stamp = self.base_ms + self.rounds * HOUR_MS
+        self.rounds += 1
         for i in range(n):
-            tp = self.rng.choice(sorted(self.records))
+            tp = self.rng.choice(self.live())
             bad = self.rng.random() < 0.05
             event = (
                 None
@@ -157,15 +181,17 @@ class Sequence:
                 }
             )
             value = b"not json" if event is None else json.dumps(event).encode()
-            producer.produce(tp[0], value=value, partition=tp[1], timestamp=now_ms)
+            producer.produce(tp[0], value=value, partition=tp[1], timestamp=stamp + i)
             self.records[tp].append(event)
+            self.stamps[tp].append(stamp + i)
         assert producer.flush(30) == 0
         self.done.append(f"produce({n})")
 
     def _ran(self) -> None:
         """The model after a run: every produced record judged, one new point."""
         new = False
-        for tp, events in self.records.items():
+        for tp in self.live():
+            events = self.records[tp]
             start = self.model.pos.get(tp, 0)
             judged = self.model.judged.setdefault(tp, {})
             for offset in range(start, len(events)):
@@ -188,6 +214,8 @@ class Sequence:
 
     def crash_and_run(self) -> None:
         fault = self.rng.choice(FAULTS)
+        if all(self.model.pos.get(tp, 0) == len(self.records[tp]) for tp in self.live()):
+            self.produce()  # something to read: a batch to kill
         code = self.run_with_fault(
             self.path, self.settings.bootstrap_servers, self.settings.warehouse, fault
         )
@@ -195,21 +223,104 @@ class Sequence:
         self.done[-1] = f"run killed {fault} ({code}), run"
 
     def add_partition(self) -> None:
-        if len(self.records) >= 4:
+        if len(self.live()) >= 4:
             return
         admin = AdminClient(self.kafka_config)
-        count = len(self.records) + 1
+        count = len(self.live()) + 1
         for future in admin.create_partitions([NewPartitions(self.topic, count)]).values():
             future.result()
         time.sleep(1)
         self.records[(self.topic, count - 1)] = []
+        self.stamps[(self.topic, count - 1)] = []
         self.done.append(f"partitions -> {count}")
+
+    def recreate_topic(self) -> None:
+        """The topic deleted and recreated with 1-3 partitions: the run refuses and
+        names the repair (keep the state, read the new log from its start); the old
+        log's judgments stay in the state, under keys of their own in the model."""
+        admin = kafka_admin.admin(self.kafka_config)
+        admin.delete_topics([self.topic])[self.topic].result()
+        deadline = time.time() + 30
+        while self.topic in admin.list_topics(timeout=5).topics and time.time() < deadline:
+            time.sleep(0.2)
+        count = self.rng.randint(1, 3)
+        kafka_admin.create_topic(admin, self.topic, count)
+        self.logs += 1
+        old = f"{self.topic} (log {self.logs})"
+        for tp in self.live():
+            self.records[(old, tp[1])] = self.records.pop(tp)
+            self.stamps.pop(tp)
+            self.model.pos.pop(tp, None)
+            if tp in self.model.judged:
+                self.model.judged[(old, tp[1])] = self.model.judged.pop(tp)
+            if tp in self.model.skipped:
+                self.model.skipped[(old, tp[1])] = self.model.skipped.pop(tp)
+        for part in range(count):
+            self.records[(self.topic, part)] = []
+            self.stamps[(self.topic, part)] = []
+            self.model.pos[(self.topic, part)] = 0
+        self.produce()
+        refused = self.run_jobs(self.path, self.settings, "run", "--quiet", spark=self.spark)
+        assert refused.returncode != 0, f"{self.done}: a run read a recreated topic"
+        assert "deleted and recreated" in refused.stderr, refused.stderr[-1500:]
+        repair = ["--to-earliest", "--topics", self.topic, "--mode", "skip"]
+        self.jobs("rewind", *repair, "--reason", "topic recreated")
+        # Offsets of the deleted log compare with nothing: the new log's lineage
+        # starts here, with everything judged so far in the state.
+        self.floor = self.model.copy()
+        self.points = [self.model.copy()]
+        self.done[-1] = f"topic recreated ({count} partitions), {self.done[-1]}, repaired"
+
+    def crash_operation(self) -> None:
+        """An operation killed after its fence (its cut written, the state not yet
+        acted on): the run refuses, naming it; the same operation again completes."""
+        operation = self.rng.choice(["reprocess", "rebuild", "skip"])
+        if operation == "reprocess":
+            where, target = self._rewind_target()
+            args = ["rewind", *where, "--reason", "reprocess"]
+        elif operation == "skip":
+            target = self._target(lambda tp: self.model.pos.get(tp, 0))
+            args = ["rewind", "--mode", "skip", "--to-offset", self._offsets(target)]
+            args += ["--reason", "skip"]
+        else:
+            args = ["rebuild", "--reason", "checkpoint lost"]
+        killed = self.run_jobs(
+            self.path, self.settings, *args, env={"PLATFORM_FAULT": "after_fence"}
+        )
+        assert killed.returncode == -9, f"{self.done}: {killed.stderr[-1500:]}"
+        refused = self.run_jobs(self.path, self.settings, "run", "--quiet", spark=self.spark)
+        assert refused.returncode != 0 and "did not finish" in refused.stderr, (
+            f"{self.done}: {refused.stderr[-1500:]}"
+        )
+        self.jobs(*args)
+        if operation == "reprocess":
+            self._restored(target)
+        elif operation == "skip":
+            self._skipped(target)
+        else:
+            self.points.append(self.model.copy())
+        self.done.append(f"{' '.join(args[:2])} killed after its fence, run refused, again")
 
     def has_batches(self) -> bool:
         return bool(self.points)
 
     def _target(self, low: Callable[[TP], int]) -> dict[TP, int]:
-        return {tp: self.rng.randint(low(tp), len(events)) for tp, events in self.records.items()}
+        return {tp: self.rng.randint(low(tp), len(self.records[tp])) for tp in self.live()}
+
+    def _time_target(self) -> tuple[list[str], dict[TP, int]]:
+        """A time between two produce rounds, as ``--to-datetime`` or (for a rewind)
+        ``--by-duration``, and the offsets Kafka finds for it: per partition the
+        first record stamped at or after it, else the log end."""
+        moment = self.base_ms + self.rng.randint(0, self.rounds) * HOUR_MS - HOUR_MS // 2
+        target = {
+            tp: next((o for o, ts in enumerate(stamps) if ts >= moment), len(stamps))
+            for tp, stamps in self.stamps.items()
+        }
+        if self.rng.random() < 0.5:
+            minutes = round((time.time() * 1000 - moment) / 60_000)
+            return ["--by-duration", f"PT{minutes}M"], target
+        when = datetime.fromtimestamp(moment / 1000, UTC).isoformat()
+        return ["--to-datetime", when], target
 
     def _offsets(self, target: dict[TP, int]) -> str:
         spec: dict[str, dict[str, int]] = {}
@@ -222,20 +333,31 @@ class Sequence:
         self.jobs(
             "rewind", "--mode", "skip", "--to-offset", self._offsets(target), "--reason", "skip"
         )
+        self._skipped(target)
+        self.done.append(f"skip to {sorted(target.values())}")
+
+    def _skipped(self, target: dict[TP, int]) -> None:
         for tp, off in target.items():
             start = self.model.pos.get(tp, 0)
             self.model.skipped.setdefault(tp, set()).update(range(start, off))
             self.model.pos[tp] = off
         self.points.append(self.model.copy())
-        self.done.append(f"skip to {sorted(target.values())}")
+
+    def _rewind_target(self) -> tuple[list[str], dict[TP, int]]:
+        """A reprocess target: earliest, offsets, a datetime or a duration."""
+        draw = self.rng.random()
+        if draw < 0.2:
+            return ["--to-earliest"], {tp: 0 for tp in self.live()}
+        if draw < 0.5:
+            return self._time_target()
+        target = self._target(lambda tp: 0)
+        return ["--to-offset", self._offsets(target)], target
 
     def reprocess(self) -> None:
-        earliest = self.rng.random() < 0.25
-        target = {tp: 0 for tp in self.records} if earliest else self._target(lambda tp: 0)
-        where = ["--to-earliest"] if earliest else ["--to-offset", self._offsets(target)]
+        where, target = self._rewind_target()
         self.jobs("rewind", *where, "--reason", "reprocess")
         self._restored(target)
-        self.done.append(f"reprocess to {sorted(target.values())}")
+        self.done.append(f"reprocess {where[0]} {sorted(target.values())}")
 
     def _chosen(self, target: dict[TP, int]) -> Point | None:
         """The model's boundary for a target: the last point that judged nothing at
@@ -286,8 +408,10 @@ class Sequence:
         )
 
     def _emptied(self) -> None:
-        """Replayed from the first offsets: gaps and all (the plan says so)."""
-        self.model = Point({}, {}, {tp: 0 for tp in self.records})
+        """Replayed from the first offsets, gaps and all (the plan says so): of the
+        topic's current log, onto what the floor holds of its deleted ones."""
+        self.model = Point({}, {}, {}) if self.floor is None else self.floor.copy()
+        self.model.pos = {tp: 0 for tp in self.live()}
         self.points = [self.model.copy()]
 
     def rebuild(self) -> None:
@@ -306,20 +430,38 @@ class Sequence:
         self.version += 1
         self.path = self.pipeline_file(self.version)
         base: Point | None = None
-        if self.rng.random() < 0.4:
+        draw = self.rng.random()
+        if draw < 0.25:
             target = self._target(lambda tp: 0)
             start = ["--from-offset", self._offsets(target)]
             base = self._chosen(target)
+        elif draw < 0.45:
+            start, target = self._time_target()
+            start = ["--from-datetime", start[1]] if start[0] == "--to-datetime" else start
+            if start[0] == "--by-duration":  # a backfill starts from a datetime only
+                start, target = ["--from-earliest"], {}
+            base = self._chosen(target) if target else None
         else:
             start = ["--from-earliest"]
+        if start[0] == "--from-earliest":
+            base = self.floor
+        label = start[0]
+        if self.archive and self.rng.random() < 0.5:
+            start += ["--source", "archive"]
+            label += " --source archive"
         self.jobs("backfill", *start, "--reason", f"v{self.version}")
         for tp, judged in self.model.judged.items():
             kept = {} if base is None else base.judged.get(tp, {})
             for offset in judged:
                 judged[offset] = kept.get(offset, self.version)
-        kept_points = [] if base is None else self.points[: self.points.index(base) + 1]
+        if base is None:
+            kept_points = []
+        elif base is self.floor:  # the lineage's first point since the recreation
+            kept_points = self.points[:1]
+        else:
+            kept_points = self.points[: self.points.index(base) + 1]
         self.points = [*kept_points, self.model.copy()]
-        self.done.append(f"backfill v{self.version} {start[0]}")
+        self.done.append(f"backfill v{self.version} {label}")
 
     def maintain(self) -> None:
         """Compaction and vacuum: no row changes, every boundary stays restorable."""
@@ -357,6 +499,8 @@ class Sequence:
                 (self.saved_plan, 1),
                 (self.rebuild, 1),
                 (self.backfill, 1),
+                (self.crash_operation, 1),
+                (self.recreate_topic, 1),
             ]
         operations, weights = zip(*choices, strict=True)
         self.rng.choices(operations, weights)[0]()

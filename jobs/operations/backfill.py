@@ -40,7 +40,9 @@ from jobs.cut import (
     boundary_at_or_before,
     current_log_history,
     fill_from_first,
+    floor_note,
     lineage_head,
+    log_floor,
     replay_from_origin,
     state_behind,
 )
@@ -85,9 +87,15 @@ def plan_backfill(
             raise ConfigError(f"{pipeline.application_id} keeps no raw archive (archive: false)")
         marks = {tp: (0, off) for tp, off in current.items()}
     boundary = None
+    notes = []
     if start.kind != "earliest":
         wanted = resolve_targets(start, current, marks, config)
         boundary = boundary_at_or_before(layout, wanted, other_logs(pipeline, settings, layout))
+    snap = snapshot(layout)
+    floor = None if snap is None else log_floor(layout, snap)
+    if boundary is None and floor is not None:
+        boundary = floor  # "from the first offsets": the deleted log's judgments stay
+        notes.append(floor_note(floor))
     # Every partition of the head gets its first offset: a partition the boundary
     # does not name (added later) is read from where the application first read it.
     if boundary is None:
@@ -98,7 +106,6 @@ def plan_backfill(
     # reading only what the state judged: a range a skip left out stays out.
     head = {tp: current.get(tp, off) for tp, off in read_from.items()}
     ranges, gaps = judged_since(layout, boundary, read_from)
-    notes = []
     if gaps:
         notes.append(f"leaves out the ranges a skip left out ({spelled(gaps)}): they stay unjudged")
     plan = Plan(
@@ -258,6 +265,10 @@ def archived_records(
     # Values can be large: small columnar batches keep a task's memory in bounds.
     spark.conf.set("spark.sql.parquet.columnarReaderBatchSize", "256")
     raw = spark.read.format("delta").option("versionAsOf", archive.version()).load(str(path))
+    snap = snapshot(layout)
+    deleted_logs = [] if snap is None else sorted(current_log_history(layout, snap).excluded)
+    if deleted_logs:  # their offsets are positions in a log that is gone, not this one's
+        raw = raw.filter(~F.col("epoch").isin(deleted_logs))
     ranges = [
         (F.col("topic") == topic)
         & (F.col("partition") == part)

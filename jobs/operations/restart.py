@@ -24,9 +24,13 @@ from jobs.cut import (
     apply_cut,
     boundary_at_or_before,
     check_state_shape,
+    current_log_history,
     epochs_on_other_logs,
+    fill_from_first,
+    floor_note,
     latest_cut,
     lineage_head,
+    log_floor,
     read_cut,
     recorded_definition,
     replay_from_origin,
@@ -36,6 +40,7 @@ from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
 from jobs.delta.writer import fenced_properties
 from jobs.errors import ConfigError
+from jobs.faults import maybe_crash
 from jobs.kafka_source import offsets as kafka_offsets
 from jobs.ledger import current_epoch, snapshot, unfinished_epochs
 from jobs.operations.audit import append_audit, audit_row
@@ -70,6 +75,24 @@ def plan_rebuild(pipeline: Pipeline, settings: Settings, reason: str, from_sourc
     current = last.end_offsets if last else {}
     if from_source or last is None:
         _config, marks = broker_marks(pipeline, settings)
+        snap = snapshot(layout)
+        floor = None if snap is None else log_floor(layout, snap)
+        if floor is not None:  # a topic recreated: from its new log's first offsets
+            target = fill_from_first(layout, floor.end_offsets, marks)
+            return Plan(
+                **header("rebuild", pipeline.application_id, reason, epoch, current),
+                target_offsets=target,
+                seed_state_version=floor.state_version,
+                state_action=StateAction.RESTORE,
+                restore_version=floor.state_version,
+                boundary=floor,
+                records_to_replay=sum(current.get(tp, off) - off for tp, off in target.items()),
+                notes=[
+                    "recomputes from the first offsets of the topics' current logs",
+                    floor_note(floor),
+                    *filled_gaps(layout),
+                ],
+            )
         target = replay_from_origin(layout, marks, "rebuild --from-source")
         return Plan(
             **header("rebuild", pipeline.application_id, reason, epoch, current),
@@ -136,7 +159,10 @@ def plan_rewind(
             )
             # A partition the application has not read yet (added to the topic since)
         # would be read from its log start: skipping it skips from there.
-        start = {tp: current.get(tp, marks[tp][0]) for tp in chosen}
+        start = {
+            tp: marks[tp][0] if tp[0] in recreated else current.get(tp, marks[tp][0])
+            for tp in chosen
+        }
         skipped = {
             f"{tp[0]}[{tp[1]}]": [start[tp], off] for tp, off in chosen.items() if off > start[tp]
         }
@@ -191,7 +217,7 @@ def filled_gaps(layout: AppLayout) -> list[str]:
     """A replay from the first offsets judges the ranges a skip left out: the plan
     says so (a skip's gap is never filled silently)."""
     snap = snapshot(layout)
-    gaps = {} if snap is None else snap.history().head.gaps()
+    gaps = {} if snap is None else current_log_history(layout, snap).head.gaps()
     if not gaps:
         return []
     return [f"the replay also judges the ranges a skip left out ({spelled(gaps)})"]
@@ -323,6 +349,7 @@ def apply_plan(
     # The bump commit on the ledger is the audit row: fenced and recorded at once.
     audit = audit_row(pipeline, plan.operation, new, {**details, "phase": "started"}, *offsets)
     orphans = apply_cut(layout, pipeline, cut, plan.reason, audit, props, seed, unfinished)
+    maybe_crash("after_fence")
     if behind is not None and action is StateAction.PUBLISH:
         DeltaTable(str(state_path)).restore(behind, commit_properties=props)
     result: dict[str, Any] = {

@@ -28,8 +28,8 @@ from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from jobs.coverage import Intervals, layers
-from jobs.cut import current_log_history, lineage_head
+from jobs.coverage import Boundary, Intervals, layers
+from jobs.cut import current_log_history, floor_note, lineage_head, log_floor
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
 from jobs.errors import ConfigError, ConsistencyError
@@ -92,25 +92,33 @@ def _epoch_of(info: dict[str, Any]) -> int:
         return -1
 
 
-def state_lineage(snap: LedgerSnapshot) -> tuple[str, int, Intervals]:
+def state_lineage(snap: LedgerSnapshot) -> tuple[str, int, Intervals, Boundary | None]:
     """What the published state stands for as of one read of the ledger: a
-    description, the state version its lineage was committed at (or after), and
-    the offsets it judged (its coverage, skipped ranges left out)."""
+    description, the state version its lineage was committed at (or after), the
+    offsets it judged (its coverage, skipped ranges left out), and the boundary
+    whose state holds a recreated topic's deleted log (taken as it is: no broker
+    can replay it)."""
     layout = snap.layout
     unfinished = unfinished_operation(layout, snap)
     if unfinished is not None:
         raise ConsistencyError(
             f"{layout.application_id}: {unfinished.describe()}; verify after it is completed"
         )
-    judged = current_log_history(layout, snap).head.judged()
+    history = current_log_history(layout, snap)
+    floor = log_floor(layout, snap)
+    judged = (
+        history.head.judged()
+        if floor is None
+        else history.head.excluding(history.coverage_at(floor))
+    )
     boundary = last_boundary(layout, snap)
     epoch = snap.epoch
     if boundary is not None and boundary.epoch == epoch:
-        return f"epoch {epoch} batch {boundary.batch_id}", boundary.state_version, judged
+        return f"epoch {epoch} batch {boundary.batch_id}", boundary.state_version, judged, floor
     if epoch in snap.history().steps:  # an operation started this epoch; no batch of it yet
         head = lineage_head(layout, snap)
         base = -1 if head is None else head.state_version
-        return f"epoch {epoch} as its operation began it", base, judged
+        return f"epoch {epoch} as its operation began it", base, judged, floor
     raise ConfigError(f"{layout.application_id} has no committed batch: nothing to verify")
 
 
@@ -141,24 +149,28 @@ def run_verify(
     snap = snapshot(layout)
     if snap is None:
         raise ConfigError(f"{pipeline.application_id} has no ledger: nothing to verify")
-    where, base_version, intervals = state_lineage(snap)
+    where, base_version, intervals, floor = state_lineage(snap)
+    seed = None if floor is None else floor.state_version
     reads = layers(intervals)
     records = sum(end - start for spans in intervals.values() for start, end in spans)
     echo(
         f"verify {pipeline.application_id} v{pipeline.version}: the state as of {where}, "
         f"recomputed from {records} offsets in {len(reads)} read(s)"
         + (f", keys sampled: {sample}" if sample is not None and sample < 1 else "")
+        + ("" if floor is None else f"; {floor_note(floor)}")
     )
     raw: DataFrame | None = None
     for start, end in reads:
         part = read_records(spark, pipeline, settings, start, end, source)
         raw = part if raw is None else raw.unionByName(part)
     keep = sampled(pipeline, sample)
-    if raw is None:
+    if raw is None and seed is None:
         recomputed = pa.Table.from_batches([], schema=tables.aggregate_schema(pipeline))
     else:
         with SparkJobProgress(spark, "verify", records):
-            recomputed = aggregate_records(spark, pipeline, settings, raw, None, keep, snap)
+            if raw is None:
+                raw = read_records(spark, pipeline, settings, {}, {}, source)
+            recomputed = aggregate_records(spark, pipeline, settings, raw, seed, keep, snap)
     schema = tables.aggregate_schema(pipeline)
     version = comparable_version(layout, base_version, snap.epoch)
     state_path = layout.table("state")

@@ -118,8 +118,9 @@ def test_one_read_of_the_ledger_next_to_a_committing_stream(tmp_path) -> None:  
     snap = snapshot(writer.layout)
     assert snap is not None
     commit_batch(1, {"a": 2})  # the stream, between verify's reads
-    where, base, intervals = state_lineage(snap)
+    where, base, intervals, floor = state_lineage(snap)
     assert (where, base, intervals) == ("epoch 0 batch 0", first, {(T, 0): [(0, 100)]})
+    assert floor is None
     assert comparable_version(writer.layout, base, snap.epoch) == first
 
 
@@ -146,3 +147,23 @@ def test_disjoint_intervals_are_read_in_layers() -> None:
         ({(T, 0): 0, (T, 1): 5}, {(T, 0): 10, (T, 1): 8}),
         ({(T, 0): 20, (T, 1): 8}, {(T, 0): 30, (T, 1): 8}),
     ]
+
+
+def test_a_recreated_topic_starts_the_coverage_at_the_repair_that_kept_the_state() -> None:
+    # Epochs 0-1 read the topic's deleted log (a skip there left a gap at 40..60);
+    # epoch 2 is the repair (rewind --to-earliest --mode skip: state kept) onto the
+    # new log, whose offsets start again at 0.
+    batches = [entry(0, 0, 0, 40), entry(1, 0, 60, 90), entry(2, 0, 0, 30)]
+    steps = {
+        1: Step("keep", (0, 0), {P: (40, 60)}, state_version=3),
+        2: Step("keep", (1, 0), {}, state_version=6),
+    }
+    history = History(batches, steps, 2, excluded=frozenset({0, 1}))
+    # Nothing of the deleted log: no judged range, and no gap of its offsets.
+    assert history.head.judged() == {P: [(0, 30)]}
+    assert history.head.gaps() == {}
+    # The state the repair kept holds the deleted log's judgments: recomputations of
+    # the new log start from there, never from empty state.
+    assert history.floor == 2
+    assert list(history.upto) == [2]
+    assert History(batches, steps, 2).floor is None  # one log: no floor
