@@ -85,7 +85,13 @@ def plan_backfill(
     if source == "archive":
         if not pipeline.archive:
             raise ConfigError(f"{pipeline.application_id} keeps no raw archive (archive: false)")
-        marks = {tp: (0, off) for tp, off in current.items()}
+        # The archive holds what retention deleted: any offset from 0 is a start.
+        # The log end stays the broker's (a start past the stream's last batch is
+        # a start like any other).
+        marks = {
+            tp: (0, max(marks.get(tp, (0, 0))[1], current.get(tp, 0)))
+            for tp in set(marks) | set(current)
+        }
     boundary = None
     notes = []
     if start.kind != "earliest":
