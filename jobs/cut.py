@@ -467,19 +467,31 @@ def log_floor(layout: AppLayout, snap: LedgerSnapshot) -> Boundary | None:
         return None
     for found in live_boundaries(layout, snap, history.excluded):
         if found.epoch == history.floor and found.batch_id == -1:
-            _check_restorable(
-                layout,
-                found,
-                "the state that holds the judgments of a recreated topic's deleted log",
-                "recompute from a later boundary (backfill --from-offset or --from-datetime, "
-                "rewind --mode reprocess to a later target)",
-            )
+            # ``maintain`` keeps this version whatever its age (not only the
+            # horizon's): the question is whether its files are there.
+            if not loadable(layout.table("state"), found.state_version):
+                raise ConsistencyError(
+                    f"{layout.application_id}: the state that holds the judgments of a "
+                    f"recreated topic's deleted log (epoch {found.epoch}, state version "
+                    f"{found.state_version}) can no longer be loaded; repair: recompute from "
+                    "a later boundary (backfill --from-offset or --from-datetime, rewind "
+                    "--mode reprocess to a later target)"
+                )
             return found
     raise ConsistencyError(
         f"{layout.application_id}: epoch {history.floor} moved the application onto a "
         "recreated topic's new log, but its cut or state version is missing; repair: "
         "recompute from a later boundary (backfill --from-offset or --from-datetime)"
     )
+
+
+def loadable(table: Path, version: int) -> bool:
+    """Whether ``table`` at ``version`` can be read: its log and every data file."""
+    try:
+        files = DeltaTable(str(table), version=version).file_uris()
+    except Exception:
+        return False
+    return all(Path(uri.removeprefix("file://")).exists() for uri in files)
 
 
 def floor_note(floor: Boundary) -> str:

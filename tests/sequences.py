@@ -96,6 +96,7 @@ class Sequence:
     # After a topic recreation, the point the repair kept: the deleted log's
     # judgments, which a recomputation "from the first offsets" starts from.
     floor: Point | None = None
+    maintenance: dict[str, Any] | None = None  # the pipeline's maintenance section
     done: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -116,6 +117,8 @@ class Sequence:
         data["source"]["topics"] = [self.topic]
         data["version"] = version
         data["source"]["archive"] = self.archive
+        if self.maintenance is not None:
+            data["maintenance"] = self.maintenance
         data["derived"][0]["expr"] = signed_qty(version)
         path = self.directory / f"v{version}" / "inventory.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)

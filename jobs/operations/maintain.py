@@ -37,7 +37,7 @@ from deltalake.exceptions import CommitFailedError
 
 from jobs import kafka_admin
 from jobs.coverage import Boundary
-from jobs.cut import live_boundaries, seed_file
+from jobs.cut import live_boundaries, log_floor, seed_file
 from jobs.delta import layout as tables
 from jobs.delta.files import stale_staged_files
 from jobs.delta.layout import AppLayout
@@ -49,6 +49,7 @@ from jobs.ledger import (
     MAINTAIN,
     STARTED,
     current_epoch,
+    snapshot,
     unfinished_operation,
 )
 from jobs.lock import LockedError, describe, holder
@@ -83,6 +84,9 @@ class MaintenancePlan:
     # which no snapshot lists) while it is unpublished.
     output_from: int | None = None
     output_retention_hours: int = 0
+    # The state a recreated topic's repair kept (``cut.log_floor``): what every
+    # recomputation from the first offsets starts from, kept whatever its age.
+    floor_version: int | None = None
 
     def describe(self) -> str:
         kept = (
@@ -135,6 +139,7 @@ class MaintenancePlan:
             "keep_versions": len(self.keep_versions),
             "stale_paths": len(self.stale),
             "output_from": self.output_from,
+            "floor_version": self.floor_version,
         }
 
 
@@ -164,6 +169,10 @@ def plan_maintenance(
     boundaries = live_boundaries(layout)
     kept = oldest_kept(boundaries, now - pipeline.rewind_horizon_seconds * 1_000_000)
     retention, keep = vacuum_rule(boundaries, kept, now, pipeline.reader_grace_hours)
+    snap = snapshot(layout)
+    floor = None if snap is None else log_floor(layout, snap)
+    if floor is not None:
+        keep = tuple(sorted({*keep, floor.state_version}))
     epoch = current_epoch(layout)
     files = {
         name: (
@@ -205,6 +214,7 @@ def plan_maintenance(
         stale=tuple(str(p) for p in stale_paths(layout, epoch, table_names(pipeline))),
         output_from=output_from,
         output_retention_hours=int(output_retention),
+        floor_version=None if floor is None else floor.state_version,
     )
 
 
@@ -363,6 +373,8 @@ def maintain_table(
         floor = min(floor, plan.kept.state_version)
     if is_state and plan.output_from is not None:
         floor = min(floor, plan.output_from)
+    if is_state and plan.floor_version is not None:
+        floor = min(floor, plan.floor_version)
     compacted = _retrying(
         f"compact {path.name}", lambda: DeltaTable(uri).optimize.compact(commit_properties=props)
     )

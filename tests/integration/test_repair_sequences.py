@@ -52,8 +52,9 @@ def test_recomputations_after_a_topic_is_recreated_keep_the_deleted_logs_judgmen
     """Found by the random sequences: after the repair of a recreated topic, a
     backfill from the earliest offsets dropped the deleted log's judgments (and from
     the archive counted its records at the new log's offsets), and verify reported
-    the state that kept them as drift. (``rebuild --from-source`` and backfills
-    from Kafka after a recreation: the random sequences.)"""
+    the state that kept them as drift; maintain removed that state's files.
+    (``rebuild --from-source`` and backfills from Kafka after a recreation: the
+    random sequences.)"""
     rng = Scripted(7)
     rng.queue = [0.1]  # the raw archive on
     sequence = Sequence(
@@ -65,6 +66,8 @@ def test_recomputations_after_a_topic_is_recreated_keep_the_deleted_logs_judgmen
         rng=rng,
         run_jobs=run_jobs,
         run_with_fault=run_with_fault,
+        # maintain keeps no boundary but the last: the repair's state only as the floor
+        maintenance={"rewind_horizon": "1 second", "reader_grace_hours": 0},
     )
     script: list[tuple[Callable[[], None], list[float]]] = [
         (sequence.produce, []),
@@ -72,6 +75,7 @@ def test_recomputations_after_a_topic_is_recreated_keep_the_deleted_logs_judgmen
         (sequence.recreate_topic, []),
         (sequence.produce, []),
         (sequence.run, []),
+        (sequence.maintain, []),
         (sequence.backfill, [0.9, 0.1]),  # from the earliest offsets, from the archive
         (sequence.verify, []),
     ]
