@@ -27,6 +27,12 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=20)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument(
+        "--windowed",
+        choices=["no", "yes", "alternate"],
+        default="alternate",
+        help="windowed pipeline (records out of order, some late): alternate = odd seeds",
+    )
     args = parser.parse_args()
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from tests.conftest import long_lived_session, run_jobs, run_with_fault
@@ -46,9 +52,11 @@ def main() -> None:
                 warehouse=work / f"warehouse-{seed}",
             )
             begun = time.monotonic()
+            windowed = args.windowed == "yes" or (args.windowed == "alternate" and seed % 2 == 1)
             done = run_sequence(
                 seed,
                 args.steps,
+                windowed=windowed,
                 spark=spark,
                 settings=settings,
                 kafka_config=config,
@@ -57,7 +65,8 @@ def main() -> None:
                 run_jobs=run_jobs,
                 run_with_fault=run_with_fault,
             )
-            line = f"seed {seed} ({time.monotonic() - begun:.0f} s): {', '.join(done)}"
+            kind = "windowed" if windowed else "unwindowed"
+            line = f"seed {seed}, {kind} ({time.monotonic() - begun:.0f} s): {', '.join(done)}"
             print(line, flush=True)
             lines.append(line)
         total = time.monotonic() - started

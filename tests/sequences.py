@@ -1,9 +1,13 @@
 """Random sequences of operations on the real broker and Spark, checked against a
 plain-Python model after every step (issue 28).
 
-The application is ``inventory`` (quantity and movements per SKU, no window) on a
-topic whose partitions the driver writes explicitly, with Kafka timestamps an hour
-apart per produce, so the model knows every record's offset and time. A sequence
+The application is ``inventory`` (quantity and movements per SKU; windowed or
+not) on a topic whose partitions the driver writes explicitly, with Kafka
+timestamps an hour apart per produce, so the model knows every record's offset
+and time. Windowed, the records' event times are out of order and some arrive
+after the watermark closed their window (late: dead letters), which the model
+decides with the platform's rule: a batch's watermark is the cut's floor or the
+newest event time of the epoch's aggregated records minus the delay. A sequence
 draws from: produce (with bad records), run, a run killed between two commits and
 recovered, add a partition, the topic deleted and recreated (the run refuses, the
 named repair applies), rewind skip and reprocess to offsets, times, durations and
@@ -18,6 +22,7 @@ the judged records. ``python -m benchmarks.sequences`` runs long ones.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import time
@@ -50,20 +55,32 @@ def signed_qty(version: int) -> str:
     return f"CASE kind {cases} END"
 
 
+@dataclass(frozen=True)
+class Judgment:
+    """How a record was judged: by which version, late or not, under which watermark."""
+
+    version: int
+    late: bool = False
+    watermark_ms: int = 0
+
+
 @dataclass
 class Point:
-    """A lineage point of the model: offsets judged (with the version that judged
-    each), offsets skipped, where the stream reads next."""
+    """A lineage point of the model: offsets judged, offsets skipped, where the
+    stream reads next, and the watermark its batch was judged with (an
+    operation's cut: the one it carries on)."""
 
-    judged: dict[TP, dict[int, int]]
+    judged: dict[TP, dict[int, Judgment]]
     skipped: dict[TP, set[int]]
     pos: dict[TP, int]
+    watermark_ms: int = 0
 
     def copy(self) -> Point:
         return Point(
             {tp: dict(d) for tp, d in self.judged.items()},
             {tp: set(s) for tp, s in self.skipped.items()},
             dict(self.pos),
+            self.watermark_ms,
         )
 
     def fits(self, target: dict[TP, int]) -> bool:
@@ -97,6 +114,14 @@ class Sequence:
     # judgments, which a recomputation "from the first offsets" starts from.
     floor: Point | None = None
     maintenance: dict[str, Any] | None = None  # the pipeline's maintenance section
+    # Windowed: 1-minute tumbling windows, a 1-minute watermark delay, event times
+    # out of order (up to 200 s behind a clock that moves 20-120 s per produce), so
+    # some records arrive late. The epoch's watermark: at least the cut's floor, and
+    # Spark's, the newest event time of the epoch's aggregated records (a seed's:
+    # its newest window start) minus the delay.
+    windowed: bool = False
+    floor_ms: int = 0
+    newest_ms: int | None = None
     done: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -104,6 +129,7 @@ class Sequence:
         self.stamps = {tp: [] for tp in self.records}
         self.model.pos = {tp: 0 for tp in self.records}
         self.base_ms = (int(time.time()) // 3600 - 48) * HOUR_MS
+        self.clock_s = int(time.time()) - 86400
         self.archive = self.rng.random() < 0.5
         self.path = self.pipeline_file(self.version)
 
@@ -120,6 +146,9 @@ class Sequence:
         if self.maintenance is not None:
             data["maintenance"] = self.maintenance
         data["derived"][0]["expr"] = signed_qty(version)
+        if self.windowed:
+            data["window"] = {"type": "tumbling", "size": "1 minute"}
+            data["watermark"] = "1 minute"
         path = self.directory / f"v{version}" / "inventory.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump(data))
@@ -137,28 +166,66 @@ class Sequence:
         row = last_batch(AppLayout(self.settings.warehouse, "inventory"))
         return None if row is None else (int(row["epoch"]), int(row["batch_id"]))
 
-    def state(self) -> dict[str, tuple[int, int]]:
+    def state(self) -> dict[Any, tuple[int, int]]:
         table = DeltaTable(str(self.settings.warehouse / "inventory" / "state"))
         return {
-            r["sku"]: (r["quantity"], r["movements"]) for r in table.to_pyarrow_table().to_pylist()
+            self._key(r["sku"], r.get("window_start")): (r["quantity"], r["movements"])
+            for r in table.to_pyarrow_table().to_pylist()
         }
 
-    def expected(self, version_now: int | None = None) -> dict[str, tuple[int, int]]:
-        """The state: each judged valid record with the version that judged it (or
-        ``version_now``'s logic: what verify recomputes)."""
-        totals: dict[str, tuple[int, int]] = {}
+    def _key(self, sku: str, window_start: Any) -> Any:
+        if not self.windowed:
+            return sku
+        if isinstance(window_start, datetime):
+            aware = window_start if window_start.tzinfo else window_start.replace(tzinfo=UTC)
+            return (sku, int(aware.timestamp()))
+        return (sku, int(window_start))
+
+    def expected(self, version_now: int | None = None) -> dict[Any, tuple[int, int]]:
+        """The state: each judged valid record that was not late, with the version
+        that judged it (or ``version_now``'s logic: what verify recomputes)."""
+        totals: dict[Any, tuple[int, int]] = {}
         kept = {} if self.floor is None else self.floor.judged  # no broker replays them
         for tp, judged in self.model.judged.items():
-            for offset, judged_by in judged.items():
+            for offset, judgment in judged.items():
                 recorded = version_now is None or offset in kept.get(tp, {})
-                version = judged_by if recorded else version_now
+                version = judgment.version if recorded else version_now
                 event = self.records[tp][offset]
-                if event is None:
+                if event is None or judgment.late:
                     continue  # a dead letter
-                qty, count = totals.get(event["sku"], (0, 0))
+                key = self._key(event["sku"], event["timestamp"] // 60 * 60)
+                qty, count = totals.get(key, (0, 0))
                 sign = SIGNS[version % 2][event["kind"]]
-                totals[event["sku"]] = (qty + sign * event["qty"], count + 1)
+                totals[key] = (qty + sign * event["qty"], count + 1)
         return totals
+
+    # -- the watermark (windowed) ------------------------------------------------------
+    def _batch_watermark(self) -> int:
+        spark = None if self.newest_ms is None else self.newest_ms - 60_000
+        return max(self.floor_ms, spark or 0)
+
+    def _newest_window(self, point: Point) -> int | None:
+        """The newest window start of the state at ``point`` (ms): what its seed
+        gives Spark as its newest event time."""
+        starts = [
+            event["timestamp"] // 60 * 60_000
+            for tp, judged in point.judged.items()
+            for offset, judgment in judged.items()
+            for event in [self.records[tp][offset]]
+            if event is not None and not judgment.late
+        ]
+        return max(starts) if starts else None
+
+    def _cut_from(self, point: Point | None, floor_ms: int | None = None) -> None:
+        """A new epoch seeded with the state at ``point`` (None: emptied state): its
+        watermark floor is the one ``point``'s batch was judged with (``floor_ms``:
+        a backfill's, the highest its coverage holds)."""
+        if point is None:
+            self.floor_ms, self.newest_ms = 0, None
+        else:
+            self.floor_ms = point.watermark_ms if floor_ms is None else floor_ms
+            self.newest_ms = self._newest_window(point)
+        self.model.watermark_ms = self.floor_ms
 
     def check(self) -> None:
         state, expected = self.state(), self.expected()
@@ -170,6 +237,7 @@ class Sequence:
         producer = Producer({**self.kafka_config, "enable.idempotence": True})
         stamp = self.base_ms + self.rounds * HOUR_MS
         self.rounds += 1
+        self.clock_s += self.rng.randint(20, 120)
         for i in range(n):
             tp = self.rng.choice(self.live())
             bad = self.rng.random() < 0.05
@@ -180,7 +248,9 @@ class Sequence:
                     "sku": f"S{self.rng.randint(0, 6)}",
                     "qty": self.rng.randint(1, 9),
                     "kind": self.rng.choice(KINDS),
-                    "timestamp": 1700000000 + i,
+                    "timestamp": self.clock_s - self.rng.randint(0, 200)
+                    if self.windowed
+                    else 1700000000 + i,
                 }
             )
             value = b"not json" if event is None else json.dumps(event).encode()
@@ -190,19 +260,34 @@ class Sequence:
         assert producer.flush(30) == 0
         self.done.append(f"produce({n})")
 
-    def _ran(self) -> None:
-        """The model after a run: every produced record judged, one new point."""
+    def _ran(self) -> int:
+        """The model after a run: every produced record judged, one new point.
+        Returns how many were late."""
         new = False
+        lates = 0
+        watermark = self._batch_watermark() if self.windowed else 0
         for tp in self.live():
             events = self.records[tp]
             start = self.model.pos.get(tp, 0)
             judged = self.model.judged.setdefault(tp, {})
             for offset in range(start, len(events)):
-                judged[offset] = self.version
+                event = events[offset]
+                late = (
+                    self.windowed
+                    and event is not None
+                    and (event["timestamp"] // 60 * 60 + 60) * 1000 <= watermark
+                )
+                judged[offset] = Judgment(self.version, late, watermark)
+                lates += late
+                if self.windowed and event is not None and not late:
+                    newest = event["timestamp"] * 1000
+                    self.newest_ms = max(self.newest_ms or newest, newest)
                 new = True
             self.model.pos[tp] = len(events)
         if new:
+            self.model.watermark_ms = watermark
             self.points.append(self.model.copy())
+        return lates
 
     def run(self) -> None:
         self.run_with_fault(
@@ -212,8 +297,8 @@ class Sequence:
             None,
             spark=self.spark,
         )
-        self._ran()
-        self.done.append("run")
+        lates = self._ran()
+        self.done.append(f"run ({lates} late)" if lates else "run")
 
     def crash_and_run(self) -> None:
         fault = self.rng.choice(FAULTS)
@@ -249,6 +334,7 @@ class Sequence:
         count = self.rng.randint(1, 3)
         kafka_admin.create_topic(admin, self.topic, count)
         self.logs += 1
+        self._cut_from(self.points[-1])  # the repair keeps the state (before the renames)
         old = f"{self.topic} (log {self.logs})"
         for tp in self.live():
             self.records[(old, tp[1])] = self.records.pop(tp)
@@ -301,6 +387,7 @@ class Sequence:
         elif operation == "skip":
             self._skipped(target)
         else:
+            self._cut_from(self.points[-1])
             self.points.append(self.model.copy())
         self.done.append(f"{' '.join(args[:2])} killed after its fence, run refused, again")
 
@@ -332,14 +419,26 @@ class Sequence:
         return json.dumps(spec)
 
     def skip(self) -> None:
-        target = self._target(lambda tp: self.model.pos.get(tp, 0))
-        self.jobs(
-            "rewind", "--mode", "skip", "--to-offset", self._offsets(target), "--reason", "skip"
-        )
+        """Forward to offsets, or to a time: one that lies behind the stream in some
+        partition is refused (a skip never counts a record twice) and changes nothing."""
+        if self.rng.random() < 0.3:
+            where, target = self._time_target()
+        else:
+            target = self._target(lambda tp: self.model.pos.get(tp, 0))
+            where = ["--to-offset", self._offsets(target)]
+        args = ["rewind", "--mode", "skip", *where, "--reason", "skip"]
+        if any(off < self.model.pos.get(tp, 0) for tp, off in target.items()):
+            refused = self.run_jobs(self.path, self.settings, *args, spark=self.spark)
+            assert refused.returncode == 2, f"{self.done}: {refused.stderr[-1500:]}"
+            assert "only moves forward" in refused.stderr, refused.stderr[-1500:]
+            self.done.append(f"skip {where[0]} {sorted(target.values())} refused: behind")
+            return
+        self.jobs(*args)
         self._skipped(target)
-        self.done.append(f"skip to {sorted(target.values())}")
+        self.done.append(f"skip {where[0]} {sorted(target.values())}")
 
     def _skipped(self, target: dict[TP, int]) -> None:
+        self._cut_from(self.points[-1])  # the state kept: seeded from the last point
         for tp, off in target.items():
             start = self.model.pos.get(tp, 0)
             self.model.skipped.setdefault(tp, set()).update(range(start, off))
@@ -374,6 +473,7 @@ class Sequence:
             self._emptied()
             return
         self.model = point.copy()
+        self._cut_from(point)
         self.points = self.points[: self.points.index(point) + 1] + [self.model.copy()]
 
     def saved_plan(self) -> None:
@@ -415,10 +515,12 @@ class Sequence:
         topic's current log, onto what the floor holds of its deleted ones."""
         self.model = Point({}, {}, {}) if self.floor is None else self.floor.copy()
         self.model.pos = {tp: 0 for tp in self.live()}
+        self._cut_from(self.floor)
         self.points = [self.model.copy()]
 
     def rebuild(self) -> None:
         self.jobs("rebuild", "--reason", "checkpoint lost")
+        self._cut_from(self.points[-1])
         self.points.append(self.model.copy())
         self.done.append("rebuild")
 
@@ -455,8 +557,17 @@ class Sequence:
         self.jobs("backfill", *start, "--reason", f"v{self.version}")
         for tp, judged in self.model.judged.items():
             kept = {} if base is None else base.judged.get(tp, {})
-            for offset in judged:
-                judged[offset] = kept.get(offset, self.version)
+            for offset, judgment in judged.items():  # each decision as it was made
+                judged[offset] = kept.get(
+                    offset, dataclasses.replace(judgment, version=self.version)
+                )
+        # The new epoch: seeded with the published state, its floor the highest
+        # watermark the judgments hold.
+        highest = max(
+            (j.watermark_ms for judged in self.model.judged.values() for j in judged.values()),
+            default=0,
+        )
+        self._cut_from(self.model, highest)
         if base is None:
             kept_points = []
         elif base is self.floor:  # the lineage's first point since the recreation

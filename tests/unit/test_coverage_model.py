@@ -7,6 +7,10 @@ entries the platform writes (batch rows, operations' steps and cuts) and its own
 choices (``History.latest_before``, ``Coverage.excluding``). After every step the
 two agree on what is judged, what is skipped and where the stream reads next;
 Hypothesis shrinks a failing sequence to a minimal one.
+
+A topic deleted and recreated makes every epoch so far read a log that is gone
+(``excluded``); the repair keeps the state and reads the new log from 0, and is
+the floor every later recomputation from the first offsets starts from.
 """
 
 from __future__ import annotations
@@ -77,10 +81,12 @@ class Repairs(RuleBasedStateMachine):
         self.steps: dict[int, Step] = {}
         self.cuts: dict[int, tuple[dict[TP, int], int]] = {}
         self.reads: dict[TP, int] = {(T, 0): 0}
+        self.excluded: set[int] = set()  # epochs that read a deleted log
+        self.floor: int | None = None  # the epoch of the repair that kept their state
 
     # -- the system under test ------------------------------------------------
     def history(self) -> History:
-        return History(self.batches, self.steps, self.epoch)
+        return History(self.batches, self.steps, self.epoch, frozenset(self.excluded))
 
     def boundaries(self, history: History) -> list[Boundary]:
         return history.boundaries(self.cuts)
@@ -146,8 +152,27 @@ class Repairs(RuleBasedStateMachine):
 
     @rule()
     def rebuild_from_source(self) -> None:
-        self.begin_epoch(Step("empty", None), {tp: 0 for tp in self.log})
+        """From the first offsets: emptied state, or (a topic recreated) the state
+        the repair kept, from the new log's first offsets."""
+        if self.floor is None:
+            self.begin_epoch(Step("empty", None), {tp: 0 for tp in self.log})
+        else:
+            self.begin_epoch(Step("restore", (self.floor, -1)), {tp: 0 for tp in self.log})
         self.model = Point({}, {}, {tp: 0 for tp in self.log})
+        self.points = [self.model.copy()]
+
+    @precondition(lambda self: self.batches)
+    @rule(parts=st.integers(1, 3))
+    def recreate_topic(self, parts: int) -> None:
+        """The topic deleted and recreated with ``parts`` partitions, and repaired:
+        the state kept, the new log read from 0."""
+        head = self.boundaries(self.history())[-1]
+        self.excluded |= set(range(self.epoch + 1))
+        self.log = {(T, p): 0 for p in range(parts)}
+        reads = {tp: 0 for tp in self.log}
+        self.begin_epoch(Step("keep", (head.epoch, head.batch_id)), reads)
+        self.floor = self.epoch
+        self.model = Point({}, {}, dict(reads))
         self.points = [self.model.copy()]
 
     @precondition(lambda self: self.batches)
@@ -187,7 +212,10 @@ class Repairs(RuleBasedStateMachine):
     def backfill(self, data: st.DataObject, earliest: bool) -> None:
         history = self.history()
         head = history.head
-        if earliest:
+        if earliest and self.floor is not None:  # from the floor: its state stays
+            found = next(b for b in self.boundaries(history) if b.epoch == self.floor)
+            point = self.points[0]
+        elif earliest:
             found, point = None, None
         else:
             target = {tp: data.draw(st.integers(0, self.log[tp])) for tp in self.log}
@@ -212,6 +240,10 @@ class Repairs(RuleBasedStateMachine):
         )
         for spans in head.spans.values():  # every offset judged once: disjoint spans
             assert all(a.end <= b.begin for a, b in itertools.pairwise(spans))
+
+    @invariant()
+    def recomputations_start_from_the_floor(self) -> None:
+        assert self.history().floor == self.floor
 
     @invariant()
     def no_record_is_both_judged_and_skipped(self) -> None:
