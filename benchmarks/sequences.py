@@ -3,6 +3,8 @@ broker and one Spark session: each sequence drives ``inventory`` through random
 operations and checks the state against the plain-Python model after every step.
 
     .venv/bin/python -m benchmarks.sequences [--count 20] [--seed 1] [--steps 8]
+        [--windowed no|yes|alternate]   (alternate, the default: odd seeds windowed)
+        [--check-every-step]            (verify and status after every operation)
 
 Prints each sequence's operations and how long it took; the first failure stops
 the run with its seed and the operations that led to it (rerun that seed alone).
@@ -27,6 +29,11 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=20)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument(
+        "--check-every-step",
+        action="store_true",
+        help="verify and status after every operation too (not only at the end)",
+    )
     parser.add_argument(
         "--windowed",
         choices=["no", "yes", "alternate"],
@@ -57,6 +64,7 @@ def main() -> None:
                 seed,
                 args.steps,
                 windowed=windowed,
+                check_every_step=args.check_every_step,
                 spark=spark,
                 settings=settings,
                 kafka_config=config,
@@ -77,7 +85,8 @@ def main() -> None:
                 "## Random repair sequences",
                 "",
                 f"{datetime.now():%Y-%m-%d}, {machine()}: `python -m benchmarks.sequences "
-                f"--count {args.count} --seed {args.seed} --steps {args.steps}`: "
+                f"--count {args.count} --seed {args.seed} --steps {args.steps}"
+                f"{' --check-every-step' if args.check_every_step else ''}`: "
                 f"{args.count} sequences, all equal to the model after every step, "
                 f"{total:.0f} s.",
                 "",

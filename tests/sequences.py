@@ -595,6 +595,11 @@ class Sequence:
             assert done.returncode != 0 and "differ" in done.stderr, done.stderr[-1500:]
         self.done.append("verify")
 
+    def check_status(self) -> None:
+        """``status`` names no problem that is not there (nothing is damaged)."""
+        status = json.loads(self.jobs("status", "--json"))
+        assert status["problems"] == [] and status["repair"] is None, (self.done, status)
+
     def step(self) -> None:
         """One operation drawn at random (those that need a batch only after one)."""
         choices: list[tuple[Callable[[], None], int]] = [
@@ -621,19 +626,24 @@ class Sequence:
         self.check()
 
 
-def run_sequence(seed: int, steps: int, **context: Any) -> list[str]:
-    """``steps`` random operations with ``seed``, checked after each; then a run of
-    what is left and a verify. Returns the operations done."""
+def run_sequence(
+    seed: int, steps: int, check_every_step: bool = False, **context: Any
+) -> list[str]:
+    """``steps`` random operations with ``seed``, the state checked after each (and
+    ``check_every_step``: verify and status too); then a run of what is left, a
+    verify and status. Returns the operations done."""
     sequence = Sequence(rng=random.Random(seed), **context)
     sequence.produce()
     sequence.run()
     for _ in range(steps):
         sequence.step()
+        if check_every_step:
+            sequence.verify()
+            sequence.done.pop()  # (not an operation of the sequence)
+            sequence.check_status()
     sequence.produce()
     sequence.run()
     sequence.check()
     sequence.verify()
-    # status names no problem that is not there (nothing is lagging or damaged).
-    status = json.loads(sequence.jobs("status", "--json"))
-    assert status["problems"] == [] and status["repair"] is None, (sequence.done, status)
+    sequence.check_status()
     return sequence.done
