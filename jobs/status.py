@@ -10,7 +10,13 @@ from typing import Any
 from deltalake import DeltaTable
 
 from jobs import kafka_admin
-from jobs.cut import latest_cut, live_boundaries, needs_rekeying, read_cut
+from jobs.cut import (
+    current_log_history,
+    latest_cut,
+    live_boundaries,
+    needs_rekeying,
+    read_cut,
+)
 from jobs.delta.layout import AppLayout
 from jobs.errors import PlatformError
 from jobs.kafka_source import offsets as plan
@@ -21,6 +27,7 @@ from jobs.ledger import (
     kept_state_version,
     last_batch,
     read_ledger,
+    snapshot,
     unfinished_operation,
 )
 from jobs.lock import holder
@@ -129,7 +136,16 @@ def application_status(
             "the published state (unchanged)"
         )
         repair = "rebuild"
-    committed = plan.from_json_dict(json.loads(last["end_offsets"]))
+    # Where the next run reads from: the last batch's end, or the cut of an
+    # operation that has no batch yet (after a recreated topic's repair, the last
+    # batch's offsets are positions in the deleted log). Read cheaply: the health
+    # sensor calls this too.
+    own_cut = read_cut(layout, epoch) if last["epoch"] != epoch else None
+    committed = (
+        own_cut.offsets()
+        if own_cut is not None
+        else plan.from_json_dict(json.loads(last["end_offsets"]))
+    )
     lags = (
         _lags(pipeline, settings, committed, problems, _cut_topic_ids(layout, epoch, problems))
         if with_broker
@@ -179,8 +195,12 @@ def _output(
 
 
 def _oldest_rewind_target(layout: AppLayout) -> dict[str, Any] | None:
+    """The oldest boundary a rewind can still restore (of the topics' current logs)."""
     kept = kept_state_version(layout) or 0
-    for b in live_boundaries(layout):
+    snap = snapshot(layout)
+    if snap is None:
+        return None
+    for b in live_boundaries(layout, snap, current_log_history(layout, snap).excluded):
         if b.state_version >= kept:
             return {
                 "epoch": b.epoch,
