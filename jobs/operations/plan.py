@@ -104,7 +104,7 @@ class Plan:
         if self.boundary is not None:
             b = self.boundary
             where = (
-                f"the cut of epoch {b.epoch} (no batch since its operation)"
+                f"the cut of epoch {b.epoch} (the state its operation left)"
                 if b.batch_id < 0
                 else f"epoch {b.epoch} batch {b.batch_id}"
             )
