@@ -3,7 +3,8 @@ a Spark batch job, preview the corrections, publish them atomically, and restart
 stream from the backfill's end offsets with the corrected state.
 
 The recomputation starts at a batch boundary at or before the requested start
-(``--from-earliest``: the application's first offsets, empty state) and reads up to
+(``--from-earliest``: the application's first offsets and empty state, or, after a
+recreated topic's repair, that repair's cut and the state it kept) and reads up to
 where the application's live lineage ends (its last batch, or the cut of the
 operation that began the epoch): only records the stream has judged, each with
 the watermark and batch time its batch recorded and its dead letters already
@@ -97,9 +98,9 @@ def plan_backfill(
     if start.kind != "earliest":
         wanted = resolve_targets(start, current, marks, config)
         boundary = boundary_at_or_before(layout, wanted, other_logs(pipeline, settings, layout))
-    snap = snapshot(layout)
+    snap = snapshot(layout) if boundary is None else None
     floor = None if snap is None else log_floor(layout, snap)
-    if boundary is None and floor is not None:
+    if floor is not None:
         boundary = floor  # "from the first offsets": the deleted log's judgments stay
         notes.append(floor_note(floor))
     # Every partition of the head gets its first offset: a partition the boundary

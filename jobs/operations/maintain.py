@@ -170,7 +170,11 @@ def plan_maintenance(
     kept = oldest_kept(boundaries, now - pipeline.rewind_horizon_seconds * 1_000_000)
     retention, keep = vacuum_rule(boundaries, kept, now, pipeline.reader_grace_hours)
     snap = snapshot(layout)
-    floor = None if snap is None else log_floor(layout, snap)
+    try:
+        floor = None if snap is None else log_floor(layout, snap)
+    except ConsistencyError as exc:  # already gone: what needs it refuses, not maintain
+        log.warning("%s", exc)
+        floor = None
     if floor is not None:
         keep = tuple(sorted({*keep, floor.state_version}))
     epoch = current_epoch(layout)

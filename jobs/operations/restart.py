@@ -88,7 +88,8 @@ def plan_rebuild(pipeline: Pipeline, settings: Settings, reason: str, from_sourc
                 boundary=floor,
                 records_to_replay=sum(current.get(tp, off) - off for tp, off in target.items()),
                 notes=[
-                    "recomputes from the first offsets of the topics' current logs",
+                    "recomputes from the cut of the repair that moved onto a recreated "
+                    "topic's new log (the new log's first offsets)",
                     floor_note(floor),
                     *filled_gaps(layout),
                 ],
@@ -157,8 +158,8 @@ def plan_rewind(
                 f"--mode skip only moves forward (it keeps the state); these would go back: "
                 f"{_names(backwards)}; use --mode reprocess"
             )
-            # A partition the application has not read yet (added to the topic since)
-        # would be read from its log start: skipping it skips from there.
+        # A partition the application has not read yet (added to the topic since), or
+        # of a recreated topic, is read from its log start: skipping it skips from there.
         start = {
             tp: marks[tp][0] if tp[0] in recreated else current.get(tp, marks[tp][0])
             for tp in chosen

@@ -165,3 +165,19 @@ def test_with_nothing_in_the_way_the_plan_is_applied(settings: Settings) -> None
     written = being_written(layout)
     apply_maintenance(NO_GRACE, settings, plan, echo=lambda _line: None)
     assert not written.exists()  # what the refusals above protect
+
+
+def test_a_floor_whose_state_is_gone_does_not_stop_maintenance(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A recreated topic's repair state that an older maintain already removed:
+    the recomputations that need it refuse; maintain itself goes on (found by
+    review: the scheduled maintenance would have failed for good)."""
+    from jobs.operations import maintain
+
+    def gone(*_args: object) -> None:
+        raise ConsistencyError("the state that holds the judgments ... can no longer be loaded")
+
+    monkeypatch.setattr(maintain, "log_floor", gone)
+    plan = plan_maintenance(NO_GRACE, settings, "hourly")
+    assert plan.floor_version is None
