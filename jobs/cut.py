@@ -458,10 +458,14 @@ def boundary_at_or_before(
     return chosen
 
 
-def log_floor(layout: AppLayout, snap: LedgerSnapshot) -> Boundary | None:
+def log_floor(layout: AppLayout, snap: LedgerSnapshot | None = None) -> Boundary | None:
     """Where a recomputation "from the first offsets" starts (``History.floor``):
     the cut that moved the application onto a recreated topic's new log keeping
-    its state, which holds the deleted log's judgments; None: from empty state."""
+    its state, which holds the deleted log's judgments; None: from empty state.
+    ``snap``: the ledger read the caller planned from, else one read now."""
+    snap = snap or snapshot(layout)
+    if snap is None:
+        return None
     history = current_log_history(layout, snap)
     if history.floor is None:
         return None

@@ -98,8 +98,7 @@ def plan_backfill(
     if start.kind != "earliest":
         wanted = resolve_targets(start, current, marks, config)
         boundary = boundary_at_or_before(layout, wanted, other_logs(pipeline, settings, layout))
-    snap = snapshot(layout) if boundary is None else None
-    floor = None if snap is None else log_floor(layout, snap)
+    floor = log_floor(layout) if boundary is None else None
     if floor is not None:
         boundary = floor  # "from the first offsets": the deleted log's judgments stay
         notes.append(floor_note(floor))

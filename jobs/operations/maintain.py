@@ -49,7 +49,6 @@ from jobs.ledger import (
     MAINTAIN,
     STARTED,
     current_epoch,
-    snapshot,
     unfinished_operation,
 )
 from jobs.lock import LockedError, describe, holder
@@ -169,9 +168,8 @@ def plan_maintenance(
     boundaries = live_boundaries(layout)
     kept = oldest_kept(boundaries, now - pipeline.rewind_horizon_seconds * 1_000_000)
     retention, keep = vacuum_rule(boundaries, kept, now, pipeline.reader_grace_hours)
-    snap = snapshot(layout)
     try:
-        floor = None if snap is None else log_floor(layout, snap)
+        floor = log_floor(layout)
     except ConsistencyError as exc:  # already gone: what needs it refuses, not maintain
         log.warning("%s", exc)
         floor = None

@@ -75,8 +75,7 @@ def plan_rebuild(pipeline: Pipeline, settings: Settings, reason: str, from_sourc
     current = last.end_offsets if last else {}
     if from_source or last is None:
         _config, marks = broker_marks(pipeline, settings)
-        snap = snapshot(layout)
-        floor = None if snap is None else log_floor(layout, snap)
+        floor = log_floor(layout)
         if floor is not None:  # a topic recreated: from its new log's first offsets
             target = fill_from_first(layout, floor.end_offsets, marks)
             return Plan(

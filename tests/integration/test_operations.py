@@ -148,15 +148,8 @@ def test_rebuild_from_source(spark, settings, kafka_config, new_topic, tmp_path)
     assert_topic_is_the_state(settings, topic, first)
 
 
-def test_rewind_reprocess_counts_every_event_once(
-    spark, settings, kafka_config, new_topic, tmp_path
-) -> None:  # type: ignore[no-untyped-def]
-    topic = new_topic(1)
-    pipeline, path = setup_pipeline(tmp_path, topic)
-    first = clicks(1000, 4)
-    produce(kafka_config, topic, first)
-    run_pipeline(spark, pipeline, settings)  # batches end at 400, 800, 1000
-    spec = json.dumps({topic: {"0": 500}})
+def rewind_dry_run(path: Path, settings: Settings, spec: str, spark: Any) -> Any:
+    """``rewind --to-offset spec --dry-run``, which must succeed."""
     dry = cli(
         path,
         settings,
@@ -169,6 +162,19 @@ def test_rewind_reprocess_counts_every_event_once(
         spark=spark,
     )
     assert dry.returncode == 0, dry.stderr
+    return dry
+
+
+def test_rewind_reprocess_counts_every_event_once(
+    spark, settings, kafka_config, new_topic, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    topic = new_topic(1)
+    pipeline, path = setup_pipeline(tmp_path, topic)
+    first = clicks(1000, 4)
+    produce(kafka_config, topic, first)
+    run_pipeline(spark, pipeline, settings)  # batches end at 400, 800, 1000
+    spec = json.dumps({topic: {"0": 500}})
+    dry = rewind_dry_run(path, settings, spec, spark)
     assert f"{topic}[0]" in dry.stdout and "1000 ->      400" in dry.stdout
     assert "records to replay: 600" in dry.stdout
     applied = cli(path, settings, "rewind", "--to-offset", spec, "--reason", "replay", spark=spark)
@@ -208,18 +214,7 @@ def test_a_reviewed_plan_is_applied_exactly_or_refused(
     spec = json.dumps({topic: {"0": 400}})
 
     def dry_run() -> str:
-        dry = cli(
-            path,
-            settings,
-            "rewind",
-            "--to-offset",
-            spec,
-            "--reason",
-            "replay",
-            "--dry-run",
-            spark=spark,
-        )
-        assert dry.returncode == 0, dry.stderr
+        dry = rewind_dry_run(path, settings, spec, spark)
         found = re.search(r"^plan: (\S+)$", dry.stdout, re.MULTILINE)
         assert found, dry.stdout
         return found.group(1)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -19,22 +20,25 @@ SEEDS = [(11, False), (12, False), (13, False), (14, True), (15, True), (16, Tru
 STEPS = 4
 
 
+@pytest.fixture
+def context(spark, settings, kafka_config, new_topic, tmp_path) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    """What a sequence drives: a new 2-partition topic, the shared session and broker."""
+    return {
+        "spark": spark,
+        "settings": settings,
+        "kafka_config": kafka_config,
+        "topic": new_topic(2),
+        "directory": tmp_path,
+        "run_jobs": run_jobs,
+        "run_with_fault": run_with_fault,
+    }
+
+
 @pytest.mark.parametrize(("seed", "windowed"), SEEDS)
-def test_a_random_sequence_of_repairs_keeps_the_state_exact(  # type: ignore[no-untyped-def]
-    seed, windowed, spark, settings, kafka_config, new_topic, tmp_path
+def test_a_random_sequence_of_repairs_keeps_the_state_exact(
+    seed: int, windowed: bool, context: dict[str, Any]
 ) -> None:
-    done = run_sequence(
-        seed,
-        STEPS,
-        windowed=windowed,
-        spark=spark,
-        settings=settings,
-        kafka_config=kafka_config,
-        topic=new_topic(2),
-        directory=tmp_path,
-        run_jobs=run_jobs,
-        run_with_fault=run_with_fault,
-    )
+    done = run_sequence(seed, STEPS, windowed=windowed, **context)
     print(f"seed {seed}: {done}")
 
 
@@ -49,8 +53,8 @@ class Scripted(random.Random):
         return self.queue.pop(0) if self.queue else super().random()
 
 
-def test_recomputations_after_a_topic_is_recreated_keep_the_deleted_logs_judgments(  # type: ignore[no-untyped-def]
-    spark, settings, kafka_config, new_topic, tmp_path
+def test_recomputations_after_a_topic_is_recreated_keep_the_deleted_logs_judgments(
+    context: dict[str, Any],
 ) -> None:
     """Found by the random sequences: after the repair of a recreated topic, a
     backfill from the earliest offsets dropped the deleted log's judgments (and from
@@ -61,14 +65,8 @@ def test_recomputations_after_a_topic_is_recreated_keep_the_deleted_logs_judgmen
     rng = Scripted(7)
     rng.queue = [0.1]  # the raw archive on
     sequence = Sequence(
-        spark=spark,
-        settings=settings,
-        kafka_config=kafka_config,
-        topic=new_topic(2),
-        directory=tmp_path,
         rng=rng,
-        run_jobs=run_jobs,
-        run_with_fault=run_with_fault,
+        **context,
         # maintain keeps no boundary but the last: the repair's state only as the floor
         maintenance={"rewind_horizon": "1 second", "reader_grace_hours": 0},
     )
