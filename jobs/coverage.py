@@ -111,6 +111,12 @@ class Coverage:
                 watermark = max(watermark, judge.watermark_ms)
         return Coverage({tp: tuple(s) for tp, s in spans.items() if s}, watermark)
 
+    def gaps_since(self, other: Coverage) -> Intervals:
+        """The gaps here that ``other`` does not have: what a recomputation from
+        ``other``'s state reads (and judges) though a skip left it out."""
+        mine, theirs = self.gaps(), other.gaps()
+        return _merged({tp: _minus(spans, theirs.get(tp, [])) for tp, spans in mine.items()})
+
     def excluding(self, other: Coverage) -> Intervals:
         """Judged here and not in ``other`` (what a recomputation from ``other``'s
         state reads)."""
@@ -222,6 +228,9 @@ class Boundary:
     state_version: int
     watermark_ms: int = 0
     commit_time_us: int = 0
+    # The cut that moved the application onto a recreated topic's new log keeping
+    # its state (``History.floor``): nothing before it can be restored or replayed.
+    floor: bool = False
 
 
 class History:
@@ -330,7 +339,17 @@ class History:
             if step is None or step.state_version is None or epoch not in cuts:
                 continue
             offsets, watermark = cuts[epoch]
-            found.append(Boundary(epoch, -1, offsets, step.state_version, watermark, step.done_us))
+            found.append(
+                Boundary(
+                    epoch,
+                    -1,
+                    offsets,
+                    step.state_version,
+                    watermark,
+                    step.done_us,
+                    floor=epoch == self.floor,
+                )
+            )
         return sorted(found, key=lambda b: (b.epoch, b.batch_id))
 
     def coverage_at(self, boundary: Boundary) -> Coverage:

@@ -41,11 +41,8 @@ from jobs.delta.writer import bump_epoch
 from jobs.errors import ConfigError, ConsistencyError, SourceError
 from jobs.kafka_source import offsets as kafka_offsets
 from jobs.ledger import (
-    BOUNDARY_COLUMNS,
     IS_BATCH,
     LedgerSnapshot,
-    batch_entries,
-    batch_rows,
     beyond_horizon,
     current_epoch,
     last_batch,
@@ -288,10 +285,14 @@ def starting_offsets(
 
 
 def first_offsets(layout: AppLayout) -> Offsets:
-    """Where the application first read each partition (``coverage.origin``)."""
-    first_cut = read_cut(layout, 0)
-    rows = batch_rows(read_ledger(layout, [*BOUNDARY_COLUMNS, "details"], IS_BATCH))
-    return origin(batch_entries(rows), {} if first_cut is None else first_cut.offsets())
+    """Where the application first read each partition of the topics' current logs
+    (``coverage.origin``): epochs that read a deleted log are left out, their
+    offsets are positions in a log that is gone."""
+    snap = snapshot(layout)
+    history = None if snap is None else current_log_history(layout, snap)
+    first_cut = None if history and 0 in history.excluded else read_cut(layout, 0)
+    batches = [] if history is None else [b for e in history.batches.values() for b in e]
+    return origin(batches, {} if first_cut is None else first_cut.offsets())
 
 
 def fill_from_first(layout: AppLayout, start: Offsets, marks: kafka_offsets.Watermarks) -> Offsets:
@@ -438,15 +439,24 @@ def boundary_at_or_before(
 ) -> Boundary | None:
     """The latest point of the live lineage at or before ``target`` in every
     partition (``History.latest_before``: a target inside a skipped range is
-    reached at its end). ``other_logs``: epochs that read an earlier log of a
-    topic (deleted and recreated since): their offsets do not compare with
-    ``target``'s."""
+    reached at its end), never before the floor (``log_floor``); None: before the
+    first batch. ``other_logs``: epochs that read an earlier log of a topic
+    (deleted and recreated since): their offsets do not compare with ``target``'s."""
     snap = snapshot(layout)
     if snap is None:
         return None
     history = snap.history(other_logs)
     chosen = history.latest_before(live_boundaries(layout, snap, other_logs), target)
+    if history.floor is not None and (chosen is None or chosen.floor):
+        return log_floor(layout, snap)  # kept by maintain whatever its age
     if chosen is None:
+        if other_logs and not history.upto:
+            raise ConfigError(
+                f"{layout.application_id}: every batch so far read a log of a topic that was "
+                "deleted and recreated since: move the application onto the new log first "
+                f"(python -m jobs rewind --pipeline {layout.application_id} --to-earliest "
+                "--topics <topic> --mode skip --reason ..., which keeps the state)"
+            )
         return None
     _check_restorable(
         layout,
@@ -470,7 +480,7 @@ def log_floor(layout: AppLayout, snap: LedgerSnapshot | None = None) -> Boundary
     if history.floor is None:
         return None
     for found in live_boundaries(layout, snap, history.excluded):
-        if found.epoch == history.floor and found.batch_id == -1:
+        if found.floor:
             # ``maintain`` keeps this version whatever its age (not only the
             # horizon's): the question is whether its files are there.
             if not loadable(layout.table("state"), found.state_version):
@@ -498,10 +508,21 @@ def loadable(table: Path, version: int) -> bool:
     return all(Path(uri.removeprefix("file://")).exists() for uri in files)
 
 
-def floor_note(floor: Boundary) -> str:
+def floor_note(floor: Boundary, target: Offsets | None = None) -> str:
+    """A plan's note when it starts from the floor; ``target``: what was asked for,
+    named where it lies before the floor."""
+    before = {tp: off for tp, off in (target or {}).items() if off < floor.end_offsets.get(tp, off)}
+    asked = (
+        ", ".join(f"{t}[{p}] {off}" for (t, p), off in sorted(before.items()))
+        + " is before the cut that moved the application onto a recreated topic's new "
+        "log: it starts from that cut, and "
+        if before
+        else ""
+    )
     return (
-        f"keeps the judgments of the recreated topic's deleted log as epoch {floor.epoch} "
-        f"kept them (state version {floor.state_version}): no broker holds those records"
+        f"{asked}keeps the judgments of the recreated topic's deleted log as epoch "
+        f"{floor.epoch} kept them (state version {floor.state_version}): no broker holds "
+        "those records"
     )
 
 

@@ -15,7 +15,6 @@ from jobs.cut import (
     latest_cut,
     live_boundaries,
     needs_rekeying,
-    read_cut,
 )
 from jobs.delta.layout import AppLayout
 from jobs.errors import PlatformError
@@ -136,21 +135,10 @@ def application_status(
             "the published state (unchanged)"
         )
         repair = "rebuild"
-    # Where the next run reads from: the last batch's end, or the cut of an
-    # operation that has no batch yet (after a recreated topic's repair, the last
-    # batch's offsets are positions in the deleted log). Read cheaply: the health
-    # sensor calls this too.
-    own_cut = read_cut(layout, epoch) if last["epoch"] != epoch else None
-    committed = (
-        own_cut.offsets()
-        if own_cut is not None
-        else plan.from_json_dict(json.loads(last["end_offsets"]))
-    )
-    lags = (
-        _lags(pipeline, settings, committed, problems, _cut_topic_ids(layout, epoch, problems))
-        if with_broker
-        else []
-    )
+    lags = []
+    if with_broker:
+        committed, topic_ids = reading_from(layout, epoch, last, problems)
+        lags = _lags(pipeline, settings, committed, problems, topic_ids)
     state_rows = DeltaTable(str(layout.table("state"))).count()
     summary = {k: last[k] for k in ("epoch", "batch_id", "commit_time", "end_offsets")}
     summary["commit_time"] = str(summary["commit_time"])
@@ -405,10 +393,20 @@ def format_status(status: Status) -> str:
     return "\n".join(lines)
 
 
-def _cut_topic_ids(layout: AppLayout, epoch: int, problems: list[str]) -> dict[str, str]:
+def reading_from(
+    layout: AppLayout, epoch: int, last: dict[str, Any], problems: list[str]
+) -> tuple[plan.Offsets, dict[str, str]]:
+    """Where the next run reads from, and the topic ids it reads: the last batch's
+    end, or the newest cut when an operation began an epoch after that batch (after
+    a recreated topic's repair, the last batch's offsets are positions in the deleted
+    log; a fence epoch after it has no cut of its own). Read cheaply: the health
+    sensor calls this too."""
     try:
-        cut = read_cut(layout, epoch)
+        cut = latest_cut(layout, epoch)
     except PlatformError as exc:
         problems.append(str(exc))
-        return {}
-    return {} if cut is None else cut.topic_ids
+        cut = None
+    ids = {} if cut is None else cut.topic_ids
+    if cut is not None and cut.epoch > int(last["epoch"]):
+        return cut.offsets(), ids
+    return plan.from_json_dict(json.loads(last["end_offsets"])), ids

@@ -93,15 +93,17 @@ def plan_backfill(
             tp: (0, max(marks.get(tp, (0, 0))[1], current.get(tp, 0)))
             for tp in set(marks) | set(current)
         }
-    boundary = None
-    notes = []
-    if start.kind != "earliest":
+    # From the first offsets: the floor's state (a recreated topic's deleted log's
+    # judgments), or empty. From a time or offsets: the boundary at or before it.
+    wanted: kafka_offsets.Offsets | None = None
+    if start.kind == "earliest":
+        boundary = log_floor(layout)
+    else:
         wanted = resolve_targets(start, current, marks, config)
         boundary = boundary_at_or_before(layout, wanted, other_logs(pipeline, settings, layout))
-    floor = log_floor(layout) if boundary is None else None
-    if floor is not None:
-        boundary = floor  # "from the first offsets": the deleted log's judgments stay
-        notes.append(floor_note(floor))
+    notes = []
+    if boundary is not None and boundary.floor:
+        notes.append(floor_note(boundary, wanted))
     # Every partition of the head gets its first offset: a partition the boundary
     # does not name (added later) is read from where the application first read it.
     if boundary is None:

@@ -17,7 +17,7 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from jobs import kafka_admin
-from jobs.coverage import spelled
+from jobs.coverage import Boundary, Coverage, spelled
 from jobs.cut import (
     Cut,
     StateAction,
@@ -90,7 +90,7 @@ def plan_rebuild(pipeline: Pipeline, settings: Settings, reason: str, from_sourc
                     "recomputes from the cut of the repair that moved onto a recreated "
                     "topic's new log (the new log's first offsets)",
                     floor_note(floor),
-                    *filled_gaps(layout),
+                    *filled_gaps(layout, floor),
                 ],
             )
         target = replay_from_origin(layout, marks, "rebuild --from-source")
@@ -146,7 +146,7 @@ def plan_rewind(
         # Going back is refused (it would count records twice), except where the
         # log now ends below the committed offset: those offsets hold new records of
         # a recreated topic, never counted.
-        recreated = recreated_topics(pipeline, settings, layout, epoch)
+        recreated = recreated_topics(pipeline, settings, layout, last.epoch)
         backwards = {
             tp: (current.get(tp), off)
             for tp, off in chosen.items()
@@ -196,6 +196,14 @@ def plan_rewind(
                 *filled_gaps(layout),
             ],
         )
+    notes = []
+    if boundary.floor:
+        notes.append(floor_note(boundary, target))
+    elif boundary.end_offsets != target:
+        notes.append(
+            f"the target {_names({tp: (None, off) for tp, off in chosen.items()})} is not a "
+            "batch boundary: replay starts at the boundary at or before it"
+        )
     return Plan(
         **base,
         target_offsets=dict(boundary.end_offsets),
@@ -204,20 +212,18 @@ def plan_rewind(
         restore_version=boundary.state_version,
         boundary=boundary,
         records_to_replay=sum(current.values()) - sum(boundary.end_offsets.values()),
-        notes=[
-            f"the target {_names({tp: (None, off) for tp, off in chosen.items()})} is not a "
-            "batch boundary: replay starts at the boundary at or before it"
-        ]
-        if boundary.end_offsets != target
-        else [],
+        notes=[*notes, *filled_gaps(layout, boundary)],
     )
 
 
-def filled_gaps(layout: AppLayout) -> list[str]:
-    """A replay from the first offsets judges the ranges a skip left out: the plan
-    says so (a skip's gap is never filled silently)."""
+def filled_gaps(layout: AppLayout, since: Boundary | None = None) -> list[str]:
+    """A replay from ``since`` (None: the first offsets) judges the ranges a skip
+    left out after it: the plan says so (a skip's gap is never filled silently)."""
     snap = snapshot(layout)
-    gaps = {} if snap is None else current_log_history(layout, snap).head.gaps()
+    if snap is None:
+        return []
+    history = current_log_history(layout, snap)
+    gaps = history.head.gaps_since(Coverage() if since is None else history.coverage_at(since))
     if not gaps:
         return []
     return [f"the replay also judges the ranges a skip left out ({spelled(gaps)})"]
@@ -241,8 +247,10 @@ def other_logs(pipeline: Pipeline, settings: Settings, layout: AppLayout) -> fro
 def recreated_topics(
     pipeline: Pipeline, settings: Settings, layout: AppLayout, epoch: int
 ) -> set[str]:
-    """Topics whose id differs from the one the current cut recorded."""
-    cut = read_cut(layout, epoch)
+    """Topics whose id differs from the one recorded by the cut ``epoch`` (the
+    lineage head's: an operation that died after its fence wrote a newer one)
+    began with."""
+    cut = latest_cut(layout, epoch)
     if cut is None or not cut.topic_ids:
         return set()
     now = broker_topic_ids(pipeline, settings)

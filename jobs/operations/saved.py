@@ -24,6 +24,7 @@ from typing import Any
 import pyarrow.dataset as ds
 from deltalake import DeltaTable
 
+from jobs.cut import loadable
 from jobs.delta.layout import AppLayout
 from jobs.errors import ConfigError, ConsistencyError
 from jobs.ledger import (
@@ -223,7 +224,10 @@ def check_unmoved(layout: AppLayout, pipeline: Pipeline, saved: SavedPlan) -> Pl
         )
         if v is not None
     ]
+    floor = saved.plan.boundary is not None and saved.plan.boundary.floor
     kept = beyond_horizon(layout, min(restores)) if restores else None
+    if kept is not None and floor and loadable(layout.table("state"), min(restores)):
+        kept = None  # maintain keeps a recreated topic's repair state whatever its age
     if kept is not None:
         changes.append(
             f"maintain removed the files of state version {min(restores)}, which it restores "

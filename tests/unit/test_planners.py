@@ -244,3 +244,27 @@ def test_a_skip_over_a_partition_never_read_records_its_gap_from_the_log_start( 
     spec = TargetSpec("offset", json.dumps({"clicks": {"0": 950, "1": 50}}))
     plan = restart.plan_rewind(PIPELINE, settings, "junk", spec, "skip", None)
     assert plan.skipped == {"clicks[0]": [900, 950], "clicks[1]": [0, 50]}
+
+
+def test_a_rewind_to_before_a_skip_says_its_replay_judges_the_skipped_range(settings) -> None:  # type: ignore[no-untyped-def]
+    # A skip moved epoch 1 from 900 to 950 (state kept: version 3), a batch read on.
+    layout = AppLayout(settings.warehouse, PIPELINE.application_id)
+    bump(settings, 1)
+    write_cut(layout, Cut(1, {"clicks": {"0": 950}}, "rewind", watermark_ms=2000))
+    keep = {
+        "state_action": "keep",
+        "boundary": {"epoch": 0, "batch_id": 2},
+        "skipped": {"clicks[0]": [900, 950]},
+    }
+    append_rows(
+        settings,
+        [ledger.operation_done(1, "rewind", keep, 3), ledger.batch_row(1, 0, 950, 1000, 4)],
+    )
+    spec = TargetSpec("offset", "600")
+    plan = restart.plan_rewind(PIPELINE, settings, "x", spec, "reprocess", None)
+    assert plan.target_offsets == {TP: 600}
+    assert "skip left out (clicks[0] 900..949)" in " ".join(plan.notes)
+    later = restart.plan_rewind(
+        PIPELINE, settings, "x", TargetSpec("offset", "960"), "reprocess", None
+    )
+    assert not [n for n in later.notes if "skip left out" in n]  # from the skip's cut on

@@ -206,3 +206,27 @@ def test_a_partition_added_mid_epoch_starts_at_0_and_is_no_gap(
     )
     problems = application_status(PIPELINE, settings, with_broker=False).problems
     assert problems and "batch (0, 2): starts at" in problems[0]
+
+
+def test_after_a_fence_the_next_read_is_the_newest_cut_not_the_deleted_logs_batch(
+    settings: Settings, layout: AppLayout
+) -> None:
+    """A skip moved the application onto a recreated topic's new log (epoch 1, no
+    batch since); a recovery DAG's fence began epoch 2, which has no cut. The next
+    run reads from the skip's cut, not from the last batch's end in the deleted log."""
+    from jobs.cut import Cut, write_cut
+    from jobs.delta.writer import bump_epoch
+    from jobs.ledger import last_batch
+    from jobs.status import reading_from
+
+    ledger.append(layout, [ledger.batch_row(0, 0, 0, 900, 1)])
+    for epoch in (1, 2):
+        bump_epoch([layout.table("_ledger")], PIPELINE.application_id, epoch, "test")
+    write_cut(layout, Cut(1, {"clicks": {"0": 40}}, "rewind", topic_ids={"clicks": "new"}))
+    keep = {"state_action": "keep", "boundary": {"epoch": 0, "batch_id": 0}}
+    ledger.append(layout, [ledger.operation_done(1, "rewind", keep, 2)])
+    fence = {"reason": "recovery", "for": "rebuild"}
+    ledger.append(layout, [{"entry_type": "fence", "epoch": 2, "details": json.dumps(fence)}])
+    offsets, topic_ids = reading_from(layout, 2, last_batch(layout), [])
+    assert offsets == {("clicks", 0): 40}
+    assert topic_ids == {"clicks": "new"}
