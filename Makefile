@@ -47,7 +47,7 @@ lint: setup
 	$(BIN)/mypy
 
 test: lint chromium prometheus
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=40
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder --durations=40
 
 # The browser test drives Debian's chromium (Playwright's own download is offline).
 chromium:
