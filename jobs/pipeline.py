@@ -141,6 +141,9 @@ class Pipeline:
     # Spark type of each derived column, known once Spark has analysed the pipeline
     # (``jobs/streaming/records.resolve``); empty before.
     derived_types: dict[str, str] = field(default_factory=dict)
+    # Whether an expression reads ``kafka.headers``, from Spark's analysed plan
+    # (``records.resolve``); None before, when the text decides (``uses_headers``).
+    headers_read: bool | None = None
 
     def column_type(self, name: str) -> str | None:
         """The Spark type of a field, derived column or ``kafka.*`` column; None for a
@@ -160,8 +163,11 @@ class Pipeline:
     @property
     def uses_headers(self) -> bool:
         """Whether anything reads ``kafka.headers`` (Spark's source then includes them)."""
-        texts = [expr for _, expr in self.expressions] + [str(a.field) for a in self.aggregations]
-        return any("headers" in text.lower() for text in texts)
+        fields = [str(a.field) for a in self.aggregations if a.field]
+        if self.headers_read is not None:
+            return self.headers_read or any(sql_text.mentions(f, "headers") for f in fields)
+        texts = [expr for _, expr in self.expressions] + fields
+        return any(sql_text.mentions(text, "headers") for text in texts)
 
     @property
     def exactly_once(self) -> bool:

@@ -114,7 +114,7 @@ SYNTAX = {
 TOKEN = re.compile(
     r"""
     (?P<space>\s+)
-    | (?P<comment>--[^\r\n]*|/\*.*?\*/)
+    | (?P<comment>--(?:\\\n|[^\r\n])*|/\*.*?\*/)  # Spark's: a backslash continues it
     | (?P<open_comment>/\*)
     | (?P<raw>[rR]'[^']*'|[rR]"[^"]*")
     | (?P<string>'(?:[^'\\]|\\.|'')*'|"(?:[^"\\]|\\.|"")*")
@@ -204,6 +204,48 @@ def check_expression(text: str) -> list[str]:
 
 def _unquoted(token: Token) -> str:
     return token.text[2:-1] if token.kind == "raw" else token.text[1:-1]
+
+
+ESCAPE = re.compile(r"\\(u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|[0-7]{3}|.)", re.DOTALL)
+
+
+def _string_value(token: Token) -> str:
+    """A string literal's value as Spark's parser reads it (escapes undone)."""
+    text = _unquoted(token)
+    if token.kind == "raw":
+        return text
+    quote = token.text[0]
+    text = text.replace(quote * 2, quote)
+
+    def undo(match: re.Match[str]) -> str:
+        code = match.group(1)
+        if code[0] in "uU" and len(code) > 1:
+            return chr(int(code[1:], 16))
+        if len(code) == 3 and code.isdigit():
+            return chr(int(code, 8))
+        return {"n": "\n", "t": "\t", "r": "\r", "b": "\b", "0": "\0"}.get(code, code)
+
+    return ESCAPE.sub(undo, text)
+
+
+def mentions(text: str, name: str) -> bool:
+    """Whether ``text`` names ``name`` as an identifier or spells it as a string
+    (adjacent literals joined, as Spark joins them): the JVM-free answer to "does
+    the pipeline read X"; Spark's analysed plan gives the exact one."""
+    wanted = name.lower()
+    run: list[str] = []
+    for token in [*tokens(text), Token("end", "")]:
+        if token.kind in ("string", "raw"):
+            run.append(_string_value(token))
+            continue
+        if run and "".join(run).lower() == wanted:
+            return True
+        run = []
+        if token.kind == "word" and token.text.lower() == wanted:
+            return True
+        if token.kind == "quoted" and token.text[1:-1].replace("``", "`").lower() == wanted:
+            return True
+    return False
 
 
 def parse_type(text: str) -> str:

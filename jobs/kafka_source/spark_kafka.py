@@ -47,10 +47,12 @@ def read_range(
     client_settings: dict[str, str],
     start: Offsets,
     end: Offsets,
+    headers: bool = False,
 ) -> DataFrame:
     """Exactly the records at offsets ``[start, end)`` of each partition in ``end``
     (a partition missing from ``start`` contributes nothing), as a batch DataFrame
-    with the columns of Spark's Kafka source."""
+    with the columns of Spark's Kafka source (``headers``: and the records' headers,
+    which the source reads only when asked)."""
     # ``assign`` names exactly the partitions read: Spark wants every assigned
     # partition in both offset maps, and no others.
     assign: dict[str, list[int]] = {}
@@ -65,6 +67,7 @@ def read_range(
         .option("startingOffsets", json.dumps(to_json_dict(first)))
         .option("endingOffsets", json.dumps(to_json_dict(end)))
         .option("maxRecordsPerPartition", str(BATCH_SPLIT_RECORDS))
+        .option("includeHeaders", str(headers).lower())
         .load()
     )
 

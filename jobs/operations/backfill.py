@@ -186,7 +186,7 @@ def read_records(
     if source == "archive":
         return archived_records(spark, layout, start, end)
     return spark_kafka.read_range(
-        spark, settings.bootstrap_servers, settings.kafka_client, start, end
+        spark, settings.bootstrap_servers, settings.kafka_client, start, end, pipeline.uses_headers
     )
 
 

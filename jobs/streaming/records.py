@@ -21,8 +21,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import cache
+from typing import Any
 
 from pyspark.errors import PySparkException
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -387,6 +390,103 @@ def contributions(classified: DataFrame, pipeline: Pipeline) -> DataFrame:
     return valid.select(*columns)
 
 
+# Expressions whose value is the clock, the session or the environment: Spark's
+# own ``deterministic`` flag is true for them (one value per query), but a replay
+# or a backfill runs another query. Spark resolves some from bare names (``user``,
+# a backquoted ``current_date``), whatever the text looked like.
+CLOCK_OR_SESSION = {
+    "CurrentDate",
+    "CurrentTimestamp",
+    "CurrentTime",
+    "Now",
+    "LocalTimestamp",
+    "CurrentTimeZone",
+    "CurrentUser",
+    "CurrentDatabase",
+    "CurrentCatalog",
+    "CurrentBatchTimestamp",
+    "SparkVersion",
+}
+TIME_TYPES = {"date", "timestamp", "timestamp_ntz"}
+TYPED_LITERAL = re.compile(r"^\s*(date|timestamp(_ntz|_ltz)?)\s*", re.IGNORECASE)
+
+
+@dataclass
+class _Findings:
+    refusal: str | None = None
+    reads_headers: bool = False
+
+
+def _tree_findings(spark: SparkSession, expression: Any) -> _Findings:
+    """What Spark's analysed expression reads: the clock or the session, a date or
+    time folded from a string (``DATE 'today'``, ``CAST('no' 'w' AS TIMESTAMP)``,
+    escapes and all: Spark has undone them), and whether it reads ``kafka.headers``."""
+    found = _Findings()
+    pending = [expression]
+    while pending and found.refusal is None:
+        node = pending.pop()
+        kind = node.getClass().getSimpleName()
+        children = [node.children().apply(i) for i in range(node.children().size())]
+        if kind in CLOCK_OR_SESSION or kind.startswith("Current"):
+            found.refusal = (
+                f"reads the clock or the session ({node.prettyName()}): a replay or a "
+                "backfill would compute another result"
+            )
+        elif kind == "Cast" and node.dataType().typeName() in TIME_TYPES:
+            child = node.child()
+            if child.foldable() and child.dataType().typeName() == "string":
+                found.refusal = _folded_time(str(child.eval(None)), node.dataType().typeName())
+        elif kind == "Literal" and node.dataType().typeName() in TIME_TYPES:
+            text = _typed_literal_text(spark, node)
+            if text is not None:
+                found.refusal = _folded_time(text, node.dataType().typeName())
+        elif kind == "GetStructField" and _is_kafka(children[0]):
+            found.reads_headers |= node.extractFieldName().lower() == "headers"
+            children = []  # one field of kafka, not the whole struct
+        elif _is_kafka(node):
+            found.reads_headers = True  # the whole struct, headers included
+        pending.extend(children)
+    return found
+
+
+def _is_kafka(node: Any) -> bool:
+    return bool(node.getClass().getSimpleName() == "AttributeReference" and node.name() == "kafka")
+
+
+def _folded_time(text: str, kind: str) -> str | None:
+    """Spark reads "now", "today", "yesterday", "tomorrow" and "epoch" (any case,
+    spaced) as special values in a typed literal or a cast of a constant string:
+    the first two are the current time. A written date or time starts with a digit
+    or a sign."""
+    value = text.strip()
+    if not value or value[0].isdigit() or value[0] in "+-":
+        return None
+    example = "DATE '2026-01-31'" if kind == "date" else "TIMESTAMP '2026-01-31 10:00:00'"
+    return (
+        f"reads the string {value!r} as a {kind}: Spark takes words there for the current "
+        f"date or time; write the value itself (e.g. {example})"
+    )
+
+
+def _typed_literal_text(spark: SparkSession, literal: Any) -> str | None:
+    """The string a typed literal (``DATE '...'``) was written with, as Spark's
+    parser reads it (escapes undone), from the literal's place in the expression's
+    text; None for a literal that was not written as one."""
+    origin = literal.origin()
+    if origin.sqlText().isEmpty() or origin.startIndex().isEmpty():
+        return None
+    text = str(origin.sqlText().get())
+    piece = text[int(origin.startIndex().get()) : int(origin.stopIndex().get()) + 1]
+    match = TYPED_LITERAL.match(piece)
+    if match is None:
+        return None
+    parser = spark._jsparkSession.sessionState().sqlParser()
+    written = parser.parseExpression(piece[match.end() :])
+    if written.getClass().getSimpleName() != "Literal":
+        return None
+    return str(written.value())
+
+
 @cache
 def _builtin_functions(spark: SparkSession) -> frozenset[str]:
     return frozenset(r[0].lower() for r in spark.sql("SHOW SYSTEM FUNCTIONS").collect())
@@ -407,9 +507,13 @@ def resolve(spark: SparkSession, pipeline: Pipeline) -> Pipeline:
     frame = frame.select(*(f"`{n}`" for n in pipeline.schema), "kafka")
     builtin = _builtin_functions(spark)
     types = dict(pipeline.derived_types)
+    headers = False
     for where, sql in pipeline.expressions:
         name = where.split(" (")[1][:-1] if where.startswith("derived") else "_filter"
-        unknown = sorted(set(sql_text.check_expression(sql)) - builtin)
+        try:
+            unknown = sorted(set(sql_text.check_expression(sql)) - builtin)
+        except sql_text.SqlTextError as exc:
+            raise ConfigError(f"{origin}: {where}: {exc} (in {sql!r})") from None
         if unknown:
             raise ConfigError(
                 f"{origin}: {where}: calls {', '.join(unknown)}, not a Spark built-in function "
@@ -424,7 +528,9 @@ def resolve(spark: SparkSession, pipeline: Pipeline) -> Pipeline:
             # A subquery's plan is printed under its expression, marked ":".
             subquery = any(line.lstrip().startswith(":") for line in lines)
             per_record = steps <= PLAN_STEPS_PER_RECORD and not subquery
-            deterministic = per_record and node.projectList().last().deterministic()
+            expression = node.projectList().last()
+            deterministic = per_record and expression.deterministic()
+            found = _tree_findings(spark, expression) if per_record else _Findings()
         except PySparkException as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ConfigError(f"{origin}: {where}: {first} (in {sql!r})") from None
@@ -438,13 +544,21 @@ def resolve(spark: SparkSession, pipeline: Pipeline) -> Pipeline:
                 f"{origin}: {where}: is not deterministic: a replay would compute another "
                 f"result, in {sql!r}"
             )
+        if found.refusal:
+            raise ConfigError(f"{origin}: {where}: {found.refusal}, in {sql!r}")
+        headers = headers or found.reads_headers
         if name == "_filter":
             if kind != "boolean":
                 raise ConfigError(f"{origin}: filter: must be a boolean, is a {kind}: {sql!r}")
             frame = frame.drop("_filter")
         else:
             types[name] = kind
-    resolved = dataclasses.replace(pipeline, derived_types=types)
+    resolved = dataclasses.replace(pipeline, derived_types=types, headers_read=headers)
+    if resolved.archive and resolved.uses_headers:
+        raise ConfigError(
+            f"{origin}: source.archive: the raw archive does not keep Kafka headers: a "
+            "backfill from it could not recompute what reads kafka.headers"
+        )
     for key in pipeline.keys:
         kind = resolved.column_type(key) or ""
         if not sql_text.is_atomic(kind):

@@ -263,6 +263,90 @@ def test_spark_refuses_what_text_cannot_tell(  # type: ignore[no-untyped-def]
     assert message in text, text
 
 
+def bare_orders():  # type: ignore[no-untyped-def]
+    """``orders_revenue`` without its expressions: a count of orders per status."""
+    data = {**ORDERS, "filter": None, "derived": [], "keys": ["status"]}
+    return parse_pipeline(
+        {**data, "aggregations": [{"name": "orders", "function": "count"}]}, "orders.yaml"
+    )
+
+
+# Each of these passed the text checks once, and Spark evaluates it to the wall
+# clock or the OS user (its ``deterministic`` flag is true for all of them). Spark's
+# analysed tree refuses them whatever the text looked like: the tests hand the
+# expression to Spark without the text checks.
+@pytest.mark.parametrize(
+    ("expr", "message"),
+    [
+        ("`current_date`", "reads the clock or the session (current_date)"),
+        ("date_add(`current_date`, 1)", "reads the clock or the session (current_date)"),
+        ("user", "reads the clock or the session (current_user)"),
+        ("CAST(concat('to','day') AS DATE)", "reads the string 'today' as a date"),
+        ("CAST('no' 'w' AS TIMESTAMP)", "reads the string 'now' as a timestamp"),
+        ("DATE 'to\\day'", "reads the string 'today' as a date"),
+        ("TIMESTAMP 'n\\u006fw'", "reads the string 'now' as a timestamp"),
+    ],
+)
+def test_spark_refuses_the_clock_and_the_session_on_its_own_tree(  # type: ignore[no-untyped-def]
+    spark, expr: str, message: str
+) -> None:
+    import dataclasses
+
+    from jobs.errors import ConfigError
+    from jobs.pipeline import Derived
+    from jobs.streaming import records
+
+    pipeline = bare_orders()
+    bypass = dataclasses.replace(pipeline, derived=(Derived("d", expr),))
+    with pytest.raises(ConfigError) as error:
+        records.resolve(spark, bypass)
+    text = str(error.value)
+    assert text.startswith("orders_revenue: derived[0] (d): ") and "\n" not in text, text
+    assert message in text, text
+
+
+def test_dates_written_out_and_the_records_own_times_are_fine(spark) -> None:  # type: ignore[no-untyped-def]
+    import dataclasses
+
+    from jobs.pipeline import Derived
+    from jobs.streaming import records
+
+    exprs = [
+        "DATE '2026-01-31'",
+        "TIMESTAMP '2026-01-31 10:00:00+02:00'",
+        "CAST('2026-01-31' AS DATE) < CAST(created_at AS DATE)",
+        "CAST(status AS TIMESTAMP)",  # per record: not a constant
+        "date_add(CAST(created_at AS DATE), 1)",
+    ]
+    pipeline = bare_orders()
+    derived = tuple(Derived(f"d{i}", e) for i, e in enumerate(exprs))
+    resolved = records.resolve(spark, dataclasses.replace(pipeline, derived=derived))
+    assert resolved.headers_read is False
+
+
+def test_whether_headers_are_read_is_spark_s_answer(spark) -> None:  # type: ignore[no-untyped-def]
+    import dataclasses
+
+    from jobs.errors import ConfigError
+    from jobs.pipeline import Derived
+    from jobs.streaming import records
+
+    pipeline = bare_orders()
+    for expr, reads in [
+        ("kafka['head' 'ers']", True),
+        ("to_json(kafka)", True),  # the whole struct
+        ("kafka.key", False),
+        ("merchant.id", False),
+    ]:
+        found = dataclasses.replace(pipeline, derived=(Derived("d", expr),))
+        assert records.resolve(spark, found).headers_read is reads, expr
+    archived = dataclasses.replace(
+        pipeline, derived=(Derived("d", "kafka['head' 'ers']"),), archive=True
+    )
+    with pytest.raises(ConfigError, match="does not keep Kafka headers"):
+        records.resolve(spark, archived)
+
+
 def test_run_names_a_bad_expression_in_one_line(spark, settings, tmp_path) -> None:  # type: ignore[no-untyped-def]
     path = write(tmp_path, {**ORDERS, "filter": "amount_cents > 'x' AND nope"})
     done = run_jobs(path, settings, "run", spark=spark)
@@ -307,3 +391,47 @@ def test_a_failing_part_two_expressions_share_fails_only_its_record(spark) -> No
     assert reasons[1].startswith("derived 'plus' failed")  # 'x' is no INT
     assert reasons[2].startswith("derived 'plus' failed")  # INT overflow
     assert {r["_offset"]: r["twice"] for r in judged if r["_reason"] is None} == {0: 24, 3: 14}
+
+
+def test_a_pipeline_keyed_by_a_header_recomputes_the_same_state(  # type: ignore[no-untyped-def]
+    spark, settings, kafka_config, new_topic, tmp_path
+) -> None:
+    """Spark's Kafka source reads headers only when asked: the stream, ``verify``
+    and a backfill must all ask (a recomputation without them keys every record by
+    NULL)."""
+    from confluent_kafka import Producer
+
+    topic = new_topic(2)
+    producer = Producer(kafka_config)
+    regions = ["eu", "us", "apac"]
+    moment_ms = (int(time.time()) - 600) * 1000
+    for i in range(300):
+        value = json.dumps({"sku": f"s{i % 7}", "qty": 1 + i % 3, "price": "1.00"}).encode()
+        region = regions[i % len(regions)].encode()
+        producer.produce(topic, value=value, headers=[("region", region)], timestamp=moment_ms)
+    producer.flush(10)
+    region = "decode(element_at(filter(kafka.headers, h -> h.key = 'region'), 1).value, 'UTF-8')"
+    data = {
+        **BUYERS,
+        "application_id": "header_regions",
+        "source": {"topics": [topic], "starting_offsets": "earliest"},
+        "derived": [{"name": "region", "expr": region}],
+        "keys": ["region"],
+        "aggregations": [{"name": "units", "function": "sum", "field": "qty"}],
+    }
+    path = write(tmp_path, data)
+    assert run_jobs(path, settings, "run", spark=spark).returncode == 0
+    expected = Counter()
+    for i in range(300):
+        expected[regions[i % len(regions)]] += 1 + i % 3
+
+    def state() -> Counter[str]:
+        return Counter({r["region"]: r["units"] for r in rows(settings, "header_regions", "state")})
+
+    assert state() == expected
+    checked = run_jobs(path, settings, "verify", spark=spark)
+    assert checked.returncode == 0 and ", 0 differ" in checked.stdout, checked.stdout[-2000:]
+    fixed = write(tmp_path / "v2", {**data, "version": 2})
+    done = run_jobs(fixed, settings, "backfill", "--from-earliest", "--reason", "v2", spark=spark)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert state() == expected

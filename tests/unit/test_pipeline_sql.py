@@ -93,6 +93,9 @@ def test_expressions_name_their_function_calls() -> None:
         ("system.builtin.current_timestamp()", "gives another answer"),
         ("CURRENT_TIMESTAMP", "gives another answer"),
         ("x |> WHERE y", "one expression"),
+        # Spark continues a -- comment past a backslash at the line's end: what the
+        # text took for a string there is code to Spark.
+        ("x -- \\\n'\n|| string(current_date()) -- '", "gives another answer"),
     ],
 )
 def test_expressions_that_may_not_run_are_refused(expr: str, message: str) -> None:
@@ -210,6 +213,13 @@ def test_headers_are_refused_with_the_raw_archive() -> None:
     with pytest.raises(ConfigError, match="does not keep Kafka headers"):
         parse_pipeline(data, "orders.yaml")
     assert parse_pipeline(orders(), "o").uses_headers is False
+    spelled = orders(derived=[*ORDERS["derived"], {"name": "h", "expr": "kafka['head' 'ers']"}])
+    assert parse_pipeline(spelled, "o").uses_headers is True
+    named = orders(
+        schema={**ORDERS["schema"], "req_headers": "string"},
+        derived=[*ORDERS["derived"], {"name": "h", "expr": "upper(req_headers)"}],
+    )
+    assert parse_pipeline(named, "o").uses_headers is False
 
 
 def test_a_definition_changed_under_the_same_version_is_refused(tmp_path: Path) -> None:
