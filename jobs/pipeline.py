@@ -105,6 +105,38 @@ class Output:
     partitions: int = 1
 
 
+MissingRow = Literal["dead_letter", "keep"]
+MISSING_ROWS = ("dead_letter", "keep")
+WAREHOUSE = "${warehouse}"
+
+
+@dataclass(frozen=True)
+class Enrichment:
+    """A Delta table joined to each record before its filter and expressions: the
+    row whose ``table_key`` equals the record's ``record_key`` becomes a struct
+    named ``name`` (``jobs/streaming/dimensions.py``)."""
+
+    name: str
+    table: str  # a Delta table's path; "${warehouse}/..." is the warehouse's
+    record_key: str  # a field of the record (dotted into structs) or kafka.*
+    table_key: str  # a column of the table
+    missing: MissingRow = "dead_letter"  # a record whose key has no row; keep: NULL
+
+    def path(self, warehouse: Path) -> str:
+        if self.table.startswith(WAREHOUSE + "/"):
+            return str(warehouse / self.table[len(WAREHOUSE) + 1 :])
+        return self.table
+
+
+@dataclass(frozen=True)
+class DimensionTable:
+    """An enrichment's table as Spark's analyser found it before the run."""
+
+    path: str
+    row_type: str  # its columns, a Spark struct type (DDL)
+    key_type: str  # the key column's type
+
+
 @dataclass(frozen=True)
 class Pipeline:
     application_id: str
@@ -141,6 +173,9 @@ class Pipeline:
     # Spark type of each derived column, known once Spark has analysed the pipeline
     # (``jobs/streaming/records.resolve``); empty before.
     derived_types: dict[str, str] = field(default_factory=dict)
+    enrich: tuple[Enrichment, ...] = ()
+    # Each enrichment's table as Spark found it (``records.resolve``); empty before.
+    dimensions: dict[str, DimensionTable] = field(default_factory=dict)
     # Whether an expression reads ``kafka.headers``, from Spark's analysed plan
     # (``records.resolve``); None before, when the text decides (``uses_headers``).
     headers_read: bool | None = None
@@ -219,6 +254,10 @@ class Pipeline:
             "watermark": self.watermark_seconds,
             "aggregations": self.state_shape["aggregations"],
         }
+        if self.enrich:  # (absent otherwise: earlier recorded definitions stay equal)
+            parts["enrich"] = [
+                [e.name, e.table, e.record_key, e.table_key, e.missing] for e in self.enrich
+            ]
         return {
             name: hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:12]
             for name, value in parts.items()
@@ -328,8 +367,9 @@ def parse_pipeline(data: Any, origin: str) -> Pipeline:
     source.finish()
 
     schema = _parse_schema(top)
+    enrich = _parse_enrich(top, schema)
     record_filter = _expression(top, "filter", top.get("filter", str, None))
-    derived = _parse_derived(top, schema)
+    derived = _parse_derived(top, schema, [e.name for e in enrich])
     names = {n.lower(): n for n in [*schema, *(d.name for d in derived)]}
 
     def column(name: str) -> str | None:
@@ -499,6 +539,7 @@ def parse_pipeline(data: Any, origin: str) -> Pipeline:
         description=description,
         output=output,
         filter=record_filter,
+        enrich=tuple(enrich),
     )
     if pipeline.archive and pipeline.uses_headers:
         raise top.error(
@@ -552,9 +593,66 @@ def _parse_schema(top: _Reader) -> dict[str, str]:
     return schema
 
 
-def _parse_derived(top: _Reader, schema: dict[str, str]) -> list[Derived]:
+PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+def _parse_enrich(top: _Reader, schema: dict[str, str]) -> list[Enrichment]:
+    """``enrich:``: checked here as far as names and the form of ``on`` go; the
+    tables' columns and types are Spark's to check (``records.resolve``)."""
+    found: list[Enrichment] = []
+    taken = {n.lower() for n in schema} | {"kafka"}
+    for i, item in enumerate(top.get("enrich", list, [])):
+        e = _Reader(top.origin, item, f"enrich[{i}]")
+        name = e.get("name", str)
+        table = e.get("table", str)
+        on = e.get("on", str)
+        missing = e.get("missing", str, "dead_letter")
+        e.finish()
+        if not _is_new_name(name) or name.lower() in taken:
+            raise e.error(
+                f"{name!r} must be a new identifier (not a field, kafka, an earlier "
+                "enrichment, reserved, or starting with '_')",
+                "name",
+            )
+        taken.add(name.lower())
+        if "${" in table.replace(WAREHOUSE + "/", "", 1) or not (
+            table.startswith(WAREHOUSE + "/") or table.startswith("/")
+        ):
+            raise e.error(
+                f"must be an absolute path or start with {WAREHOUSE}/, got {table!r}", "table"
+            )
+        if missing not in MISSING_ROWS:
+            raise e.error(f"must be one of {', '.join(MISSING_ROWS)}, got {missing!r}", "missing")
+        sides = [side.strip() for side in on.split("=")]
+        ours = [s for s in sides if s.lower().startswith(name.lower() + ".")]
+        theirs = [s for s in sides if s not in ours]
+        if (
+            len(sides) != 2
+            or len(ours) != 1
+            or len(theirs) != 1
+            or not all(PATH.match(s) for s in sides)
+        ):
+            raise e.error(f"must be '<record field> = {name}.<column>', got {on!r}", "on")
+        table_key = ours[0].split(".", 1)[1]
+        record_key = theirs[0]
+        root = record_key.split(".")[0]
+        if "." in table_key:
+            raise e.error(f"{ours[0]!r}: the key must be a column of the table", "on")
+        if root not in schema and root != "kafka":
+            raise e.error(
+                f"{record_key!r} is not a field of the record (the schema's, or kafka.*): "
+                "enrichment runs before derived columns",
+                "on",
+            )
+        found.append(Enrichment(name, table, record_key, table_key, cast(MissingRow, missing)))
+    return found
+
+
+def _parse_derived(
+    top: _Reader, schema: dict[str, str], enrichments: list[str] | None = None
+) -> list[Derived]:
     derived: list[Derived] = []
-    taken = {n.lower() for n in schema}
+    taken = {n.lower() for n in [*schema, *(enrichments or [])]}
     for i, item in enumerate(top.get("derived", list, [])):
         d = _Reader(top.origin, item, f"derived[{i}]")
         name = d.get("name", str)

@@ -56,7 +56,7 @@ from jobs.faults import maybe_crash
 from jobs.kafka_source import offsets as kafka_offsets
 from jobs.kafka_source import spark_kafka
 from jobs.ledger import LedgerSnapshot, current_epoch, snapshot
-from jobs.operations.plan import Plan, header
+from jobs.operations.plan import Plan, check_recomputable, header
 from jobs.operations.restart import broker_marks, other_logs
 from jobs.operations.targets import TargetSpec, resolve_targets
 from jobs.pipeline import Pipeline
@@ -73,6 +73,7 @@ SAMPLES = 10
 def plan_backfill(
     pipeline: Pipeline, settings: Settings, reason: str, start: TargetSpec, source: str = "kafka"
 ) -> Plan:
+    check_recomputable(pipeline, "a backfill")
     layout = AppLayout(settings.warehouse, pipeline.application_id)
     epoch = current_epoch(layout)
     last = lineage_head(layout)
@@ -583,7 +584,7 @@ def run_backfill(
     from jobs.operations.restart import apply_plan
     from jobs.operations.runner import run_operation
 
-    pipeline = records.resolve(spark, pipeline)
+    pipeline = records.resolve(spark, pipeline, settings.warehouse)
     layout = AppLayout(settings.warehouse, pipeline.application_id)
 
     def corrected_and_preview(plan: Plan) -> tuple[pa.Table, dict[str, Any]]:

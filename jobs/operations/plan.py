@@ -13,7 +13,9 @@ from typing import Any
 
 from jobs.coverage import Boundary, partition_of
 from jobs.cut import StateAction
+from jobs.errors import ConfigError
 from jobs.kafka_source import offsets as kafka_offsets
+from jobs.pipeline import Pipeline
 
 Offsets = kafka_offsets.Offsets
 
@@ -146,3 +148,16 @@ def header(
         "epoch_after": epoch + 1,
         "current_offsets": current,
     }
+
+
+def check_recomputable(pipeline: Pipeline, what: str) -> None:
+    """Refuse a recomputation of an enriched pipeline's records: it must join the
+    dimension versions its batches recorded, which only the stream does so far."""
+    if pipeline.enrich:
+        raise ConfigError(
+            f"{pipeline.application_id}: {what} would recompute records enriched from "
+            f"{', '.join(e.name for e in pipeline.enrich)}, and recomputations cannot yet "
+            "join the dimension versions the batches recorded (another answer); nothing "
+            "was changed. rebuild (without --from-source) and rewind --mode skip keep the "
+            "state"
+        )

@@ -44,7 +44,7 @@ from jobs.faults import maybe_crash
 from jobs.kafka_source import offsets as kafka_offsets
 from jobs.ledger import current_epoch, snapshot, unfinished_epochs
 from jobs.operations.audit import append_audit, audit_row
-from jobs.operations.plan import Plan, header
+from jobs.operations.plan import Plan, check_recomputable, header
 from jobs.operations.targets import TargetSpec, resolve_targets
 from jobs.pipeline import Pipeline
 from jobs.settings import Settings
@@ -74,6 +74,7 @@ def plan_rebuild(pipeline: Pipeline, settings: Settings, reason: str, from_sourc
     last = lineage_head(layout)
     current = last.end_offsets if last else {}
     if from_source or last is None:
+        check_recomputable(pipeline, "rebuild --from-source")
         _config, marks = broker_marks(pipeline, settings)
         floor = log_floor(layout)
         if floor is not None:  # a topic recreated: from its new log's first offsets
@@ -181,6 +182,7 @@ def plan_rewind(
             boundary=last,
             skipped=skipped,
         )
+    check_recomputable(pipeline, "rewind --mode reprocess")
     boundary = boundary_at_or_before(layout, target, other_logs(pipeline, settings, layout))
     if boundary is None:
         origin = replay_from_origin(layout, marks, "a rewind before the first batch")

@@ -60,7 +60,7 @@ from jobs.metrics import METRICS, Metrics
 from jobs.operations.audit import append_audit, audit_row
 from jobs.output.publisher import OutputPublisher
 from jobs.pipeline import Pipeline
-from jobs.streaming import offset_log
+from jobs.streaming import dimensions, offset_log
 from jobs.streaming.changelog_files import WRITTEN_SCHEMA, StagedFilesTask
 from jobs.streaming.dead_letters import batch_reader
 from jobs.streaming.observed import observed_metrics
@@ -312,6 +312,7 @@ class BatchCommitter:
                     # "now" of the batch's event-time bounds (a backfill reuses it)
                     "batch_timestamp_ms": offsets.batch_timestamp_ms,
                     "definition": recorded_definition(self.pipeline),
+                    **self._dimension_versions(metrics),
                     "seconds": round(time.monotonic() - started, 3),
                     "timings": timings,
                     **extra,
@@ -403,6 +404,18 @@ class BatchCommitter:
         if not written:
             return None
         return self.writer.add_files(path, batch_id, written, tables.RAW_SCHEMA, meta)
+
+    def _dimension_versions(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        """The version of each enrichment's table the batch joined (None: the batch
+        had no record to join), as the ledger records it."""
+        if not self.pipeline.enrich:
+            return {}
+        return {
+            "dimensions": {
+                e.name: metrics.get(dimensions.version_column(i))
+                for i, e in enumerate(self.pipeline.enrich)
+            }
+        }
 
     def _counts(
         self,

@@ -15,7 +15,7 @@ from jobs.delta.layout import spark_value_type
 from jobs.kafka_source import spark_kafka
 from jobs.pipeline import HLL_LG_K, Pipeline, stored_column
 from jobs.snapshot import RECORDS, contribution, sketch_input
-from jobs.streaming import batch_watermark, records
+from jobs.streaming import batch_watermark, dimensions, records
 from jobs.streaming.seed import hold_stream
 
 OBSERVATION = "batch_input"
@@ -54,8 +54,15 @@ def observe_input(classified: DataFrame) -> DataFrame:
     """
     dead = F.col("_reason").isNotNull()
     filtered = F.col("_filtered")
+    # The version of each dimension table the batch joined (one per batch).
+    versions = [
+        F.max(c).alias(c)
+        for c in classified.columns
+        if c.startswith(dimensions.PREFIX) and c.endswith("_version")
+    ]
     return classified.observe(
         OBSERVATION,
+        *versions,
         F.count(F.lit(1)).alias("records_in"),
         F.count_if(~dead & ~filtered).alias("records_valid"),
         F.count_if(filtered).alias("filtered"),
@@ -163,6 +170,8 @@ def build(
         raw = read_kafka(spark, pipeline, bootstrap_servers, starting_offsets_json, client_settings)
     if pipeline.window is not None:
         raw = raw.crossJoin(batch_watermark.batch_watermark(spark, checkpoint, min_watermark_ms))
+    for table in dimensions.pinned(spark, pipeline, checkpoint):
+        raw = raw.crossJoin(table)
     added = records.contributions(observe_input(records.classify(raw, pipeline)), pipeline)
     if seed is not None:
         added = added.unionByName(seed)

@@ -25,6 +25,7 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 from pyspark.errors import PySparkException
@@ -36,6 +37,7 @@ from jobs.errors import ConfigError
 from jobs.kafka_source import spark_kafka
 from jobs.pipeline import (
     KAFKA_COLUMNS,
+    DimensionTable,
     Pipeline,
     TimeUnit,
     TypeProblem,
@@ -43,7 +45,7 @@ from jobs.pipeline import (
     event_time_unit,
 )
 from jobs.snapshot import RECORDS, contribution, contribution_types, sketch_input
-from jobs.streaming import batch_watermark
+from jobs.streaming import batch_watermark, dimensions
 
 log = logging.getLogger(__name__)
 # The event-time watermark a record is judged by: the stream's batch watermark
@@ -114,6 +116,7 @@ def _user_columns(raw: DataFrame, pipeline: Pipeline) -> DataFrame:
         headers.alias("headers"),
     )
     extra = [c for c in (WATERMARK_COLUMN, BATCH_TIME_COLUMN) if c in raw.columns]
+    extra += [c for c in raw.columns if c.startswith(dimensions.PREFIX)]
     base = raw.select(
         F.col("topic").alias("_topic"),
         F.col("partition").alias("_partition"),
@@ -317,7 +320,7 @@ def classify(raw: DataFrame, pipeline: Pipeline) -> DataFrame:
     inside the aggregation.
     """
     spark = raw.sparkSession
-    frame = _user_columns(raw, pipeline)
+    frame = dimensions.enriched(_user_columns(raw, pipeline), pipeline)
     for i, derived in enumerate(pipeline.derived):
         frame = frame.withColumn(f"_d{i}", _tried(spark, derived.expr))
         frame = frame.withColumn(derived.name, F.col(f"_d{i}.v"))
@@ -340,7 +343,7 @@ def classify(raw: DataFrame, pipeline: Pipeline) -> DataFrame:
     reason = F.when(
         F.col("_value").isNotNull() & parses,
         _first_reason(
-            _expression_checks(pipeline),
+            dimensions.checks(pipeline) + _expression_checks(pipeline),
             F.when(kept, judged).otherwise(F.lit(None).cast("string")),
         ),
     ).otherwise(unparsed)
@@ -388,6 +391,50 @@ def contributions(classified: DataFrame, pipeline: Pipeline) -> DataFrame:
         columns.append(value.cast(types[name]).alias(name))
     columns.append(F.lit(1).cast("bigint").alias(RECORDS))
     return valid.select(*columns)
+
+
+def _dimension_tables(
+    spark: SparkSession, pipeline: Pipeline, record: DataFrame, warehouse: Path | None
+) -> dict[str, DimensionTable]:
+    """Each enrichment's table as Spark reads it now: a Delta table with the key
+    column, of the record key's type."""
+    origin = str(pipeline.source_path or pipeline.application_id)
+    found: dict[str, DimensionTable] = {}
+    for i, e in enumerate(pipeline.enrich):
+        if warehouse is None and e.table.startswith("${"):
+            raise ConfigError(f"{origin}: enrich[{i}].table: needs the warehouse to resolve")
+        path = e.path(warehouse) if warehouse is not None else e.table
+        try:
+            schema = spark.read.format("delta").load(path).schema
+        except PySparkException as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ConfigError(
+                f"{origin}: enrich[{i}].table: {path} cannot be read as a Delta table ({first})"
+            ) from None
+        columns = {f.name: f.dataType.simpleString() for f in schema.fields}
+        if e.table_key not in columns:
+            raise ConfigError(
+                f"{origin}: enrich[{i}].on: {path} has no column {e.table_key!r} (it has "
+                f"{', '.join(columns)})"
+            )
+        key_type = columns[e.table_key]
+        if not sql_text.is_atomic(key_type):
+            raise ConfigError(
+                f"{origin}: enrich[{i}].on: {e.name}.{e.table_key} is a {key_type}: a key must "
+                "be a single value"
+            )
+        try:
+            record_type = record.select(F.expr(e.record_key)).schema[0].dataType.simpleString()
+        except PySparkException as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ConfigError(f"{origin}: enrich[{i}].on: {first}") from None
+        if record_type != key_type:
+            raise ConfigError(
+                f"{origin}: enrich[{i}].on: {e.record_key} is a {record_type} and "
+                f"{e.name}.{e.table_key} a {key_type}: they must have one type"
+            )
+        found[e.name] = DimensionTable(path, schema.simpleString(), key_type)
+    return found
 
 
 # Expressions whose value is the clock, the session or the environment: Spark's
@@ -492,7 +539,7 @@ def _builtin_functions(spark: SparkSession) -> frozenset[str]:
     return frozenset(r[0].lower() for r in spark.sql("SHOW SYSTEM FUNCTIONS").collect())
 
 
-def resolve(spark: SparkSession, pipeline: Pipeline) -> Pipeline:
+def resolve(spark: SparkSession, pipeline: Pipeline, warehouse: Path | None = None) -> Pipeline:
     """The pipeline checked by Spark's analyser, with its derived columns' types.
 
     Each expression must resolve over the record's fields, ``kafka`` and the derived
@@ -505,6 +552,11 @@ def resolve(spark: SparkSession, pipeline: Pipeline) -> Pipeline:
     kafka_schema = f"{spark_kafka.COLUMNS}, headers {HEADERS_TYPE}"
     frame = _user_columns(spark.createDataFrame([], kafka_schema), pipeline)
     frame = frame.select(*(f"`{n}`" for n in pipeline.schema), "kafka")
+    tables = _dimension_tables(spark, pipeline, frame, warehouse)
+    frame = frame.select(
+        "*", *(F.lit(None).cast(t.row_type).alias(name) for name, t in tables.items())
+    )
+    pipeline = dataclasses.replace(pipeline, dimensions=tables)
     builtin = _builtin_functions(spark)
     types = dict(pipeline.derived_types)
     headers = False

@@ -156,7 +156,7 @@ def run_pipeline(
 ) -> RunSummary:
     """Run until the input available at start is processed (available-now), or until
     stopped (continuous: SIGTERM/SIGINT stop it between batches)."""
-    pipeline = records.resolve(spark, pipeline)
+    pipeline = records.resolve(spark, pipeline, settings.warehouse)
     layout = AppLayout(settings.warehouse, pipeline.application_id)
     try:
         with application_lock(layout, f"run --trigger {trigger or pipeline.trigger_mode}"):

@@ -62,6 +62,14 @@ public final class BatchWatermarkSource implements TableProvider {
 
   /** The newest offset log entry's batchWatermarkMs, at least floorMs. */
   static long read(String checkpoint, long floorMs) {
+    return Math.max(watermarkOf(newestMetadata(checkpoint)), floorMs);
+  }
+
+  /**
+   * The metadata of the newest offset log entry: the running batch's. An entry that is
+   * not Spark's (no end offsets, metadata that is not one JSON object) is an error.
+   */
+  static JsonNode newestMetadata(String checkpoint) {
     Path offsets = new Path(checkpoint, "offsets");
     try {
       FileSystem fs = offsets.getFileSystem(SparkContext.getOrCreate().hadoopConfiguration());
@@ -84,39 +92,39 @@ public final class BatchWatermarkSource implements TableProvider {
         reader.readLine(); // the version line
         String metadata = reader.readLine();
         String endOffsets = reader.readLine();
-        return Math.max(watermarkOf(entry, metadata, endOffsets), floorMs);
+        JsonNode node = null;
+        if (metadata != null && endOffsets != null) {
+          try {
+            node = JSON.readTree(metadata);
+          } catch (IOException e) {
+            node = null;
+          }
+        }
+        if (node == null || !node.isObject()) {
+          throw new IllegalStateException("unreadable offset log entry " + entry);
+        }
+        return node;
       }
     } catch (IOException e) {
       throw new UncheckedIOException("reading the offset log in " + offsets, e);
     }
   }
 
-  /**
-   * The metadata line's batchWatermarkMs, as jobs/streaming/offset_log.py reads it: an
-   * entry that is not Spark's (no end offsets, metadata that is not one JSON object, a
-   * watermark that is not a whole number) is an error, never a watermark of 0.
-   */
-  static long watermarkOf(Path entry, String metadata, String endOffsets) {
-    JsonNode node = null;
-    if (metadata != null && endOffsets != null) {
-      try {
-        node = JSON.readTree(metadata);
-      } catch (IOException e) {
-        node = null;
-      }
+  /** A whole-number field of an entry's metadata; absent: 0 (Spark writes both it reads). */
+  static long longField(JsonNode metadata, String field) {
+    JsonNode value = metadata.get(field);
+    if (value == null) {
+      return 0L;
     }
-    if (node == null || !node.isObject()) {
-      throw new IllegalStateException("unreadable offset log entry " + entry);
+    if (!value.isIntegralNumber() || !value.canConvertToLong()) {
+      throw new IllegalStateException("unreadable offset log entry: " + field + " is " + value);
     }
-    JsonNode watermark = node.get("batchWatermarkMs");
-    if (watermark == null) {
-      return 0L; // Spark writes it; an entry without one has not moved it
-    }
-    if (!watermark.isIntegralNumber() || !watermark.canConvertToLong()) {
-      throw new IllegalStateException(
-          "unreadable offset log entry " + entry + ": batchWatermarkMs is " + watermark);
-    }
-    return watermark.asLong();
+    return value.asLong();
+  }
+
+  /** The entry's batchWatermarkMs, as jobs/streaming/offset_log.py reads it. */
+  static long watermarkOf(JsonNode metadata) {
+    return longField(metadata, "batchWatermarkMs");
   }
 
   /** The table, its scan and its batch at once: all it holds is where to read. */

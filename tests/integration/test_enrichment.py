@@ -1,0 +1,202 @@
+"""``enrich:`` end to end on the real broker, Spark and Delta: records joined to a
+Delta dimension table, one version per batch, recorded in the ledger; missing and
+duplicated keys are dead letters; a batch killed after the dimension changed
+replays with the version it first joined. Expectations are plain Python."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+import yaml
+from deltalake import DeltaTable, write_deltalake
+
+from jobs import kafka_admin
+from tests.conftest import run_jobs, run_with_fault
+
+pytestmark = pytest.mark.integration
+
+MERCHANTS = {"m0": "books", "m1": "games", "m2": "books", "m3": "food"}
+
+
+def write_merchants(path: Path, categories: dict[str, str], duplicated: str = "mdup") -> None:
+    """The dimension: one row per merchant, and two rows for ``duplicated``."""
+    ids = [*categories, duplicated, duplicated]
+    rows = pa.table(
+        {
+            "id": ids,
+            "category": [*categories.values(), "toys", "tools"],
+            "region": ["eu" if i % 2 else "us" for i in range(len(ids))],
+        }
+    )
+    write_deltalake(str(path), rows, mode="overwrite")
+
+
+def pipeline_file(directory: Path, topic: str, missing: str = "dead_letter") -> Path:
+    data: dict[str, Any] = {
+        "application_id": "merchant_sales",
+        "source": {"topics": [topic], "starting_offsets": "earliest"},
+        "schema": {"merchant_id": "string", "cents": "bigint"},
+        "enrich": [
+            {
+                "name": "m",
+                "table": "${warehouse}/dims/merchants",
+                "on": "merchant_id = m.id",
+                "missing": missing,
+            }
+        ],
+        "derived": [{"name": "category", "expr": "coalesce(m.category, 'unknown')"}],
+        "keys": ["category"],
+        "event_time": {"field": "kafka.timestamp"},
+        "aggregations": [
+            {"name": "orders", "function": "count"},
+            {"name": "cents", "function": "sum", "field": "cents"},
+        ],
+    }
+    path = directory / "merchant_sales.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def orders(salt: int, n: int) -> list[tuple[str, int]]:
+    merchants = [*MERCHANTS, "nobody", "mdup"]
+    return [(merchants[(i * 7 + salt) % len(merchants)], 100 + i % 13) for i in range(n)]
+
+
+def produce(config: dict[str, str], topic: str, records: list[tuple[str, int]]) -> None:
+    now_ms = int(time.time() * 1000)
+    values = [
+        (None, json.dumps({"merchant_id": m, "cents": c}).encode(), now_ms) for m, c in records
+    ]
+    kafka_admin.produce_all(config, topic, values)  # type: ignore[arg-type]
+
+
+def expected(
+    batches: list[tuple[list[tuple[str, int]], dict[str, str]]],
+) -> dict[str, tuple[int, int]]:
+    """Per category: (orders, cents), each batch's records with its dimension."""
+    orders_: Counter[str] = Counter()
+    cents: Counter[str] = Counter()
+    for records, categories in batches:
+        for merchant, amount in records:
+            if merchant in categories:
+                orders_[categories[merchant]] += 1
+                cents[categories[merchant]] += amount
+    return {k: (orders_[k], cents[k]) for k in orders_}
+
+
+def state(warehouse: Path) -> dict[str, tuple[int, int]]:
+    rows = DeltaTable(str(warehouse / "merchant_sales" / "state")).to_pyarrow_table().to_pylist()
+    return {r["category"]: (r["orders"], r["cents"]) for r in rows}
+
+
+def ledger_batches(warehouse: Path) -> list[dict[str, Any]]:
+    rows = DeltaTable(str(warehouse / "merchant_sales" / "_ledger")).to_pyarrow_table().to_pylist()
+    batches = [r for r in rows if r["entry_type"] == "batch"]
+    return sorted(batches, key=lambda r: (r["epoch"], r["batch_id"]))
+
+
+def dead_letters(warehouse: Path) -> list[str]:
+    table = DeltaTable(str(warehouse / "merchant_sales" / "dead_letter")).to_pyarrow_table()
+    return sorted(table.column("reason").to_pylist())
+
+
+def test_each_batch_joins_one_recorded_version_and_a_replay_joins_it_again(  # type: ignore[no-untyped-def]
+    spark, broker, settings, kafka_config, new_topic, tmp_path
+) -> None:
+    topic = new_topic(2)
+    dims = settings.warehouse / "dims" / "merchants"
+    write_merchants(dims, MERCHANTS)
+    path = pipeline_file(tmp_path, topic)
+
+    first = orders(1, 400)
+    produce(kafka_config, topic, first)
+    assert (
+        run_with_fault(path, broker.bootstrap_servers, settings.warehouse, None, spark=spark) == 0
+    )
+    assert state(settings.warehouse) == expected([(first, MERCHANTS)])
+    nobody = sum(1 for m, _ in first if m == "nobody")
+    twice = sum(1 for m, _ in first if m == "mdup")
+    reasons = dead_letters(settings.warehouse)
+    assert len(reasons) == nobody + twice
+    assert reasons.count("enrich m: no row of " + str(dims) + " has id = nobody") == nobody
+    assert reasons.count("enrich m: 2 rows of " + str(dims) + " have id = mdup") == twice
+
+    # The dimension changes between batches: the next batch joins the new version.
+    moved = {**MERCHANTS, "m1": "books"}
+    write_merchants(dims, moved)
+    second = orders(2, 300)
+    produce(kafka_config, topic, second)
+    assert (
+        run_with_fault(path, broker.bootstrap_servers, settings.warehouse, None, spark=spark) == 0
+    )
+    assert state(settings.warehouse) == expected([(first, MERCHANTS), (second, moved)])
+
+    # Killed after the batch's changelog commit; the dimension changes before the
+    # restart: the replay joins the version the batch joined first.
+    third = orders(3, 300)
+    produce(kafka_config, topic, third)
+    killed = run_with_fault(path, broker.bootstrap_servers, settings.warehouse, "after_changelog")
+    assert killed == -9
+    write_merchants(dims, {**moved, "m2": "food"})
+    assert (
+        run_with_fault(path, broker.bootstrap_servers, settings.warehouse, None, spark=spark) == 0
+    )
+    assert state(settings.warehouse) == expected(
+        [(first, MERCHANTS), (second, moved), (third, moved)]
+    )
+    versions = [
+        json.loads(b["details"])["dimensions"]["m"] for b in ledger_batches(settings.warehouse)
+    ]
+    # Versions 0 and 1 were written before the first two batches; the kill's batch
+    # was planned before version 2 (the change after the kill), and replayed with 1.
+    assert versions == [0, 1, 1]
+    assert DeltaTable(str(dims)).version() == 2
+
+
+def test_missing_rows_kept_see_null_and_repairs_that_recompute_refuse(  # type: ignore[no-untyped-def]
+    spark, broker, settings, kafka_config, new_topic, tmp_path
+) -> None:
+    topic = new_topic(1)
+    dims = settings.warehouse / "dims" / "merchants"
+    write_merchants(dims, MERCHANTS)
+    path = pipeline_file(tmp_path, topic, missing="keep")
+    records = orders(4, 200)
+    produce(kafka_config, topic, records)
+    assert run_jobs(path, settings, "run", spark=spark).returncode == 0
+    found = expected([(records, {**MERCHANTS, "nobody": "unknown"})])
+    assert state(settings.warehouse) == found
+    refused = run_jobs(path, settings, "backfill", "--from-earliest", "--reason", "x", spark=spark)
+    assert refused.returncode == 2
+    assert refused.stderr.startswith("error: merchant_sales: a backfill would recompute records")
+    assert refused.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"table": "/nonexistent/merchants"}, "enrich[0].table: /nonexistent/merchants cannot be"),
+        ({"on": "merchant_id = m.code"}, "has no column 'code' (it has id, category, region)"),
+        ({"on": "cents = m.id"}, "enrich[0].on: cents is a bigint and m.id a string"),
+    ],
+)
+def test_spark_checks_the_tables_before_a_run(  # type: ignore[no-untyped-def]
+    spark, settings, tmp_path, change: dict[str, str], message: str
+) -> None:
+    from jobs.errors import ConfigError
+    from jobs.pipeline import load_pipeline
+    from jobs.streaming import records
+
+    write_merchants(settings.warehouse / "dims" / "merchants", MERCHANTS)
+    path = pipeline_file(tmp_path, "orders")
+    data = yaml.safe_load(path.read_text())
+    data["enrich"][0].update(change)
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError) as error:
+        records.resolve(spark, load_pipeline(str(path), tmp_path), settings.warehouse)
+    assert "\n" not in str(error.value) and message in str(error.value), str(error.value)
