@@ -102,6 +102,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="kafka",
         help="read the records from Kafka or from the raw archive (beyond retention)",
     )
+    backfill.add_argument(
+        "--dimensions",
+        choices=["recorded", "newest"],
+        default="recorded",
+        help="join each enrichment table at the version each batch recorded, or at its "
+        "newest (after a fix of the table)",
+    )
 
     maintain = commands.add_parser(
         "maintain",
@@ -433,6 +440,7 @@ def _backfill(args: argparse.Namespace, settings: Settings, pipeline: object) ->
             args.preview,
             plan_id=args.plan,
             save_as=args.save_plan,
+            dimensions_from=args.dimensions,
         )
     return 0
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from typing import Any
 
 TP = tuple[str, int]
 Offsets = dict[TP, int]
@@ -43,6 +44,8 @@ class Judge:
     batch_id: int = -1
     watermark_ms: int = 0
     batch_time_ms: int = 0
+    # The version of each enrichment's table the batch joined (name, version).
+    dimensions: tuple[tuple[str, int | None], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -81,11 +84,20 @@ class Coverage:
     def records(self) -> int:
         return sum(e - b for spans in self.judged().values() for b, e in spans)
 
-    def decisions(self) -> list[tuple[str, int, int, int, int, int]]:
-        """(topic, partition, begin, end, watermark_ms, batch_time_ms) of every judged
-        span: how a recomputation judges each record as the stream did."""
+    def decisions(self, dimensions: tuple[str, ...] = ()) -> list[tuple[Any, ...]]:
+        """(topic, partition, begin, end, watermark_ms, batch_time_ms, and the version
+        of each of ``dimensions`` the batch joined, or None) of every judged span: how
+        a recomputation judges each record as the stream did."""
         return sorted(
-            (tp[0], tp[1], s.begin, s.end, s.judge.watermark_ms, s.judge.batch_time_ms)
+            (
+                tp[0],
+                tp[1],
+                s.begin,
+                s.end,
+                s.judge.watermark_ms,
+                s.judge.batch_time_ms,
+                *(dict(s.judge.dimensions).get(name) for name in dimensions),
+            )
             for tp, spans in self.spans.items()
             for s in spans
             if s.judge.kind is Judged.BATCH
@@ -204,6 +216,7 @@ class BatchEntry:
     batch_time_ms: int = 0
     state_version: int | None = None  # the state version it left (None: not recorded)
     commit_time_us: int = 0
+    dimensions: tuple[tuple[str, int | None], ...] = ()  # the enrichments' versions joined
 
 
 @dataclass(frozen=True)
@@ -286,7 +299,14 @@ class History:
             (
                 b.start,
                 b.end,
-                Judge(Judged.BATCH, b.epoch, b.batch_id, b.watermark_ms, b.batch_time_ms),
+                Judge(
+                    Judged.BATCH,
+                    b.epoch,
+                    b.batch_id,
+                    b.watermark_ms,
+                    b.batch_time_ms,
+                    b.dimensions,
+                ),
             )
             for b in self.batches.get(epoch, [])
             if batch_id is None or b.batch_id <= batch_id

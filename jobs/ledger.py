@@ -98,6 +98,7 @@ def batch_entries(rows: list[dict[str, Any]]) -> list[BatchEntry]:
                 ),
                 state_version=None if state_after is None else int(state_after),
                 commit_time_us=_micros(row["commit_time"]),
+                dimensions=tuple(sorted(dict(details.get("dimensions") or {}).items())),
             )
         )
     return found

@@ -43,6 +43,7 @@ from jobs.cut import (
     fill_from_first,
     floor_note,
     lineage_head,
+    loadable,
     log_floor,
     replay_from_origin,
     state_behind,
@@ -56,14 +57,14 @@ from jobs.faults import maybe_crash
 from jobs.kafka_source import offsets as kafka_offsets
 from jobs.kafka_source import spark_kafka
 from jobs.ledger import LedgerSnapshot, current_epoch, snapshot
-from jobs.operations.plan import Plan, check_recomputable, header
+from jobs.operations.plan import Plan, header
 from jobs.operations.restart import broker_marks, other_logs
 from jobs.operations.targets import TargetSpec, resolve_targets
 from jobs.pipeline import Pipeline
 from jobs.progress import SparkJobProgress
 from jobs.settings import Settings
 from jobs.snapshot import seed_rows
-from jobs.streaming import records
+from jobs.streaming import dimensions, records
 from jobs.streaming.query import aggregate
 from jobs.streaming.records import BATCH_TIME_COLUMN, WATERMARK_COLUMN
 
@@ -71,9 +72,13 @@ SAMPLES = 10
 
 
 def plan_backfill(
-    pipeline: Pipeline, settings: Settings, reason: str, start: TargetSpec, source: str = "kafka"
+    pipeline: Pipeline,
+    settings: Settings,
+    reason: str,
+    start: TargetSpec,
+    source: str = "kafka",
+    dimensions_from: str = "recorded",
 ) -> Plan:
-    check_recomputable(pipeline, "a backfill")
     layout = AppLayout(settings.warehouse, pipeline.application_id)
     epoch = current_epoch(layout)
     last = lineage_head(layout)
@@ -117,8 +122,11 @@ def plan_backfill(
     ranges, gaps = judged_since(layout, boundary, read_from)
     if gaps:
         notes.append(f"leaves out the ranges a skip left out ({spelled(gaps)}): they stay unjudged")
+    if pipeline.enrich:
+        notes.append(_dimension_note(layout, pipeline, settings, dimensions_from))
     plan = Plan(
         **header("backfill", pipeline.application_id, reason, epoch, current),
+        dimensions=dimensions_from,
         target_offsets=head,
         seed_state_version=None if boundary is None else boundary.state_version,
         state_action=StateAction.PUBLISH,
@@ -141,6 +149,31 @@ def plan_backfill(
     check_redefinition(layout, pipeline, plan)
     check_seed_shape(layout, pipeline, plan)
     return plan
+
+
+def _dimension_note(
+    layout: AppLayout, pipeline: Pipeline, settings: Settings, dimensions_from: str
+) -> str:
+    """Which versions of the enrichments' tables the recomputation joins: the ones
+    the batches recorded (old -> new with ``newest``)."""
+    snap = snapshot(layout)
+    head = Coverage() if snap is None else current_log_history(layout, snap).head
+    names = tuple(e.name for e in pipeline.enrich)
+    parts = []
+    for i, e in enumerate(pipeline.enrich):
+        recorded = sorted({d[6 + i] for d in head.decisions(names) if d[6 + i] is not None})
+        shown = ", ".join(str(v) for v in recorded) or "none recorded"
+        if dimensions_from == "newest":
+            newest = DeltaTable(e.path(settings.warehouse)).version()
+            parts.append(f"{e.name} {shown} -> {newest}")
+        else:
+            parts.append(f"{e.name} {shown}")
+    how = (
+        "each table's newest version (recorded -> newest)"
+        if dimensions_from == "newest"
+        else "the table versions the batches recorded"
+    )
+    return f"joins {how}: {'; '.join(parts)}"
 
 
 def judged_since(
@@ -171,7 +204,14 @@ def recompute(spark: SparkSession, pipeline: Pipeline, settings: Settings, plan:
     if raw is None:
         raw = read_records(spark, pipeline, settings, {}, {}, plan.source)
     with SparkJobProgress(spark, "backfill", plan.records_to_replay):
-        return aggregate_records(spark, pipeline, settings, raw, plan.seed_state_version)
+        return aggregate_records(
+            spark,
+            pipeline,
+            settings,
+            raw,
+            plan.seed_state_version,
+            newest_dimensions=plan.dimensions == "newest",
+        )
 
 
 def read_records(
@@ -199,6 +239,7 @@ def aggregate_records(
     seed_state_version: int | None = None,
     keep: Callable[[DataFrame], DataFrame] | None = None,
     snap: LedgerSnapshot | None = None,
+    newest_dimensions: bool = False,
 ) -> pa.Table:
     """``raw`` judged as the stream judged it (the ledger's watermarks and batch
     times), aggregated with the pipeline, plus a seed state version's rows;
@@ -207,7 +248,7 @@ def aggregate_records(
     layout = AppLayout(settings.warehouse, pipeline.application_id)
     snap = snap or snapshot(layout)
     head = Coverage() if snap is None else current_log_history(layout, snap).head
-    raw = with_stream_decisions(spark, raw, head, pipeline.window is not None)
+    raw = with_stream_decisions(spark, raw, head, pipeline, newest_dimensions)
     contributions = records.contributions(records.classify(raw, pipeline), pipeline)
     if seed_state_version is not None:
         base = DeltaTable(str(layout.table("state")), version=seed_state_version)
@@ -224,18 +265,22 @@ def with_stream_decisions(
     spark: SparkSession,
     raw: DataFrame,
     head: Coverage,
-    windowed: bool,
+    pipeline: Pipeline,
+    newest_dimensions: bool = False,
 ) -> DataFrame:
-    """Each record with the watermark and the batch time the stream judged it with
-    (the judges of the state's coverage), so that ``classify`` leaves out exactly the
-    records the stream dead-lettered (late, or too far ahead of its batch). A backfill
-    and verify read only ranges the stream judged; a record outside them (a ledger
-    of an older version of the platform) gets the last watermark and the time now."""
-    ranges = head.decisions()
+    """Each record with the watermark, the batch time and the dimension versions the
+    stream judged it with (the judges of the state's coverage), so that ``classify``
+    leaves out exactly the records the stream dead-lettered (late, or too far ahead
+    of its batch) and joins the tables as the stream did. ``newest_dimensions``: each
+    table's newest version instead (a backfill after a dimension fix). A backfill and
+    verify read only ranges the stream judged; a record outside them (a ledger of an
+    older version of the platform) gets the last watermark, the time now and the
+    newest versions."""
+    names = tuple(e.name for e in pipeline.enrich)
+    newest, ranges = dimension_versions(spark, pipeline, head.decisions(names), newest_dimensions)
     last = head.watermark_ms
-    schema = (
-        "r_topic string, r_partition int, r_begin long, r_end long, r_watermark long, r_time long"
-    )
+    schema = "r_topic string, r_partition int, r_begin long, r_end long, r_watermark long, "
+    schema += ", ".join(["r_time long", *(f"r_dim{i} long" for i in range(len(names)))])
     known = spark.createDataFrame(ranges, schema)
     matches = (
         (F.col("topic") == F.col("r_topic"))
@@ -248,11 +293,57 @@ def with_stream_decisions(
     columns: list[Column | str] = [
         *raw.columns,
         F.coalesce(F.col("r_time"), now).alias(BATCH_TIME_COLUMN),
+        *(
+            F.coalesce(F.col(f"r_dim{i}"), F.lit(newest[i])).alias(dimensions.version_column(i))
+            for i in range(len(names))
+        ),
     ]
-    if windowed:
+    if pipeline.window is not None:
         watermark = F.coalesce(F.col("r_watermark"), F.lit(last).cast("long"))
         columns.append(watermark.alias(WATERMARK_COLUMN))
-    return joined.select(*columns)
+    judged = joined.select(*columns)
+    for i in range(len(names)):
+        used = {int(r[6 + i]) for r in ranges} | {newest[i]}
+        tables = dimensions.at_versions(spark, pipeline, i, used)
+        judged = judged.join(F.broadcast(tables), dimensions.version_column(i), "left")
+    return judged
+
+
+def dimension_versions(
+    spark: SparkSession,
+    pipeline: Pipeline,
+    ranges: list[tuple[Any, ...]],
+    newest: bool,
+) -> tuple[list[int], list[tuple[Any, ...]]]:
+    """Each enrichment's newest version, and ``ranges`` (``Coverage.decisions``) with
+    the version each range joins: the one its batch recorded (a batch from before
+    the enrichment: the version the stream would have joined at its time), or with
+    ``newest`` the newest. A version whose files are gone is one error naming it."""
+    newest_versions: list[int] = []
+    filled = [list(r) for r in ranges]
+    for i, e in enumerate(pipeline.enrich):
+        path = pipeline.dimensions[e.name].path
+        kept = dimensions.history(spark, path)
+        newest_versions.append(max(v for v, _ms in kept))
+        for r in filled:
+            if newest:
+                r[6 + i] = newest_versions[i]
+            elif r[6 + i] is None:
+                r[6 + i] = dimensions.version_at(kept, int(r[5]))
+        for version in {r[6 + i] for r in filled}:
+            if version is None or not loadable(Path(path), int(version)):
+                raise ConfigError(
+                    f"{pipeline.application_id}: enrich {e.name}: {path} "
+                    + (
+                        "has no version from before a batch's time"
+                        if version is None
+                        else f"version {version}, which recorded batches joined, can no "
+                        "longer be read (its log or files were removed)"
+                    )
+                    + "; repair: backfill --dimensions newest (recomputes with the table's "
+                    "newest version)"
+                )
+    return newest_versions, [tuple(r) for r in filled]
 
 
 def archived_records(
@@ -578,6 +669,7 @@ def run_backfill(
     echo: Callable[[str], None] = print,
     plan_id: str | None = None,
     save_as: str | None = None,
+    dimensions_from: str = "recorded",
 ) -> Plan:
     """Plan; with ``preview_only`` recompute and report; else fence, recompute,
     publish and restart (see ``runner.run_operation``)."""
@@ -615,7 +707,7 @@ def run_backfill(
     return run_operation(
         pipeline,
         settings,
-        lambda: plan_backfill(pipeline, settings, reason, start, source),
+        lambda: plan_backfill(pipeline, settings, reason, start, source, dimensions_from),
         preview_only,
         echo,
         apply=apply,

@@ -36,6 +36,9 @@ class Plan:
     records_to_replay: int = 0
     skipped: dict[str, list[int]] = field(default_factory=dict)  # "topic[p]" -> [from, to)
     source: str = "kafka"  # where a backfill reads: "kafka" or "archive" (the raw table)
+    # Which version of each enrichment's table a backfill joins: "recorded" (the one
+    # each batch joined) or "newest" (after a fix of the table).
+    dimensions: str = "recorded"
     read_from: Offsets = field(default_factory=dict)  # a backfill's first offsets
     # What a backfill reads: the judged offsets after its boundary ("topic[p]" ->
     # [[begin, end), ...]; None: a plan saved before they were); a skipped range is
@@ -151,13 +154,14 @@ def header(
 
 
 def check_recomputable(pipeline: Pipeline, what: str) -> None:
-    """Refuse a recomputation of an enriched pipeline's records: it must join the
-    dimension versions its batches recorded, which only the stream does so far."""
+    """Refuse a replay of an enriched pipeline's records through the stream: its new
+    batches would join the tables' newest versions, not the ones the first batches
+    recorded (``backfill`` and ``verify`` join the recorded ones)."""
     if pipeline.enrich:
         raise ConfigError(
-            f"{pipeline.application_id}: {what} would recompute records enriched from "
-            f"{', '.join(e.name for e in pipeline.enrich)}, and recomputations cannot yet "
-            "join the dimension versions the batches recorded (another answer); nothing "
-            "was changed. rebuild (without --from-source) and rewind --mode skip keep the "
-            "state"
+            f"{pipeline.application_id}: {what} would replay records enriched from "
+            f"{', '.join(e.name for e in pipeline.enrich)} through new batches, which cannot "
+            "yet join the dimension versions the first batches recorded (another answer); "
+            "nothing was changed. backfill (it joins the recorded versions), rebuild "
+            "without --from-source and rewind --mode skip keep the results"
         )

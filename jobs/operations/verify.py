@@ -41,7 +41,6 @@ from jobs.ledger import (
 )
 from jobs.operations.audit import append_audit, audit_row
 from jobs.operations.backfill import aggregate_records, preview, read_records
-from jobs.operations.plan import check_recomputable
 from jobs.output.changes import commit_infos
 from jobs.pipeline import Pipeline
 from jobs.progress import SparkJobProgress
@@ -141,7 +140,6 @@ def run_verify(
         raise ConfigError(f"--sample must be a fraction in (0, 1], got {sample}")
     if source == "archive" and not pipeline.archive:
         raise ConfigError(f"{pipeline.application_id} keeps no raw archive (archive: false)")
-    check_recomputable(pipeline, "verify")
     pipeline = resolve(spark, pipeline, settings.warehouse)
     layout = AppLayout(settings.warehouse, pipeline.application_id)
     if not DeltaTable.is_deltatable(str(layout.table("state"))):

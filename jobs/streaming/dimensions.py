@@ -37,29 +37,56 @@ def rows_column(i: int) -> str:
 def pinned(spark: SparkSession, pipeline: Pipeline, checkpoint: str) -> list[DataFrame]:
     """Per enrichment, one row: the version of its table the running batch joins
     (``checkpoint``'s newest offset log entry's planned time), and its rows by key."""
-    frames = []
-    for i, enrichment in enumerate(pipeline.enrich):
-        table = pipeline.dimensions.get(enrichment.name)
-        if table is None:
-            raise ConfigError(f"{pipeline.application_id}: enrich {enrichment.name!r} unresolved")
-        raw = (
-            spark.read.format(FORMAT)
-            .option("path", table.path)
-            .option("checkpoint", checkpoint)
-            .load()
-        )
-        row = F.from_json(F.col("_dim_row"), table.row_type)
-        parsed = raw.select(F.col("_dim_version").alias("v"), row.alias("r"))
-        key = F.col("r").getField(enrichment.table_key)
-        per_key = parsed.groupBy(key.alias("k")).agg(
-            F.max("v").alias("v"), F.collect_list("r").alias("rows")
-        )
-        entries = F.filter(F.collect_list(F.struct("k", "rows")), lambda e: e["k"].isNotNull())
-        one = per_key.agg(
-            F.max("v").alias(version_column(i)), F.map_from_entries(entries).alias(rows_column(i))
-        )
-        frames.append(F.broadcast(one))
-    return frames
+    return [
+        F.broadcast(_by_key(spark, pipeline, i, {"checkpoint": checkpoint}))
+        for i in range(len(pipeline.enrich))
+    ]
+
+
+def at_versions(spark: SparkSession, pipeline: Pipeline, i: int, versions: set[int]) -> DataFrame:
+    """Enrichment ``i``'s table at each of ``versions``: a row per version (its
+    version and rows by key), to join to records by the version they need."""
+    frames = [_by_key(spark, pipeline, i, {"version": str(v)}) for v in sorted(versions)]
+    if not frames:
+        raise ConfigError(f"{pipeline.application_id}: no version of enrichment {i} to read")
+    union = frames[0]
+    for frame in frames[1:]:
+        union = union.unionByName(frame)
+    return union
+
+
+def _by_key(spark: SparkSession, pipeline: Pipeline, i: int, options: dict[str, str]) -> DataFrame:
+    enrichment = pipeline.enrich[i]
+    table = pipeline.dimensions.get(enrichment.name)
+    if table is None:
+        raise ConfigError(f"{pipeline.application_id}: enrich {enrichment.name!r} unresolved")
+    raw = spark.read.format(FORMAT).option("path", table.path).options(**options).load()
+    row = F.from_json(F.col("_dim_row"), table.row_type)
+    parsed = raw.select(F.col("_dim_version").alias("v"), row.alias("r"))
+    key = F.col("r").getField(enrichment.table_key)
+    per_key = parsed.groupBy(key.alias("k")).agg(
+        F.max("v").alias("v"), F.collect_list("r").alias("rows")
+    )
+    entries = F.filter(F.collect_list(F.struct("k", "rows")), lambda e: e["k"].isNotNull())
+    return per_key.agg(
+        F.max("v").alias(version_column(i)), F.map_from_entries(entries).alias(rows_column(i))
+    )
+
+
+def history(spark: SparkSession, path: str) -> list[tuple[int, int]]:
+    """(version, commit time in ms) of the table's kept versions, as the stream's
+    source chooses from them (``PinnedDeltaSource.versionAt``)."""
+    table = "delta.`" + path.replace("`", "``") + "`"
+    rows = spark.sql(f"DESCRIBE HISTORY {table}").selectExpr(
+        "version", "unix_millis(timestamp) AS ms"
+    )
+    return sorted((int(r["version"]), int(r["ms"])) for r in rows.collect())
+
+
+def version_at(versions: list[tuple[int, int]], time_ms: int) -> int | None:
+    """The newest version committed at or before ``time_ms`` (the stream's rule)."""
+    found = [v for v, ms in versions if ms <= time_ms]
+    return max(found) if found else None
 
 
 def enriched(frame: DataFrame, pipeline: Pipeline) -> DataFrame:

@@ -157,9 +157,12 @@ def test_each_batch_joins_one_recorded_version_and_a_replay_joins_it_again(  # t
     # was planned before version 2 (the change after the kill), and replayed with 1.
     assert versions == [0, 1, 1]
     assert DeltaTable(str(dims)).version() == 2
+    # verify recomputes every batch with the version it recorded: no drift.
+    checked = run_jobs(path, settings, "verify", spark=spark)
+    assert checked.returncode == 0 and ", 0 differ" in checked.stdout, checked.stdout[-2000:]
 
 
-def test_missing_rows_kept_see_null_and_repairs_that_recompute_refuse(  # type: ignore[no-untyped-def]
+def test_a_backfill_keeps_the_recorded_versions_or_takes_the_newest_after_a_fix(  # type: ignore[no-untyped-def]
     spark, broker, settings, kafka_config, new_topic, tmp_path
 ) -> None:
     topic = new_topic(1)
@@ -169,11 +172,28 @@ def test_missing_rows_kept_see_null_and_repairs_that_recompute_refuse(  # type: 
     records = orders(4, 200)
     produce(kafka_config, topic, records)
     assert run_jobs(path, settings, "run", spark=spark).returncode == 0
-    found = expected([(records, {**MERCHANTS, "nobody": "unknown"})])
-    assert state(settings.warehouse) == found
-    refused = run_jobs(path, settings, "backfill", "--from-earliest", "--reason", "x", spark=spark)
+    before = expected([(records, {**MERCHANTS, "nobody": "unknown"})])
+    assert state(settings.warehouse) == before  # kept: the struct is NULL
+
+    # The dimension is fixed (m3 was in the wrong category). A backfill of a code
+    # change keeps the versions the batches joined; --dimensions newest takes the fix.
+    fixed = {**MERCHANTS, "m3": "drinks"}
+    write_merchants(dims, fixed)
+    again = run_jobs(path, settings, "backfill", "--from-earliest", "--reason", "code", spark=spark)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "joins the table versions the batches recorded: m 0" in again.stdout
+    assert state(settings.warehouse) == before
+    args = ("backfill", "--from-earliest", "--dimensions", "newest", "--reason", "m3 fixed")
+    newest = run_jobs(path, settings, *args, spark=spark)
+    assert newest.returncode == 0, newest.stderr[-2000:]
+    assert "joins each table's newest version (recorded -> newest): m 0 -> 1" in newest.stdout
+    assert state(settings.warehouse) == expected([(records, {**fixed, "nobody": "unknown"})])
+
+    # A replay through new batches would join the newest version: refused.
+    args = ("rebuild", "--from-source", "--reason", "x")
+    refused = run_jobs(path, settings, *args, spark=spark)
     assert refused.returncode == 2
-    assert refused.stderr.startswith("error: merchant_sales: a backfill would recompute records")
+    assert refused.stderr.startswith("error: merchant_sales: rebuild --from-source would replay")
     assert refused.stderr.count("\n") == 1
 
 

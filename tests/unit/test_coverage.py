@@ -167,3 +167,18 @@ def test_a_recreated_topic_starts_the_coverage_at_the_repair_that_kept_the_state
     assert history.floor == 2
     assert list(history.upto) == [2]
     assert History(batches, steps, 2).floor is None  # one log: no floor
+
+
+def test_each_judged_range_carries_the_dimension_versions_its_batch_joined() -> None:
+    import dataclasses
+
+    first = dataclasses.replace(entry(0, 0, 0, 400), dimensions=(("m", 3),))
+    second = dataclasses.replace(entry(0, 1, 400, 900), dimensions=(("m", 5),))
+    older = entry(0, 2, 900, 950)  # before the pipeline enriched: nothing recorded
+    head = History([first, second, older], {}, 0).head
+    assert [d[2:4] + d[6:] for d in head.decisions(("m", "x"))] == [
+        (0, 400, 3, None),
+        (400, 900, 5, None),
+        (900, 950, None, None),
+    ]
+    assert len(head.decisions()[0]) == 6
