@@ -129,6 +129,27 @@ class Coverage:
         mine, theirs = self.gaps(), other.gaps()
         return _merged({tp: _minus(spans, theirs.get(tp, [])) for tp, spans in mine.items()})
 
+    def rejudged(self, dimensions: dict[str, int], kept: Coverage) -> Coverage:
+        """The judged spans not in ``kept`` with ``dimensions``' versions (a backfill
+        that joined other table versions than the batches recorded)."""
+        unchanged = {(tp, s) for tp, spans in kept.spans.items() for s in spans}
+        spans = {
+            tp: tuple(
+                s
+                if s.judge.kind is not Judged.BATCH or (tp, s) in unchanged
+                else replace(
+                    s,
+                    judge=replace(
+                        s.judge,
+                        dimensions=tuple(sorted((dict(s.judge.dimensions) | dimensions).items())),
+                    ),
+                )
+                for s in found
+            )
+            for tp, found in self.spans.items()
+        }
+        return Coverage(spans, self.watermark_ms)
+
     def excluding(self, other: Coverage) -> Intervals:
         """Judged here and not in ``other`` (what a recomputation from ``other``'s
         state reads)."""
@@ -228,6 +249,8 @@ class Step:
     skipped: dict[TP, tuple[int, int]] = field(default_factory=dict)  # a skip's [from, to)
     state_version: int | None = None  # the state version it left
     done_us: int = 0  # when it recorded that it was done
+    # The table versions a backfill joined instead of the recorded ones (newest).
+    dimensions: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -282,7 +305,12 @@ class History:
         if at == 0 or at in self.excluded:
             return Coverage()
         if step is None or step.action == "publish":
-            return self.at(at - 1)
+            found = self.at(at - 1)
+            if step is not None and step.dimensions:
+                # What the backfill recomputed now stands judged with its versions.
+                kept = Coverage() if step.boundary is None else self.at(*step.boundary)
+                found = found.rejudged(dict(step.dimensions), kept)
+            return found
         if step.action == "empty" or step.boundary is None:
             return Coverage()
         base = self.at(*step.boundary)

@@ -73,6 +73,9 @@ def epoch_steps(rows: list[dict[str, Any]]) -> dict[int, Step]:
             },
             state_version=None if version is None else int(version),
             done_us=_micros(row.get("commit_time")),
+            dimensions=tuple(
+                sorted((str(k), int(v)) for k, v in (plan.get("dimension_versions") or {}).items())
+            ),
         )
     return steps
 

@@ -133,7 +133,7 @@ class DimensionTable:
     """An enrichment's table as Spark's analyser found it before the run."""
 
     path: str
-    row_type: str  # its columns, a Spark struct type (DDL)
+    row_type: str  # its columns, a Spark struct type (as StructType.json())
     key_type: str  # the key column's type
 
 
@@ -615,11 +615,12 @@ def _parse_enrich(top: _Reader, schema: dict[str, str]) -> list[Enrichment]:
                 "name",
             )
         taken.add(name.lower())
-        if "${" in table.replace(WAREHOUSE + "/", "", 1) or not (
-            table.startswith(WAREHOUSE + "/") or table.startswith("/")
-        ):
+        rest = table[len(WAREHOUSE) :] if table.startswith(WAREHOUSE + "/") else table
+        if not rest.startswith("/") or "${" in rest or ".." in rest.split("/"):
             raise e.error(
-                f"must be an absolute path or start with {WAREHOUSE}/, got {table!r}", "table"
+                f"must be an absolute path or start with {WAREHOUSE}/ (no '..', no other "
+                f"${{...}}), got {table!r}",
+                "table",
             )
         if missing not in MISSING_ROWS:
             raise e.error(f"must be one of {', '.join(MISSING_ROWS)}, got {missing!r}", "missing")

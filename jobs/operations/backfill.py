@@ -122,11 +122,17 @@ def plan_backfill(
     ranges, gaps = judged_since(layout, boundary, read_from)
     if gaps:
         notes.append(f"leaves out the ranges a skip left out ({spelled(gaps)}): they stay unjudged")
+    newest = {}
     if pipeline.enrich:
-        notes.append(_dimension_note(layout, pipeline, settings, dimensions_from))
+        if dimensions_from == "newest":
+            newest = {
+                e.name: DeltaTable(e.path(settings.warehouse)).version() for e in pipeline.enrich
+            }
+        notes.append(_dimension_note(layout, pipeline, newest))
     plan = Plan(
         **header("backfill", pipeline.application_id, reason, epoch, current),
         dimensions=dimensions_from,
+        dimension_versions=newest,
         target_offsets=head,
         seed_state_version=None if boundary is None else boundary.state_version,
         state_action=StateAction.PUBLISH,
@@ -151,11 +157,9 @@ def plan_backfill(
     return plan
 
 
-def _dimension_note(
-    layout: AppLayout, pipeline: Pipeline, settings: Settings, dimensions_from: str
-) -> str:
+def _dimension_note(layout: AppLayout, pipeline: Pipeline, newest: dict[str, int]) -> str:
     """Which versions of the enrichments' tables the recomputation joins: the ones
-    the batches recorded (old -> new with ``newest``)."""
+    the batches recorded, or (recorded -> ``newest``) each table's newest."""
     snap = snapshot(layout)
     head = Coverage() if snap is None else current_log_history(layout, snap).head
     names = tuple(e.name for e in pipeline.enrich)
@@ -163,14 +167,10 @@ def _dimension_note(
     for i, e in enumerate(pipeline.enrich):
         recorded = sorted({d[6 + i] for d in head.decisions(names) if d[6 + i] is not None})
         shown = ", ".join(str(v) for v in recorded) or "none recorded"
-        if dimensions_from == "newest":
-            newest = DeltaTable(e.path(settings.warehouse)).version()
-            parts.append(f"{e.name} {shown} -> {newest}")
-        else:
-            parts.append(f"{e.name} {shown}")
+        parts.append(f"{e.name} {shown}" + (f" -> {newest[e.name]}" if newest else ""))
     how = (
         "each table's newest version (recorded -> newest)"
-        if dimensions_from == "newest"
+        if newest
         else "the table versions the batches recorded"
     )
     return f"joins {how}: {'; '.join(parts)}"
@@ -210,7 +210,7 @@ def recompute(spark: SparkSession, pipeline: Pipeline, settings: Settings, plan:
             settings,
             raw,
             plan.seed_state_version,
-            newest_dimensions=plan.dimensions == "newest",
+            dimension_versions=plan.dimension_versions,
         )
 
 
@@ -239,7 +239,7 @@ def aggregate_records(
     seed_state_version: int | None = None,
     keep: Callable[[DataFrame], DataFrame] | None = None,
     snap: LedgerSnapshot | None = None,
-    newest_dimensions: bool = False,
+    dimension_versions: dict[str, int] | None = None,
 ) -> pa.Table:
     """``raw`` judged as the stream judged it (the ledger's watermarks and batch
     times), aggregated with the pipeline, plus a seed state version's rows;
@@ -248,7 +248,7 @@ def aggregate_records(
     layout = AppLayout(settings.warehouse, pipeline.application_id)
     snap = snap or snapshot(layout)
     head = Coverage() if snap is None else current_log_history(layout, snap).head
-    raw = with_stream_decisions(spark, raw, head, pipeline, newest_dimensions)
+    raw = with_stream_decisions(spark, raw, head, pipeline, dimension_versions)
     contributions = records.contributions(records.classify(raw, pipeline), pipeline)
     if seed_state_version is not None:
         base = DeltaTable(str(layout.table("state")), version=seed_state_version)
@@ -266,18 +266,18 @@ def with_stream_decisions(
     raw: DataFrame,
     head: Coverage,
     pipeline: Pipeline,
-    newest_dimensions: bool = False,
+    dimension_versions: dict[str, int] | None = None,
 ) -> DataFrame:
     """Each record with the watermark, the batch time and the dimension versions the
     stream judged it with (the judges of the state's coverage), so that ``classify``
     leaves out exactly the records the stream dead-lettered (late, or too far ahead
-    of its batch) and joins the tables as the stream did. ``newest_dimensions``: each
-    table's newest version instead (a backfill after a dimension fix). A backfill and
+    of its batch) and joins the tables as the stream did. ``dimension_versions``:
+    these versions instead (a backfill after a dimension fix). A backfill and
     verify read only ranges the stream judged; a record outside them (a ledger of an
     older version of the platform) gets the last watermark, the time now and the
     newest versions."""
     names = tuple(e.name for e in pipeline.enrich)
-    newest, ranges = dimension_versions(spark, pipeline, head.decisions(names), newest_dimensions)
+    newest, ranges = versions_joined(spark, pipeline, head.decisions(names), dimension_versions)
     last = head.watermark_ms
     schema = "r_topic string, r_partition int, r_begin long, r_end long, r_watermark long, "
     schema += ", ".join(["r_time long", *(f"r_dim{i} long" for i in range(len(names)))])
@@ -309,25 +309,27 @@ def with_stream_decisions(
     return judged
 
 
-def dimension_versions(
+def versions_joined(
     spark: SparkSession,
     pipeline: Pipeline,
     ranges: list[tuple[Any, ...]],
-    newest: bool,
+    chosen: dict[str, int] | None,
 ) -> tuple[list[int], list[tuple[Any, ...]]]:
-    """Each enrichment's newest version, and ``ranges`` (``Coverage.decisions``) with
-    the version each range joins: the one its batch recorded (a batch from before
-    the enrichment: the version the stream would have joined at its time), or with
-    ``newest`` the newest. A version whose files are gone is one error naming it."""
+    """Each enrichment's version for records outside ``ranges`` (its newest, or the
+    chosen one), and ``ranges`` (``Coverage.decisions``) with the version each range
+    joins: the one its batch recorded (a batch from before the enrichment: the
+    version the stream would have joined at its time), or the ``chosen`` one. A
+    version that can no longer be read is one error naming it."""
     newest_versions: list[int] = []
     filled = [list(r) for r in ranges]
     for i, e in enumerate(pipeline.enrich):
         path = pipeline.dimensions[e.name].path
         kept = dimensions.history(spark, path)
-        newest_versions.append(max(v for v, _ms in kept))
+        pinned = (chosen or {}).get(e.name)
+        newest_versions.append(max(v for v, _ms in kept) if pinned is None else pinned)
         for r in filled:
-            if newest:
-                r[6 + i] = newest_versions[i]
+            if pinned is not None:
+                r[6 + i] = pinned
             elif r[6 + i] is None:
                 r[6 + i] = dimensions.version_at(kept, int(r[5]))
         for version in {r[6 + i] for r in filled}:

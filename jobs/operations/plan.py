@@ -39,6 +39,9 @@ class Plan:
     # Which version of each enrichment's table a backfill joins: "recorded" (the one
     # each batch joined) or "newest" (after a fix of the table).
     dimensions: str = "recorded"
+    # With "newest": the version of each table it joins, fixed when planned (what a
+    # reviewed plan showed is what it applies, and what the ledger records).
+    dimension_versions: dict[str, int] = field(default_factory=dict)
     read_from: Offsets = field(default_factory=dict)  # a backfill's first offsets
     # What a backfill reads: the judged offsets after its boundary ("topic[p]" ->
     # [[begin, end), ...]; None: a plan saved before they were); a skipped range is

@@ -74,7 +74,8 @@ def plan_rebuild(pipeline: Pipeline, settings: Settings, reason: str, from_sourc
     last = lineage_head(layout)
     current = last.end_offsets if last else {}
     if from_source or last is None:
-        check_recomputable(pipeline, "rebuild --from-source")
+        if last is not None:  # (before any batch nothing was joined yet)
+            check_recomputable(pipeline, "rebuild --from-source")
         _config, marks = broker_marks(pipeline, settings)
         floor = log_floor(layout)
         if floor is not None:  # a topic recreated: from its new log's first offsets

@@ -16,14 +16,26 @@ letter or a NULL struct (``missing: keep``).
 
 from __future__ import annotations
 
+import json
+
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from jobs.errors import ConfigError
-from jobs.pipeline import Pipeline
+from jobs.pipeline import DimensionTable, Pipeline
 
 FORMAT = "platform.streaming.PinnedDeltaSource"
 PREFIX = "_dim"
+
+
+TIMESTAMP_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX"  # as PinnedDeltaSource writes them
+TIMESTAMP_NTZ_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSSSSS"
+
+
+def row_type(table: DimensionTable) -> StructType:
+    """The table's columns as the run was checked with (``records.resolve``)."""
+    return StructType.fromJson(json.loads(table.row_type))
 
 
 def version_column(i: int) -> str:
@@ -60,8 +72,17 @@ def _by_key(spark: SparkSession, pipeline: Pipeline, i: int, options: dict[str, 
     table = pipeline.dimensions.get(enrichment.name)
     if table is None:
         raise ConfigError(f"{pipeline.application_id}: enrich {enrichment.name!r} unresolved")
-    raw = spark.read.format(FORMAT).option("path", table.path).options(**options).load()
-    row = F.from_json(F.col("_dim_row"), table.row_type)
+    raw = (
+        spark.read.format(FORMAT)
+        .option("path", table.path)
+        .option("schema", table.row_type)
+        .option("key", enrichment.table_key)
+        .options(**options)
+        .load()
+    )
+    # The source writes timestamps to the microsecond (Spark's default JSON has ms).
+    formats = {"timestampFormat": TIMESTAMP_FORMAT, "timestampNTZFormat": TIMESTAMP_NTZ_FORMAT}
+    row = F.from_json(F.col("_dim_row"), row_type(table), formats)
     parsed = raw.select(F.col("_dim_version").alias("v"), row.alias("r"))
     key = F.col("r").getField(enrichment.table_key)
     per_key = parsed.groupBy(key.alias("k")).agg(

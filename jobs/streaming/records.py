@@ -433,7 +433,7 @@ def _dimension_tables(
                 f"{origin}: enrich[{i}].on: {e.record_key} is a {record_type} and "
                 f"{e.name}.{e.table_key} a {key_type}: they must have one type"
             )
-        found[e.name] = DimensionTable(path, schema.simpleString(), key_type)
+        found[e.name] = DimensionTable(path, schema.json(), key_type)
     return found
 
 
@@ -554,7 +554,8 @@ def resolve(spark: SparkSession, pipeline: Pipeline, warehouse: Path | None = No
     frame = frame.select(*(f"`{n}`" for n in pipeline.schema), "kafka")
     tables = _dimension_tables(spark, pipeline, frame, warehouse)
     frame = frame.select(
-        "*", *(F.lit(None).cast(t.row_type).alias(name) for name, t in tables.items())
+        "*",
+        *(F.lit(None).cast(dimensions.row_type(t)).alias(name) for name, t in tables.items()),
     )
     pipeline = dataclasses.replace(pipeline, dimensions=tables)
     builtin = _builtin_functions(spark)

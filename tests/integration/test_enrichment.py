@@ -32,9 +32,15 @@ def write_merchants(path: Path, categories: dict[str, str], duplicated: str = "m
             "id": ids,
             "category": [*categories.values(), "toys", "tools"],
             "region": ["eu" if i % 2 else "us" for i in range(len(ids))],
+            # To the microsecond: what the stream reads of a table keeps them.
+            "since": pa.array([since_us(m) for m in ids], pa.timestamp("us", tz="UTC")),
         }
     )
     write_deltalake(str(path), rows, mode="overwrite")
+
+
+def since_us(merchant: str) -> int:
+    return 1_700_000_000_000_000 + sum(map(ord, merchant)) * 1_001 + 7
 
 
 def pipeline_file(directory: Path, topic: str, missing: str = "dead_letter") -> Path:
@@ -50,12 +56,16 @@ def pipeline_file(directory: Path, topic: str, missing: str = "dead_letter") -> 
                 "missing": missing,
             }
         ],
-        "derived": [{"name": "category", "expr": "coalesce(m.category, 'unknown')"}],
+        "derived": [
+            {"name": "category", "expr": "coalesce(m.category, 'unknown')"},
+            {"name": "since", "expr": "coalesce(unix_micros(m.since), 0)"},
+        ],
         "keys": ["category"],
         "event_time": {"field": "kafka.timestamp"},
         "aggregations": [
             {"name": "orders", "function": "count"},
             {"name": "cents", "function": "sum", "field": "cents"},
+            {"name": "latest", "function": "max", "field": "since"},
         ],
     }
     path = directory / "merchant_sales.yaml"
@@ -78,21 +88,26 @@ def produce(config: dict[str, str], topic: str, records: list[tuple[str, int]]) 
 
 def expected(
     batches: list[tuple[list[tuple[str, int]], dict[str, str]]],
-) -> dict[str, tuple[int, int]]:
-    """Per category: (orders, cents), each batch's records with its dimension."""
+) -> dict[str, tuple[int, int, int]]:
+    """Per category: (orders, cents, latest merchant's since), each batch's records
+    with its dimension (a merchant it lacks: since 0)."""
     orders_: Counter[str] = Counter()
     cents: Counter[str] = Counter()
+    latest: dict[str, int] = {}
     for records, categories in batches:
         for merchant, amount in records:
             if merchant in categories:
-                orders_[categories[merchant]] += 1
-                cents[categories[merchant]] += amount
-    return {k: (orders_[k], cents[k]) for k in orders_}
+                category = categories[merchant]
+                orders_[category] += 1
+                cents[category] += amount
+                since = since_us(merchant) if merchant in MERCHANTS else 0
+                latest[category] = max(latest.get(category, since), since)
+    return {k: (orders_[k], cents[k], latest[k]) for k in orders_}
 
 
-def state(warehouse: Path) -> dict[str, tuple[int, int]]:
+def state(warehouse: Path) -> dict[str, tuple[int, int, int]]:
     rows = DeltaTable(str(warehouse / "merchant_sales" / "state")).to_pyarrow_table().to_pylist()
-    return {r["category"]: (r["orders"], r["cents"]) for r in rows}
+    return {r["category"]: (r["orders"], r["cents"], r["latest"]) for r in rows}
 
 
 def ledger_batches(warehouse: Path) -> list[dict[str, Any]]:
@@ -137,11 +152,12 @@ def test_each_batch_joins_one_recorded_version_and_a_replay_joins_it_again(  # t
     )
     assert state(settings.warehouse) == expected([(first, MERCHANTS), (second, moved)])
 
-    # Killed after the batch's changelog commit; the dimension changes before the
-    # restart: the replay joins the version the batch joined first.
+    # Killed after the batch's dead letters (before its changelog: the replay
+    # computes the state again); the dimension changes before the restart: the
+    # replay joins the version the batch joined first.
     third = orders(3, 300)
     produce(kafka_config, topic, third)
-    killed = run_with_fault(path, broker.bootstrap_servers, settings.warehouse, "after_changelog")
+    killed = run_with_fault(path, broker.bootstrap_servers, settings.warehouse, "after_dead_letter")
     assert killed == -9
     write_merchants(dims, {**moved, "m2": "food"})
     assert (
@@ -187,7 +203,17 @@ def test_a_backfill_keeps_the_recorded_versions_or_takes_the_newest_after_a_fix(
     newest = run_jobs(path, settings, *args, spark=spark)
     assert newest.returncode == 0, newest.stderr[-2000:]
     assert "joins each table's newest version (recorded -> newest): m 0 -> 1" in newest.stdout
-    assert state(settings.warehouse) == expected([(records, {**fixed, "nobody": "unknown"})])
+    after_fix = expected([(records, {**fixed, "nobody": "unknown"})])
+    assert state(settings.warehouse) == after_fix
+    # The fix is what the coverage records now: verify agrees, and a later backfill
+    # of a code change keeps it (the table moved on since: version 2 is not joined).
+    write_merchants(dims, {**fixed, "m0": "games"})
+    checked = run_jobs(path, settings, "verify", spark=spark)
+    assert checked.returncode == 0 and ", 0 differ" in checked.stdout, checked.stdout[-2000:]
+    later = run_jobs(path, settings, "backfill", "--from-earliest", "--reason", "code", spark=spark)
+    assert later.returncode == 0, later.stderr[-2000:]
+    assert "joins the table versions the batches recorded: m 1" in later.stdout
+    assert state(settings.warehouse) == after_fix
 
     # A replay through new batches would join the newest version: refused.
     args = ("rebuild", "--from-source", "--reason", "x")
@@ -201,7 +227,10 @@ def test_a_backfill_keeps_the_recorded_versions_or_takes_the_newest_after_a_fix(
     ("change", "message"),
     [
         ({"table": "/nonexistent/merchants"}, "enrich[0].table: /nonexistent/merchants cannot be"),
-        ({"on": "merchant_id = m.code"}, "has no column 'code' (it has id, category, region)"),
+        (
+            {"on": "merchant_id = m.code"},
+            "has no column 'code' (it has id, category, region, since)",
+        ),
         ({"on": "cents = m.id"}, "enrich[0].on: cents is a bigint and m.id a string"),
     ],
 )

@@ -182,3 +182,14 @@ def test_each_judged_range_carries_the_dimension_versions_its_batch_joined() -> 
         (900, 950, None, None),
     ]
     assert len(head.decisions()[0]) == 6
+
+
+def test_a_backfill_that_joined_other_table_versions_rejudges_what_it_recomputed() -> None:
+    import dataclasses
+
+    first = dataclasses.replace(entry(0, 0, 0, 400), dimensions=(("m", 3),))
+    second = dataclasses.replace(entry(0, 1, 400, 900), dimensions=(("m", 5),))
+    # A backfill from batch 0's boundary joined version 7 (--dimensions newest).
+    steps = {1: Step("publish", (0, 0), dimensions=(("m", 7),))}
+    head = History([first, second], steps, 1).head
+    assert [d[2:4] + d[6:] for d in head.decisions(("m",))] == [(0, 400, 3), (400, 900, 7)]

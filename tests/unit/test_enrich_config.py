@@ -56,6 +56,8 @@ def test_another_table_or_key_is_another_definition() -> None:
         ({"table": "dims/merchants"}, "enrich[0].table: must be an absolute path"),
         ({"table": "${home}/dims"}, "enrich[0].table: must be an absolute path"),
         ({"table": "${warehouse}/${x}"}, "enrich[0].table: must be an absolute path"),
+        ({"table": "${warehouse}/../etc"}, "enrich[0].table: must be an absolute path"),
+        ({"table": "/d/${warehouse}/x"}, "enrich[0].table: must be an absolute path"),
         ({"on": "merchant_id == m.id"}, "enrich[0].on: must be '<record field> = m.<column>'"),
         ({"on": "merchant_id = id"}, "enrich[0].on: must be '<record field> = m.<column>'"),
         ({"on": "upper(merchant_id) = m.id"}, "enrich[0].on: must be"),

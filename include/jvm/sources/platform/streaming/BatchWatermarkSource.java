@@ -65,11 +65,26 @@ public final class BatchWatermarkSource implements TableProvider {
     return Math.max(watermarkOf(newestMetadata(checkpoint)), floorMs);
   }
 
-  /**
-   * The metadata of the newest offset log entry: the running batch's. An entry that is
-   * not Spark's (no end offsets, metadata that is not one JSON object) is an error.
-   */
+  /** An offset log entry: its batch id and metadata. */
+  static final class Entry {
+    final long batchId;
+    final JsonNode metadata;
+
+    Entry(long batchId, JsonNode metadata) {
+      this.batchId = batchId;
+      this.metadata = metadata;
+    }
+  }
+
   static JsonNode newestMetadata(String checkpoint) {
+    return newestEntry(checkpoint).metadata;
+  }
+
+  /**
+   * The newest offset log entry: the running batch's. An entry that is not Spark's (no
+   * end offsets, metadata that is not one JSON object) is an error.
+   */
+  static Entry newestEntry(String checkpoint) {
     Path offsets = new Path(checkpoint, "offsets");
     try {
       FileSystem fs = offsets.getFileSystem(SparkContext.getOrCreate().hadoopConfiguration());
@@ -103,7 +118,7 @@ public final class BatchWatermarkSource implements TableProvider {
         if (node == null || !node.isObject()) {
           throw new IllegalStateException("unreadable offset log entry " + entry);
         }
-        return node;
+        return new Entry(newest, node);
       }
     } catch (IOException e) {
       throw new UncheckedIOException("reading the offset log in " + offsets, e);

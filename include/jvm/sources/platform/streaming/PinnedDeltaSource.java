@@ -1,12 +1,24 @@
 package platform.streaming;
 
+import java.io.BufferedReader;
+import java.io.IOException;
+import java.io.InputStreamReader;
 import java.io.Serializable;
+import java.io.UncheckedIOException;
+import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
+import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.Set;
+import org.apache.hadoop.fs.FSDataOutputStream;
+import org.apache.hadoop.fs.FileSystem;
+import org.apache.hadoop.fs.Path;
+import org.apache.spark.sql.Dataset;
+import org.apache.spark.sql.Encoders;
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.SparkSession;
+import org.apache.spark.sql.functions;
 import org.apache.spark.sql.catalyst.InternalRow;
 import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
 import org.apache.spark.sql.connector.catalog.SupportsRead;
@@ -20,7 +32,9 @@ import org.apache.spark.sql.connector.read.PartitionReader;
 import org.apache.spark.sql.connector.read.PartitionReaderFactory;
 import org.apache.spark.sql.connector.read.Scan;
 import org.apache.spark.sql.connector.read.ScanBuilder;
+import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.DataTypes;
+import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.sql.util.CaseInsensitiveStringMap;
 import org.apache.spark.unsafe.types.UTF8String;
@@ -31,9 +45,11 @@ import org.apache.spark.unsafe.types.UTF8String;
  * batchTimestampMs of the newest offset log entry, read on the driver while the batch is
  * planned. A stream-static join plans its static side again for every micro-batch, so
  * each batch joins one version, and a replay of the batch (its offset log entry is
- * kept) joins the same one. Options: path (the Delta table), checkpoint (the query's),
- * or version (a fixed one, for recomputations in batch). Rows: the version and each
- * row as JSON (the table's schema is the caller's, checked before the run).
+ * kept, and the version chosen is recorded under checkpoint/dimensions) joins the same
+ * one. Options: path (the Delta table), checkpoint (the query's), or version (a fixed
+ * one, for recomputations in batch); schema and key (the columns the run was checked
+ * with: a version whose columns changed type is an error, never NULLs). Rows: the
+ * version and each row as JSON, timestamps to the microsecond.
  */
 public final class PinnedDeltaSource implements TableProvider {
   public static final String VERSION = "_dim_version";
@@ -55,8 +71,86 @@ public final class PinnedDeltaSource implements TableProvider {
     if (path == null || path.isEmpty()) {
       throw new IllegalArgumentException("the pinned Delta source needs option path");
     }
-    return new PinnedTable(path, options.get("checkpoint"), options.getLong("version", -1L));
+    return new PinnedTable(
+        path,
+        options.get("checkpoint"),
+        options.getLong("version", -1L),
+        options.get("schema"),
+        options.get("key"));
   }
+
+  /**
+   * The version the batch joins: the one recorded for it under the checkpoint, else the
+   * newest committed at or before its planned time, recorded there before it is used (a
+   * replay reads it back instead of choosing again from commit times).
+   */
+  static long versionForBatch(SparkSession spark, String path, String checkpoint) {
+    BatchWatermarkSource.Entry entry = BatchWatermarkSource.newestEntry(checkpoint);
+    String name = entry.batchId + "-" + Integer.toHexString(path.hashCode());
+    Path file = new Path(new Path(checkpoint, "dimensions"), name);
+    try {
+      FileSystem fs = file.getFileSystem(spark.sparkContext().hadoopConfiguration());
+      if (!fs.exists(file)) {
+        long planned = BatchWatermarkSource.longField(entry.metadata, "batchTimestampMs");
+        long chosen = versionAt(spark, path, planned);
+        Path tmp = new Path(file.getParent(), "." + name + ".tmp");
+        try (FSDataOutputStream out = fs.create(tmp, true)) {
+          out.write((chosen + "\n" + path + "\n").getBytes(StandardCharsets.UTF_8));
+        }
+        if (!fs.rename(tmp, file) && !fs.exists(file)) {
+          throw new IOException("could not record the version in " + file);
+        }
+      }
+      try (BufferedReader reader =
+          new BufferedReader(new InputStreamReader(fs.open(file), StandardCharsets.UTF_8))) {
+        return Long.parseLong(reader.readLine().trim());
+      }
+    } catch (IOException e) {
+      throw new UncheckedIOException("recording the dimension version in " + file, e);
+    }
+  }
+
+  /** The table at version as JSON rows, after checking its columns against the run's. */
+  static List<String> rowsAt(
+      SparkSession spark, String path, long version, String schema, String key) {
+    Dataset<Row> table = spark.read().format("delta").option("versionAsOf", version).load(path);
+    if (schema != null && !schema.isEmpty()) {
+      StructType expected = (StructType) DataType.fromJson(schema);
+      StructType found = table.schema();
+      for (StructField field : expected.fields()) {
+        boolean present = java.util.Arrays.asList(found.fieldNames()).contains(field.name());
+        if (!present && field.name().equals(key)) {
+          throw new IllegalStateException(
+              "dimension table " + path + " version " + version + " has no key column " + key);
+        }
+        if (present && !found.apply(field.name()).dataType().sameType(field.dataType())) {
+          throw new IllegalStateException(
+              "dimension table "
+                  + path
+                  + " version "
+                  + version
+                  + ": column "
+                  + field.name()
+                  + " is a "
+                  + found.apply(field.name()).dataType().simpleString()
+                  + ", the run was checked with a "
+                  + field.dataType().simpleString()
+                  + "; restart the run (it checks the table again)");
+        }
+      }
+    }
+    Map<String, String> options = new HashMap<>();
+    options.put("timestampFormat", TIMESTAMP_FORMAT);
+    options.put("timestampNTZFormat", TIMESTAMP_NTZ_FORMAT);
+    return table
+        .select(functions.to_json(functions.struct(functions.col("*")), options))
+        .as(Encoders.STRING())
+        .collectAsList();
+  }
+
+  /** Microseconds kept (Spark's default JSON format has milliseconds). */
+  public static final String TIMESTAMP_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX";
+  public static final String TIMESTAMP_NTZ_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSSSSS";
 
   /** The newest version of the table at path committed at or before timeMs. */
   static long versionAt(SparkSession spark, String path, long timeMs) {
@@ -93,11 +187,15 @@ public final class PinnedDeltaSource implements TableProvider {
     private final String path;
     private final String checkpoint;
     private final long version;
+    private final String schema;
+    private final String key;
 
-    PinnedTable(String path, String checkpoint, long version) {
+    PinnedTable(String path, String checkpoint, long version, String schema, String key) {
       this.path = path;
       this.checkpoint = checkpoint;
       this.version = version;
+      this.schema = schema;
+      this.key = key;
     }
 
     @Override
@@ -145,13 +243,9 @@ public final class PinnedDeltaSource implements TableProvider {
         if (checkpoint == null || checkpoint.isEmpty()) {
           throw new IllegalArgumentException("the pinned Delta source needs checkpoint or version");
         }
-        long planned =
-            BatchWatermarkSource.longField(
-                BatchWatermarkSource.newestMetadata(checkpoint), "batchTimestampMs");
-        chosen = versionAt(spark, path, planned);
+        chosen = versionForBatch(spark, path, checkpoint);
       }
-      List<String> rows =
-          spark.read().format("delta").option("versionAsOf", chosen).load(path).toJSON().collectAsList();
+      List<String> rows = rowsAt(spark, path, chosen, schema, key);
       return new InputPartition[] {new Rows(chosen, new ArrayList<>(rows))};
     }
 
