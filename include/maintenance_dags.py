@@ -57,6 +57,8 @@ def backfill_args(params: dict[str, Any]) -> list[str]:
     args = [f"--{params['start']}"]
     if params["start"] != "from-earliest":
         args.append(str(params["start_value"]))
+    if params.get("dimensions", "recorded") != "recorded":
+        args += ["--dimensions", str(params["dimensions"])]
     return [*args, *_reason(params)]
 
 
@@ -294,6 +296,12 @@ def maintenance_dags() -> dict[str, DAG]:
             {
                 "start": Param("from-earliest", enum=BACKFILL_STARTS),
                 "start_value": Param("", type="string", description="ISO time or offset spec"),
+                "dimensions": Param(
+                    "recorded",
+                    enum=["recorded", "newest"],
+                    description="enrichment tables: the versions the batches joined, or the "
+                    "newest (after a fix of a table)",
+                ),
             },
             backfill_args,
             dry_flag="--preview",

@@ -220,6 +220,8 @@ def test_operation_arguments_from_the_form() -> None:
         "--reason",
         "why",
     ]
+    fixed = {"reason": "why", "start": "from-earliest", "start_value": "", "dimensions": "newest"}
+    assert backfill_args(fixed) == ["--from-earliest", "--dimensions", "newest", "--reason", "why"]
 
 
 def test_values_from_records_cannot_write_markdown_into_the_approval() -> None:
