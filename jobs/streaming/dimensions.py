@@ -129,7 +129,8 @@ def checks(pipeline: Pipeline) -> list[tuple[Column, Column]]:
     for i, e in enumerate(pipeline.enrich):
         rows = F.col(f"_e{i}")
         value = F.coalesce(F.expr(e.record_key).cast("string"), F.lit("NULL"))
-        where = f"{pipeline.dimensions[e.name].path if e.name in pipeline.dimensions else e.table}"
+        table = pipeline.dimensions.get(e.name)
+        where = e.table if table is None else table.path
         found.append(
             (
                 F.size(rows) > 1,

@@ -9,24 +9,18 @@ import java.io.InputStreamReader;
 import java.io.UncheckedIOException;
 import java.nio.charset.StandardCharsets;
 import java.util.Map;
-import java.util.Set;
 import org.apache.hadoop.fs.FileStatus;
 import org.apache.hadoop.fs.FileSystem;
 import org.apache.hadoop.fs.Path;
 import org.apache.spark.SparkContext;
 import org.apache.spark.sql.catalyst.InternalRow;
 import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
-import org.apache.spark.sql.connector.catalog.SupportsRead;
 import org.apache.spark.sql.connector.catalog.Table;
-import org.apache.spark.sql.connector.catalog.TableCapability;
 import org.apache.spark.sql.connector.catalog.TableProvider;
 import org.apache.spark.sql.connector.expressions.Transform;
-import org.apache.spark.sql.connector.read.Batch;
 import org.apache.spark.sql.connector.read.InputPartition;
 import org.apache.spark.sql.connector.read.PartitionReader;
 import org.apache.spark.sql.connector.read.PartitionReaderFactory;
-import org.apache.spark.sql.connector.read.Scan;
-import org.apache.spark.sql.connector.read.ScanBuilder;
 import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.sql.util.CaseInsensitiveStringMap;
@@ -143,49 +137,14 @@ public final class BatchWatermarkSource implements TableProvider {
   }
 
   /** The table, its scan and its batch at once: all it holds is where to read. */
-  private static final class WatermarkTable implements SupportsRead, ScanBuilder, Scan, Batch {
+  private static final class WatermarkTable extends DriverPlannedTable {
     private final String checkpoint;
     private final long floorMs;
 
     WatermarkTable(String checkpoint, long floorMs) {
+      super("platform_batch_watermark", SCHEMA);
       this.checkpoint = checkpoint;
       this.floorMs = floorMs;
-    }
-
-    @Override
-    public String name() {
-      return "platform_batch_watermark";
-    }
-
-    @Override
-    @SuppressWarnings("deprecation")
-    public StructType schema() {
-      return SCHEMA;
-    }
-
-    @Override
-    public Set<TableCapability> capabilities() {
-      return Set.of(TableCapability.BATCH_READ);
-    }
-
-    @Override
-    public ScanBuilder newScanBuilder(CaseInsensitiveStringMap options) {
-      return this;
-    }
-
-    @Override
-    public Scan build() {
-      return this;
-    }
-
-    @Override
-    public StructType readSchema() {
-      return SCHEMA;
-    }
-
-    @Override
-    public Batch toBatch() {
-      return this;
     }
 
     /** Called once per planned batch: the entry Spark wrote just before planning it. */

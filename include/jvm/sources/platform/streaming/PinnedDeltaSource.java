@@ -10,7 +10,6 @@ import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
-import java.util.Set;
 import org.apache.hadoop.fs.FSDataOutputStream;
 import org.apache.hadoop.fs.FileSystem;
 import org.apache.hadoop.fs.Path;
@@ -21,17 +20,12 @@ import org.apache.spark.sql.SparkSession;
 import org.apache.spark.sql.functions;
 import org.apache.spark.sql.catalyst.InternalRow;
 import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
-import org.apache.spark.sql.connector.catalog.SupportsRead;
 import org.apache.spark.sql.connector.catalog.Table;
-import org.apache.spark.sql.connector.catalog.TableCapability;
 import org.apache.spark.sql.connector.catalog.TableProvider;
 import org.apache.spark.sql.connector.expressions.Transform;
-import org.apache.spark.sql.connector.read.Batch;
 import org.apache.spark.sql.connector.read.InputPartition;
 import org.apache.spark.sql.connector.read.PartitionReader;
 import org.apache.spark.sql.connector.read.PartitionReaderFactory;
-import org.apache.spark.sql.connector.read.Scan;
-import org.apache.spark.sql.connector.read.ScanBuilder;
 import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.StructField;
@@ -183,7 +177,7 @@ public final class PinnedDeltaSource implements TableProvider {
   }
 
   /** The table, its scan and its batch at once: all it holds is where to read. */
-  private static final class PinnedTable implements SupportsRead, ScanBuilder, Scan, Batch {
+  private static final class PinnedTable extends DriverPlannedTable {
     private final String path;
     private final String checkpoint;
     private final long version;
@@ -191,47 +185,12 @@ public final class PinnedDeltaSource implements TableProvider {
     private final String key;
 
     PinnedTable(String path, String checkpoint, long version, String schema, String key) {
+      super("platform_pinned_delta", SCHEMA);
       this.path = path;
       this.checkpoint = checkpoint;
       this.version = version;
       this.schema = schema;
       this.key = key;
-    }
-
-    @Override
-    public String name() {
-      return "platform_pinned_delta";
-    }
-
-    @Override
-    @SuppressWarnings("deprecation")
-    public StructType schema() {
-      return SCHEMA;
-    }
-
-    @Override
-    public Set<TableCapability> capabilities() {
-      return Set.of(TableCapability.BATCH_READ);
-    }
-
-    @Override
-    public ScanBuilder newScanBuilder(CaseInsensitiveStringMap options) {
-      return this;
-    }
-
-    @Override
-    public Scan build() {
-      return this;
-    }
-
-    @Override
-    public StructType readSchema() {
-      return SCHEMA;
-    }
-
-    @Override
-    public Batch toBatch() {
-      return this;
     }
 
     /** Called once per planned batch: the version, then its rows, read on the driver. */
