@@ -103,6 +103,20 @@ class Coverage:
             if s.judge.kind is Judged.BATCH
         )
 
+    def batch_judgments(self) -> list[tuple[Offsets, Offsets, Judge]]:
+        """Its judged spans as ``adding`` takes them (to overlay them on another)."""
+        return [
+            ({tp: s.begin}, {tp: s.end}, s.judge)
+            for tp, spans in self.spans.items()
+            for s in spans
+            if s.judge.kind is Judged.BATCH
+        ]
+
+    def read_on_from(self) -> Offsets:
+        """Per partition, where a stream continuing from this coverage reads on: the
+        end of its last span, judged or skipped."""
+        return {tp: spans[-1].end for tp, spans in self.spans.items() if spans}
+
     def adding(self, batches: Iterable[tuple[Offsets, Offsets, Judge]]) -> Coverage:
         """With each [start, end) per partition judged by its judge, in order: a later
         judgment of an offset replaces an earlier one (never both)."""
@@ -238,6 +252,26 @@ class BatchEntry:
     state_version: int | None = None  # the state version it left (None: not recorded)
     commit_time_us: int = 0
     dimensions: tuple[tuple[str, int | None], ...] = ()  # the enrichments' versions joined
+    # Ranges it replayed that were judged before: the versions it joined there (the
+    # earlier judgment's, not ``dimensions``), as (partition, begin, end, versions).
+    replayed: tuple[tuple[TP, int, int, tuple[tuple[str, int], ...]], ...] = ()
+
+    def judgments(self) -> list[tuple[Offsets, Offsets, Judge]]:
+        """Its [start, end) with its judge, then each replayed piece with the versions
+        the piece joined (a later judgment of an offset replaces an earlier one)."""
+        judge = Judge(
+            Judged.BATCH,
+            self.epoch,
+            self.batch_id,
+            self.watermark_ms,
+            self.batch_time_ms,
+            self.dimensions,
+        )
+        pieces = [
+            ({tp: begin}, {tp: end}, replace(judge, dimensions=versions))
+            for tp, begin, end, versions in self.replayed
+        ]
+        return [(self.start, self.end, judge), *pieces]
 
 
 @dataclass(frozen=True)
@@ -324,25 +358,40 @@ class History:
         """The coverage after ``epoch``'s batch ``batch_id`` (-1: as the epoch began;
         None: after its last batch)."""
         return self.starts.get(epoch, Coverage()).adding(
-            (
-                b.start,
-                b.end,
-                Judge(
-                    Judged.BATCH,
-                    b.epoch,
-                    b.batch_id,
-                    b.watermark_ms,
-                    b.batch_time_ms,
-                    b.dimensions,
-                ),
-            )
+            judgment
             for b in self.batches.get(epoch, [])
             if batch_id is None or b.batch_id <= batch_id
+            for judgment in b.judgments()
         )
 
     @property
     def head(self) -> Coverage:
         return self.at(self.epoch)
+
+    def replay_decisions(
+        self, reading_from: Offsets, dimensions: tuple[str, ...]
+    ) -> list[tuple[Any, ...]]:
+        """``Coverage.decisions`` of the offsets at or after ``reading_from`` (where a
+        stream reads on) that were judged before: what a replay through new batches
+        (a rewind that reprocesses, a rebuild from the source) joins there. The
+        judgment an offset keeps is the head's, else the latest one in the history
+        (a range a rewind discarded), so a replay joins the versions its first
+        judgment recorded, or those a backfill rejudged it with."""
+        latest = Coverage()
+        for at in range(self.epoch + 1):
+            step = self.steps.get(at)
+            if step is not None and step.action == "publish" and step.dimensions:
+                latest = latest.adding(self.starts[at].batch_judgments())
+            latest = latest.adding(
+                judgment for b in self.batches.get(at, []) for judgment in b.judgments()
+            )
+        latest = latest.adding(self.head.batch_judgments())
+        ahead = []
+        for decision in latest.decisions(dimensions):
+            begin = max(decision[2], reading_from.get((decision[0], decision[1]), 0))
+            if begin < decision[3]:
+                ahead.append((decision[0], decision[1], begin, *decision[3:]))
+        return ahead
 
     def _chain(self) -> dict[int, int | None]:
         """The live epochs, from the current one back, with their last live batch

@@ -508,6 +508,25 @@ def loadable(table: Path, version: int) -> bool:
     return all(Path(uri.removeprefix("file://")).exists() for uri in files)
 
 
+def check_readable(application_id: str, name: str, path: str, versions: set[int | None]) -> None:
+    """One error naming the first version of enrichment ``name``'s table (at
+    ``path``) that recorded batches joined and that can no longer be read, and the
+    repair. (Which versions a replay needs is the coverage's to say.)"""
+    for version in sorted(versions, key=lambda v: -1 if v is None else v):
+        if version is None or not loadable(Path(path), int(version)):
+            raise ConfigError(
+                f"{application_id}: enrich {name}: {path} "
+                + (
+                    "has no version from before a batch's time"
+                    if version is None
+                    else f"version {version}, which recorded batches joined, can no "
+                    "longer be read (its log or files were removed)"
+                )
+                + "; repair: backfill --dimensions newest (recomputes with the table's "
+                "newest version and records it), then this again"
+            )
+
+
 def floor_note(floor: Boundary, target: Offsets | None = None) -> str:
     """A plan's note when it starts from the floor; ``target``: what was asked for,
     named where it lies before the floor."""

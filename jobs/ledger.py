@@ -102,6 +102,10 @@ def batch_entries(rows: list[dict[str, Any]]) -> list[BatchEntry]:
                 state_version=None if state_after is None else int(state_after),
                 commit_time_us=_micros(row["commit_time"]),
                 dimensions=tuple(sorted(dict(details.get("dimensions") or {}).items())),
+                replayed=tuple(
+                    ((str(t), int(p)), int(b), int(e), tuple(sorted(dict(v).items())))
+                    for t, p, b, e, v in details.get("replayed") or []
+                ),
             )
         )
     return found

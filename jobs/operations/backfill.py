@@ -43,7 +43,6 @@ from jobs.cut import (
     fill_from_first,
     floor_note,
     lineage_head,
-    loadable,
     log_floor,
     replay_from_origin,
     state_behind,
@@ -277,18 +276,11 @@ def with_stream_decisions(
     older version of the platform) gets the last watermark, the time now and the
     newest versions."""
     names = tuple(e.name for e in pipeline.enrich)
-    newest, ranges = versions_joined(spark, pipeline, head.decisions(names), dimension_versions)
+    newest, ranges = dimensions.resolved(spark, pipeline, head.decisions(names), dimension_versions)
     last = head.watermark_ms
     schema = "r_topic string, r_partition int, r_begin long, r_end long, r_watermark long, "
     schema += ", ".join(["r_time long", *(f"r_dim{i} long" for i in range(len(names)))])
-    known = spark.createDataFrame(ranges, schema)
-    matches = (
-        (F.col("topic") == F.col("r_topic"))
-        & (F.col("partition") == F.col("r_partition"))
-        & (F.col("offset") >= F.col("r_begin"))
-        & (F.col("offset") < F.col("r_end"))
-    )
-    joined = raw.join(F.broadcast(known), matches, "left")
+    joined = dimensions.in_ranges(spark, raw, ranges, schema)
     now = F.unix_millis(F.current_timestamp())
     columns: list[Column | str] = [
         *raw.columns,
@@ -307,45 +299,6 @@ def with_stream_decisions(
         tables = dimensions.at_versions(spark, pipeline, i, used)
         judged = judged.join(F.broadcast(tables), dimensions.version_column(i), "left")
     return judged
-
-
-def versions_joined(
-    spark: SparkSession,
-    pipeline: Pipeline,
-    ranges: list[tuple[Any, ...]],
-    chosen: dict[str, int] | None,
-) -> tuple[list[int], list[tuple[Any, ...]]]:
-    """Each enrichment's version for records outside ``ranges`` (its newest, or the
-    chosen one), and ``ranges`` (``Coverage.decisions``) with the version each range
-    joins: the one its batch recorded (a batch from before the enrichment: the
-    version the stream would have joined at its time), or the ``chosen`` one. A
-    version that can no longer be read is one error naming it."""
-    newest_versions: list[int] = []
-    filled = [list(r) for r in ranges]
-    for i, e in enumerate(pipeline.enrich):
-        path = pipeline.dimensions[e.name].path
-        kept = dimensions.history(spark, path)
-        pinned = (chosen or {}).get(e.name)
-        newest_versions.append(max(v for v, _ms in kept) if pinned is None else pinned)
-        for r in filled:
-            if pinned is not None:
-                r[6 + i] = pinned
-            elif r[6 + i] is None:
-                r[6 + i] = dimensions.version_at(kept, int(r[5]))
-        for version in {r[6 + i] for r in filled}:
-            if version is None or not loadable(Path(path), int(version)):
-                raise ConfigError(
-                    f"{pipeline.application_id}: enrich {e.name}: {path} "
-                    + (
-                        "has no version from before a batch's time"
-                        if version is None
-                        else f"version {version}, which recorded batches joined, can no "
-                        "longer be read (its log or files were removed)"
-                    )
-                    + "; repair: backfill --dimensions newest (recomputes with the table's "
-                    "newest version)"
-                )
-    return newest_versions, [tuple(r) for r in filled]
 
 
 def archived_records(

@@ -13,9 +13,7 @@ from typing import Any
 
 from jobs.coverage import Boundary, partition_of
 from jobs.cut import StateAction
-from jobs.errors import ConfigError
 from jobs.kafka_source import offsets as kafka_offsets
-from jobs.pipeline import Pipeline
 
 Offsets = kafka_offsets.Offsets
 
@@ -154,17 +152,3 @@ def header(
         "epoch_after": epoch + 1,
         "current_offsets": current,
     }
-
-
-def check_recomputable(pipeline: Pipeline, what: str) -> None:
-    """Refuse a replay of an enriched pipeline's records through the stream: its new
-    batches would join the tables' newest versions, not the ones the first batches
-    recorded (``backfill`` and ``verify`` join the recorded ones)."""
-    if pipeline.enrich:
-        raise ConfigError(
-            f"{pipeline.application_id}: {what} would replay records enriched from "
-            f"{', '.join(e.name for e in pipeline.enrich)} through new batches, which cannot "
-            "yet join the dimension versions the first batches recorded (another answer); "
-            "nothing was changed. backfill (it joins the recorded versions), rebuild "
-            "without --from-source and rewind --mode skip keep the results"
-        )

@@ -23,6 +23,7 @@ from jobs.cut import (
     StateAction,
     apply_cut,
     boundary_at_or_before,
+    check_readable,
     check_state_shape,
     current_log_history,
     epochs_on_other_logs,
@@ -44,7 +45,7 @@ from jobs.faults import maybe_crash
 from jobs.kafka_source import offsets as kafka_offsets
 from jobs.ledger import current_epoch, snapshot, unfinished_epochs
 from jobs.operations.audit import append_audit, audit_row
-from jobs.operations.plan import Plan, check_recomputable, header
+from jobs.operations.plan import Plan, header
 from jobs.operations.targets import TargetSpec, resolve_targets
 from jobs.pipeline import Pipeline
 from jobs.settings import Settings
@@ -74,8 +75,6 @@ def plan_rebuild(pipeline: Pipeline, settings: Settings, reason: str, from_sourc
     last = lineage_head(layout)
     current = last.end_offsets if last else {}
     if from_source or last is None:
-        if last is not None:  # (before any batch nothing was joined yet)
-            check_recomputable(pipeline, "rebuild --from-source")
         _config, marks = broker_marks(pipeline, settings)
         floor = log_floor(layout)
         if floor is not None:  # a topic recreated: from its new log's first offsets
@@ -92,7 +91,7 @@ def plan_rebuild(pipeline: Pipeline, settings: Settings, reason: str, from_sourc
                     "recomputes from the cut of the repair that moved onto a recreated "
                     "topic's new log (the new log's first offsets)",
                     floor_note(floor),
-                    *filled_gaps(layout, floor),
+                    *replay_notes(layout, pipeline, floor),
                 ],
             )
         target = replay_from_origin(layout, marks, "rebuild --from-source")
@@ -105,7 +104,7 @@ def plan_rebuild(pipeline: Pipeline, settings: Settings, reason: str, from_sourc
             notes=[
                 "recomputes from the application's first offsets; the published state is "
                 "empty until the replay has caught up",
-                *filled_gaps(layout),
+                *replay_notes(layout, pipeline),
             ],
         )
     return Plan(
@@ -183,7 +182,6 @@ def plan_rewind(
             boundary=last,
             skipped=skipped,
         )
-    check_recomputable(pipeline, "rewind --mode reprocess")
     boundary = boundary_at_or_before(layout, target, other_logs(pipeline, settings, layout))
     if boundary is None:
         origin = replay_from_origin(layout, marks, "a rewind before the first batch")
@@ -196,7 +194,7 @@ def plan_rewind(
             notes=[
                 "no batch ended at or before the target: replays from the application's "
                 "first offsets",
-                *filled_gaps(layout),
+                *replay_notes(layout, pipeline),
             ],
         )
     notes = []
@@ -215,21 +213,32 @@ def plan_rewind(
         restore_version=boundary.state_version,
         boundary=boundary,
         records_to_replay=sum(current.values()) - sum(boundary.end_offsets.values()),
-        notes=[*notes, *filled_gaps(layout, boundary)],
+        notes=[*notes, *replay_notes(layout, pipeline, boundary)],
     )
 
 
-def filled_gaps(layout: AppLayout, since: Boundary | None = None) -> list[str]:
-    """A replay from ``since`` (None: the first offsets) judges the ranges a skip
-    left out after it: the plan says so (a skip's gap is never filled silently)."""
+def replay_notes(layout: AppLayout, pipeline: Pipeline, since: Boundary | None = None) -> list[str]:
+    """What a replay from ``since`` (None: the first offsets) judges beyond what it
+    re-reads, said in the plan: the ranges a skip left out after it (a gap is never
+    filled silently), and the dimension versions its records join (those their
+    earlier batches recorded, each still readable, or one error naming it)."""
     snap = snapshot(layout)
     if snap is None:
         return []
     history = current_log_history(layout, snap)
     gaps = history.head.gaps_since(Coverage() if since is None else history.coverage_at(since))
-    if not gaps:
-        return []
-    return [f"the replay also judges the ranges a skip left out ({spelled(gaps)})"]
+    notes = [f"the replay also judges the ranges a skip left out ({spelled(gaps)})"] if gaps else []
+    names = tuple(e.name for e in pipeline.enrich)
+    decisions = history.replay_decisions({} if since is None else since.end_offsets, names)
+    for i, e in enumerate(pipeline.enrich):
+        versions = {d[6 + i] for d in decisions if d[6 + i] is not None}
+        check_readable(pipeline.application_id, e.name, e.path(layout.warehouse), versions)
+        if versions:
+            notes.append(
+                f"the replayed records join {e.name} at the versions their first batches "
+                f"recorded ({', '.join(str(v) for v in sorted(versions))})"
+            )
+    return notes
 
 
 def _names(pairs: dict[tuple[str, int], tuple[Any, int]]) -> str:

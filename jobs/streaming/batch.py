@@ -152,6 +152,7 @@ class BatchCommitter:
         seed_path: Path | None = None,
         watermark_floor_ms: int = 0,
         metrics: Metrics = METRICS,
+        replays: list[tuple[Any, ...]] | None = None,
         output: OutputPublisher | None = None,
     ) -> None:
         self.spark = spark
@@ -184,6 +185,8 @@ class BatchCommitter:
         # The source judges lateness by max(Spark's watermark, the cut's floor); the
         # ledger records that one, so backfills and later cuts decide the same way.
         self.watermark_floor_ms = watermark_floor_ms
+        # Ranges earlier batches judged that this run may replay (``dimensions.merged``).
+        self.replays = replays or []
         self._changed_rows = 0
         self._checked_progress: set[int] = set()
 
@@ -312,7 +315,7 @@ class BatchCommitter:
                     # "now" of the batch's event-time bounds (a backfill reuses it)
                     "batch_timestamp_ms": offsets.batch_timestamp_ms,
                     "definition": recorded_definition(self.pipeline),
-                    **self._dimension_versions(metrics),
+                    **self._dimension_versions(metrics, start, offsets.end_offsets),
                     "seconds": round(time.monotonic() - started, 3),
                     "timings": timings,
                     **extra,
@@ -405,17 +408,29 @@ class BatchCommitter:
             return None
         return self.writer.add_files(path, batch_id, written, tables.RAW_SCHEMA, meta)
 
-    def _dimension_versions(self, metrics: dict[str, Any]) -> dict[str, Any]:
+    def _dimension_versions(
+        self, metrics: dict[str, Any], start: dict[str, Any], end: dict[str, Any]
+    ) -> dict[str, Any]:
         """The version of each enrichment's table the batch joined (None: the batch
-        had no record to join), as the ledger records it."""
+        had no record to join), and the ranges it replayed with the versions their
+        earlier judgment recorded, as the ledger records them."""
         if not self.pipeline.enrich:
             return {}
-        return {
+        found: dict[str, Any] = {
             "dimensions": {
                 e.name: metrics.get(dimensions.version_column(i))
                 for i, e in enumerate(self.pipeline.enrich)
             }
         }
+        replayed = dimensions.pieces(
+            self.replays,
+            self.pipeline,
+            kafka_offsets.from_json_dict(start),
+            kafka_offsets.from_json_dict(end),
+        )
+        if replayed:
+            found["replayed"] = replayed
+        return found
 
     def _counts(
         self,

@@ -12,17 +12,26 @@ A table arrives as one row per enrichment: its version, and per key the rows wit
 that key, cross-joined (broadcast) to the batch's records. A key with more than one
 row is its records' dead letter, never a double count; a key with none is a dead
 letter or a NULL struct (``missing: keep``).
+
+A replay through new batches (a rewind that reprocesses, a rebuild from the
+source) reads records that earlier batches judged: those join the versions the
+earlier judgment recorded (``replayed``), and the batch records which ranges did.
 """
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
+from jobs.cut import check_readable, current_log_history
+from jobs.delta.layout import AppLayout
 from jobs.errors import ConfigError
+from jobs.kafka_source.offsets import Offsets
+from jobs.ledger import snapshot
 from jobs.pipeline import DimensionTable, Pipeline
 
 FORMAT = "platform.streaming.PinnedDeltaSource"
@@ -65,6 +74,120 @@ def at_versions(spark: SparkSession, pipeline: Pipeline, i: int, versions: set[i
     for frame in frames[1:]:
         union = union.unionByName(frame)
     return union
+
+
+def replay_ranges(
+    spark: SparkSession, pipeline: Pipeline, layout: AppLayout, reading_from: Offsets
+) -> list[tuple[Any, ...]]:
+    """The ranges at or after ``reading_from`` (the epoch's cut) that earlier batches
+    judged, merged, with the versions a replay joins there (none after a plain
+    restart: the stream reads on from what it judged)."""
+    snap = snapshot(layout) if pipeline.enrich else None
+    if snap is None:
+        return []
+    history = current_log_history(layout, snap)
+    on = history.head.read_on_from()
+    position = {tp: max(off, on.get(tp, off)) for tp, off in reading_from.items()}
+    names = tuple(e.name for e in pipeline.enrich)
+    decisions = history.replay_decisions(on | position, names)
+    if not decisions:
+        return []
+    _newest, ranges = resolved(spark, pipeline, decisions)
+    return merged(ranges, len(names))
+
+
+def resolved(
+    spark: SparkSession,
+    pipeline: Pipeline,
+    ranges: list[tuple[Any, ...]],
+    chosen: dict[str, int] | None = None,
+) -> tuple[list[int], list[tuple[Any, ...]]]:
+    """Each enrichment's version for records outside ``ranges`` (its newest, or the
+    chosen one), and ``ranges`` (``Coverage.decisions``) with the version each range
+    joins: the one its batch recorded (a batch from before the enrichment: the
+    version the stream would have joined at its time), or the ``chosen`` one. A
+    version that can no longer be read is one error naming it."""
+    newest_versions: list[int] = []
+    filled = [list(r) for r in ranges]
+    for i, e in enumerate(pipeline.enrich):
+        path = pipeline.dimensions[e.name].path
+        kept = history(spark, path)
+        pinned = (chosen or {}).get(e.name)
+        newest_versions.append(max(v for v, _ms in kept) if pinned is None else pinned)
+        for r in filled:
+            if pinned is not None:
+                r[6 + i] = pinned
+            elif r[6 + i] is None:
+                r[6 + i] = version_at(kept, int(r[5]))
+        check_readable(pipeline.application_id, e.name, path, {r[6 + i] for r in filled})
+    return newest_versions, [tuple(r) for r in filled]
+
+
+def merged(ranges: list[tuple[Any, ...]], count: int) -> list[tuple[Any, ...]]:
+    """``resolved`` ranges as (topic, partition, begin, end, *versions), adjacent ones
+    with the same versions as one (a replay's join then looks through a few ranges
+    per partition, not one per batch)."""
+    out: list[list[Any]] = []
+    for r in sorted(ranges):
+        versions = list(r[6 : 6 + count])
+        last = out[-1] if out else None
+        if last and last[:2] == list(r[:2]) and last[3] == r[2] and last[4:] == versions:
+            last[3] = r[3]
+        else:
+            out.append([r[0], r[1], r[2], r[3], *versions])
+    return [tuple(r) for r in out]
+
+
+def replayed(
+    spark: SparkSession, pipeline: Pipeline, frame: DataFrame, ranges: list[tuple[Any, ...]]
+) -> DataFrame:
+    """``frame`` (records with the batch's pinned tables) where a record lies in one
+    of ``ranges`` (``merged``: judged before) joins the rows of the versions recorded
+    there instead of the batch's; ``_dim<i>_version`` stays the batch's."""
+    if not ranges:
+        return frame
+    count = len(pipeline.enrich)
+    schema = "r_topic string, r_partition int, r_begin long, r_end long"
+    schema += "".join(f", r_dim{i} long" for i in range(count))
+    joined = in_ranges(spark, frame, ranges, schema)
+    for i in range(count):
+        tables = at_versions(spark, pipeline, i, {int(r[4 + i]) for r in ranges}).select(
+            F.col(version_column(i)).alias(f"r_v{i}"), F.col(rows_column(i)).alias(f"r_rows{i}")
+        )
+        joined = joined.join(F.broadcast(tables), F.col(f"r_dim{i}") == F.col(f"r_v{i}"), "left")
+        recorded = F.when(F.col(f"r_dim{i}").isNotNull(), F.col(f"r_rows{i}"))
+        joined = joined.withColumn(rows_column(i), recorded.otherwise(F.col(rows_column(i))))
+    return joined.select(*frame.columns)
+
+
+def in_ranges(
+    spark: SparkSession, frame: DataFrame, rows: list[tuple[Any, ...]], schema: str
+) -> DataFrame:
+    """``frame``'s records left-joined to the row of ``rows`` (topic, partition,
+    [begin, end), then what the range holds) their offset lies in."""
+    known = spark.createDataFrame(rows, schema)
+    matches = (
+        (F.col("topic") == F.col("r_topic"))
+        & (F.col("partition") == F.col("r_partition"))
+        & (F.col("offset") >= F.col("r_begin"))
+        & (F.col("offset") < F.col("r_end"))
+    )
+    return frame.join(F.broadcast(known), matches, "left")
+
+
+def pieces(
+    ranges: list[tuple[Any, ...]], pipeline: Pipeline, start: Offsets, end: Offsets
+) -> list[list[Any]]:
+    """The parts of ``merged`` ranges a batch [start, end) read, with their versions:
+    as the ledger records them (``replayed`` in the batch row's details)."""
+    names = [e.name for e in pipeline.enrich]
+    found = []
+    for topic, part, begin, stop, *versions in ranges:
+        low = max(begin, start.get((topic, part), end.get((topic, part), 0)))
+        high = min(stop, end.get((topic, part), low))
+        if low < high:
+            found.append([topic, part, low, high, dict(zip(names, versions, strict=True))])
+    return found
 
 
 def _by_key(spark: SparkSession, pipeline: Pipeline, i: int, options: dict[str, str]) -> DataFrame:

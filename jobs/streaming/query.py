@@ -8,6 +8,8 @@ branch with the aggregation would scan Kafka twice.
 
 from __future__ import annotations
 
+from typing import Any
+
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -156,13 +158,16 @@ def build(
     seed: DataFrame | None = None,
     hold: bool = False,
     min_watermark_ms: int = 0,
+    replays: list[tuple[Any, ...]] | None = None,
 ) -> DataFrame:
     """The stream's output; ``seed`` (a stream of state rows) joins it at a cut.
 
     ``hold``: Kafka's place is taken by a stream that stays at the cut's offsets
     (the seed batches of a seeded epoch run first; the same checkpoint then resumes
     with Kafka). Windowed pipelines judge lateness by each batch's watermark from
-    ``checkpoint``'s offset log, at least ``min_watermark_ms``.
+    ``checkpoint``'s offset log, at least ``min_watermark_ms``. ``replays``: ranges
+    earlier batches judged (``dimensions.merged``), which join the tables' versions
+    recorded there.
     """
     if hold:
         raw = hold_stream(spark, starting_offsets_json)
@@ -172,6 +177,7 @@ def build(
         raw = raw.crossJoin(batch_watermark.batch_watermark(spark, checkpoint, min_watermark_ms))
     for table in dimensions.pinned(spark, pipeline, checkpoint):
         raw = raw.crossJoin(table)
+    raw = dimensions.replayed(spark, pipeline, raw, replays or [])
     added = records.contributions(observe_input(records.classify(raw, pipeline)), pipeline)
     if seed is not None:
         added = added.unionByName(seed)

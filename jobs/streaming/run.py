@@ -39,7 +39,7 @@ from jobs.output.publisher import OutputPublisher, open_publisher
 from jobs.pipeline import Pipeline
 from jobs.progress import Progress
 from jobs.settings import Settings
-from jobs.streaming import offset_log, query, records
+from jobs.streaming import dimensions, offset_log, query, records
 from jobs.streaming.batch import BatchCommitter, BatchResult, refuse_unrepaired_drops
 from jobs.streaming.seed import seed_stream
 
@@ -234,6 +234,7 @@ def _stream(
     seed_path = seed_file(layout, epoch) if cut.seed_rows is not None else None
     name = f"{pipeline.application_id}_epoch{epoch}"
     spark.conf.set("spark.sql.shuffle.partitions", str(pipeline.shuffle_partitions))
+    replays = dimensions.replay_ranges(spark, pipeline, layout, cut.offsets())
 
     def stream(hold: bool) -> DataFrame:
         seed = seed_stream(spark, pipeline, seed_path) if seed_path is not None else None
@@ -247,6 +248,7 @@ def _stream(
             seed=seed,
             hold=hold,
             min_watermark_ms=cut.watermark_ms,
+            replays=replays,
         )
 
     consumer_config = kafka_admin.client_config(settings.bootstrap_servers, settings.kafka_client)
@@ -263,6 +265,7 @@ def _stream(
         seed_path,
         watermark_floor_ms=cut.watermark_ms if pipeline.window is not None else 0,
         output=output,
+        replays=replays,
     )
     METRICS.watch_lag(
         pipeline.application_id,

@@ -177,6 +177,33 @@ def test_each_batch_joins_one_recorded_version_and_a_replay_joins_it_again(  # t
     checked = run_jobs(path, settings, "verify", spark=spark)
     assert checked.returncode == 0 and ", 0 differ" in checked.stdout, checked.stdout[-2000:]
 
+    # A rewind that reprocesses from batch 0's end, with more orders since: the
+    # replayed records join the version their batches recorded (1), the new ones
+    # the version at their batch's time (2), and the batch records which is which.
+    fourth = orders(5, 200)
+    produce(kafka_config, topic, fourth)
+    target = ledger_batches(settings.warehouse)[0]["end_offsets"]
+    args = ("rewind", "--to-offset", target, "--mode", "reprocess", "--reason", "replay")
+    rewound = run_jobs(path, settings, *args, spark=spark)
+    assert rewound.returncode == 0, rewound.stderr[-2000:]
+    assert "the replayed records join m at the versions their first batches recorded (1)" in (
+        rewound.stdout
+    ), rewound.stdout[-2000:]
+    assert (
+        run_with_fault(path, broker.bootstrap_servers, settings.warehouse, None, spark=spark) == 0
+    )
+    latest = {**moved, "m2": "food"}
+    assert state(settings.warehouse) == expected(
+        [(first, MERCHANTS), (second, moved), (third, moved), (fourth, latest)]
+    )
+    replay = json.loads(ledger_batches(settings.warehouse)[-1]["details"])
+    assert replay["dimensions"] == {"m": 2}
+    replayed = len(second) + len(third)
+    assert sum(r[3] - r[2] for r in replay["replayed"]) == replayed
+    assert {json.dumps(r[4]) for r in replay["replayed"]} == {'{"m": 1}'}
+    checked = run_jobs(path, settings, "verify", spark=spark)
+    assert checked.returncode == 0 and ", 0 differ" in checked.stdout, checked.stdout[-2000:]
+
 
 def test_a_backfill_keeps_the_recorded_versions_or_takes_the_newest_after_a_fix(  # type: ignore[no-untyped-def]
     spark, broker, settings, kafka_config, new_topic, tmp_path
@@ -215,12 +242,15 @@ def test_a_backfill_keeps_the_recorded_versions_or_takes_the_newest_after_a_fix(
     assert "joins the table versions the batches recorded: m 1" in later.stdout
     assert state(settings.warehouse) == after_fix
 
-    # A replay through new batches would join the newest version: refused.
-    args = ("rebuild", "--from-source", "--reason", "x")
-    refused = run_jobs(path, settings, *args, spark=spark)
-    assert refused.returncode == 2
-    assert refused.stderr.startswith("error: merchant_sales: rebuild --from-source would replay")
-    assert refused.stderr.count("\n") == 1
+    # A rebuild from the source replays every record through new batches: each joins
+    # the version its range was last judged with (1, the fix), not the newest (2).
+    args = ("rebuild", "--from-source", "--reason", "state lost")
+    rebuilt = run_jobs(path, settings, *args, spark=spark)
+    assert rebuilt.returncode == 0, rebuilt.stderr[-2000:]
+    assert run_jobs(path, settings, "run", spark=spark).returncode == 0
+    assert state(settings.warehouse) == after_fix
+    checked = run_jobs(path, settings, "verify", spark=spark)
+    assert checked.returncode == 0 and ", 0 differ" in checked.stdout, checked.stdout[-2000:]
 
 
 @pytest.mark.parametrize(

@@ -193,3 +193,71 @@ def test_a_backfill_that_joined_other_table_versions_rejudges_what_it_recomputed
     steps = {1: Step("publish", (0, 0), dimensions=(("m", 7),))}
     head = History([first, second], steps, 1).head
     assert [d[2:4] + d[6:] for d in head.decisions(("m",))] == [(0, 400, 3), (400, 900, 7)]
+
+
+def test_a_replay_joins_what_the_offsets_first_batches_recorded() -> None:
+    import dataclasses
+
+    first = dataclasses.replace(entry(0, 0, 0, 400), dimensions=(("m", 3),))
+    second = dataclasses.replace(entry(0, 1, 400, 900), dimensions=(("m", 5),))
+    # A rewind that reprocesses from batch 0's end: epoch 1 restores that boundary.
+    steps = {1: Step("restore", (0, 0))}
+    history = History([first, second], steps, 1)
+    assert history.head.read_on_from() == {P: 400}
+    decided = history.replay_decisions({P: 400}, ("m",))
+    # The discarded range keeps the version batch 1 joined; nothing before the cut.
+    assert [d[2:4] + d[6:] for d in decided] == [(400, 900, 5)]
+
+    # The replay's batch joined version 8 for what was new to it, and recorded the
+    # piece it replayed with 5: the head says 5 there, 8 beyond.
+    replay = dataclasses.replace(
+        entry(1, 0, 400, 1000), dimensions=(("m", 8),), replayed=((P, 400, 900, (("m", 5),)),)
+    )
+    history = History([first, second, replay], steps, 1)
+    assert [d[2:4] + d[6:] for d in history.head.decisions(("m",))] == [
+        (0, 400, 3),
+        (400, 900, 5),
+        (900, 1000, 8),
+    ]
+    # A plain restart reads on from the head: nothing to replay.
+    assert history.replay_decisions(history.head.read_on_from(), ("m",)) == []
+
+
+def test_a_replay_after_a_backfill_with_newer_versions_joins_those() -> None:
+    import dataclasses
+
+    first = dataclasses.replace(entry(0, 0, 0, 400), dimensions=(("m", 3),))
+    second = dataclasses.replace(entry(0, 1, 400, 900), dimensions=(("m", 5),))
+    # A backfill --dimensions newest (version 7) of everything after batch 0, then a
+    # rebuild from the source (state emptied): the replay joins 3, then 7.
+    steps = {1: Step("publish", (0, 0), dimensions=(("m", 7),)), 2: Step("empty", None)}
+    history = History([first, second], steps, 2)
+    assert [d[2:4] + d[6:] for d in history.replay_decisions({}, ("m",))] == [
+        (0, 400, 3),
+        (400, 900, 7),
+    ]
+    # The same backfill, then a rewind to batch 0 (the state there is version 3's):
+    # the discarded range keeps the backfill's 7, the latest judgment of it.
+    steps = {1: Step("publish", (0, 0), dimensions=(("m", 7),)), 2: Step("restore", (0, 0))}
+    decided = History([first, second], steps, 2).replay_decisions({P: 400}, ("m",))
+    assert [d[2:4] + d[6:] for d in decided] == [(400, 900, 7)]
+
+
+def test_the_ledger_reads_the_replayed_pieces_back() -> None:
+    from jobs.ledger import batch_entries
+
+    row = batch(1, 0, 400, 1000) | {
+        "watermark_ms": 0,
+        "commit_time": None,
+        "delta_versions": "{}",
+        "details": json.dumps(
+            {
+                "batch_timestamp_ms": 5,
+                "dimensions": {"m": 8},
+                "replayed": [[T, 0, 400, 900, {"m": 5}]],
+            }
+        ),
+    }
+    (found,) = batch_entries([row])
+    assert found.replayed == ((P, 400, 900, (("m", 5),)),)
+    assert found.dimensions == (("m", 8),)
