@@ -13,6 +13,10 @@ Per pipeline ``stream_<application_id>``:
 * ``daily_summary_<application_id>`` (windowed pipelines), scheduled on the
   ``<application_id>_state`` Asset: a downstream Spark batch job (``jobs/daily_summary.py``).
 
+Per dimension in ``include/dimensions`` ``dimension_<name>``: the batch job that
+keeps the table pipelines enrich from (``jobs/dimension.py``), publishing it as the
+``dim_<name>`` Asset; a stream DAG that enriches from it names it as an inlet.
+
 The ``state`` and ``changelog`` tables are Assets (outlets), so downstream DAGs
 can be scheduled on them. Nothing heavy is imported here: DAG files parse fast.
 """
@@ -22,11 +26,13 @@ from __future__ import annotations
 import logging
 import re
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, NoReturn
 
 from airflow.providers.standard.operators.python import PythonOperator
 from airflow.sdk import DAG, Asset, Param
 
+from jobs.dimension import Dimension, list_dimensions
 from jobs.errors import ConfigError
 from jobs.pipeline import Pipeline, load_each_pipeline
 from jobs.settings import Settings, load_settings
@@ -56,9 +62,35 @@ def table_assets(pipeline: Pipeline, settings: Settings) -> list[Asset]:
     ]
 
 
+def dimension_asset(table: Path, settings: Settings) -> Asset:
+    """A Delta table pipelines enrich from: ``dim_<name>`` for the warehouse's
+    ``dims/<name>`` (what ``dimension_<name>`` keeps), else named by its path."""
+    kept = settings.warehouse / "dims"
+    name = f"dim_{table.name}" if table.parent == kept else f"table_{table}"
+    return Asset(name=name, uri=f"file://{table}")
+
+
+def enrichment_doc(pipeline: Pipeline, settings: Settings) -> tuple[str, list[Asset]]:
+    """What a stream DAG says about the tables it reads, and their Assets."""
+    assets, lines = [], []
+    for e in pipeline.enrich:
+        asset = dimension_asset(Path(e.path(settings.warehouse)), settings)
+        assets.append(asset)
+        kept = asset.name.startswith("dim_")
+        keeper = f", kept by DAG `dimension_{asset.name[4:]}`" if kept else ""
+        lines.append(
+            f"- `{e.name}`: `{asset.uri.removeprefix('file://')}` (Asset `{asset.name}`"
+            f"{keeper}), joined on `{e.record_key} = {e.name}.{e.table_key}`; each batch "
+            "joins one version and records it"
+        )
+    doc = "\n\nEnriches each record from:\n\n" + "\n".join(lines) if lines else ""
+    return doc, assets
+
+
 def stream_dag(pipeline: Pipeline, settings: Settings) -> DAG:
     app = pipeline.application_id
     continuous = pipeline.trigger_mode == "continuous"
+    enrichment, dimension_tables = enrichment_doc(pipeline, settings)
     doc = (
         f"Streams `{app}` (pipeline v{pipeline.version}): {pipeline.description}\n\n"
         f"Topics {', '.join(pipeline.topics)} -> `{settings.warehouse / app}`. "
@@ -67,6 +99,7 @@ def stream_dag(pipeline: Pipeline, settings: Settings) -> DAG:
             if continuous
             else f"Processes what is available every {pipeline.schedule_minutes} minutes."
         )
+        + enrichment
     )
     with DAG(
         dag_id=f"stream_{app}",
@@ -97,6 +130,7 @@ def stream_dag(pipeline: Pipeline, settings: Settings) -> DAG:
             command="run",
             pipeline=app,
             arguments=["--trigger", "{{ params.trigger }}", "--quiet"],
+            inlets=dimension_tables,
             outlets=table_assets(pipeline, settings),
             execution_timeout=None if continuous else timedelta(hours=2),
         )
@@ -197,6 +231,47 @@ def daily_summary_dag(pipeline: Pipeline, settings: Settings) -> DAG:
             execution_timeout=timedelta(hours=1),
         )
     return dag
+
+
+def dimension_dag(dimension: Dimension, settings: Settings) -> DAG:
+    """The batch half that feeds the streams: the file of a dimension loaded into
+    its Delta table (a new version only when rows changed), published as an Asset."""
+    table = dimension.table(settings.warehouse)
+    minutes = dimension.schedule_minutes
+    with DAG(
+        dag_id=f"dimension_{dimension.name}",
+        description=f"Keeps the {dimension.name} dimension table (Spark batch job -> Delta)",
+        doc_md=f"`python -m jobs dimension --dimension {dimension.name}`: "
+        f"{dimension.description} Reads `{dimension.source}` (JSON lines; key "
+        f"`{dimension.key}`), checks it (every line parses, one row per key, no column "
+        f"changes type) and commits it to `{table}` when its rows changed. Streams that "
+        "enrich from it join one version per batch and record it; after a fix, "
+        "`backfill --dimensions newest` republishes what the fix changes.",
+        schedule=None if minutes is None else timedelta(minutes=minutes),
+        start_date=START,
+        catchup=False,
+        max_active_runs=1,
+        tags=["batch", "dimension", dimension.name],
+        default_args=default_args(retries=2),
+    ) as dag:
+        PlatformJobOperator(
+            task_id="load",
+            command="dimension",
+            arguments=["--dimension", dimension.name],
+            outlets=[dimension_asset(table, settings)],
+            execution_timeout=timedelta(hours=1),
+        )
+    return dag
+
+
+def dimension_dags(settings: Settings | None = None) -> dict[str, DAG]:
+    settings = settings or load_settings()
+    if not settings.dimensions_dir.is_dir():
+        return {}
+    return {
+        f"dimension_{d.name}": dimension_dag(d, settings)
+        for d in list_dimensions(settings.dimensions_dir)
+    }
 
 
 def _fail_with(message: str) -> NoReturn:

@@ -3,6 +3,11 @@
     python -m include.sample_data clicks --count 10000 [--bad 20] [--topic clicks]
     python -m include.sample_data inventory --count 1000
     python -m include.sample_data orders --count 5000 [--bad 20]
+    python -m include.sample_data merchants [--category M-007=garden ...] [--out FILE]
+
+``merchants`` writes the file the merchants dimension loads (JSON lines, one row
+per merchant of the orders, ``<warehouse>/incoming/merchants.jsonl``);
+``--category`` changes a merchant's category (a fix of the dimension).
 
 Bad records (not JSON, missing fields, wrong types, null keys) are mixed in on
 purpose: they must land in ``dead_letter``, never vanish.
@@ -13,9 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 from jobs import kafka_admin
 from jobs.errors import PlatformError
@@ -63,6 +70,53 @@ BAD_ORDERS = [
     b' "2026-01-01T00:00:00Z"}',
 ]
 ORDER_STATUSES = ["paid"] * 7 + ["pending"] * 2 + ["refunded"]
+ORDER_MERCHANTS = 40
+CATEGORIES = ["books", "games", "garden", "food", "fashion"]
+REGIONS = {"DE": "central", "FR": "west", "NL": "north", "XX": "test"}
+MERCHANT_ID = re.compile(r"^M-\d{3}$")
+CATEGORY = re.compile(r"^[a-z][a-z0-9_-]{0,39}$")
+
+
+def merchant_rows(count: int, seed: int, categories: dict[str, str]) -> list[dict[str, str]]:
+    """The merchants of the orders (their ids and countries), each with a category
+    (``categories`` overrides some) and the region of its country."""
+    rng = random.Random(seed)
+    countries = list(REGIONS)
+    rows = []
+    for m in range(count):
+        merchant_id = f"M-{m:03d}"
+        category = rng.choice(CATEGORIES)
+        rows.append(
+            {
+                "id": merchant_id,
+                "name": f"Merchant {m:03d}",
+                "category": categories.get(merchant_id, category),
+                "region": REGIONS[countries[m % 4]],
+            }
+        )
+    return rows
+
+
+def parse_categories(pairs: list[str]) -> dict[str, str]:
+    found = {}
+    for pair in pairs:
+        merchant, _, category = pair.partition("=")
+        if not MERCHANT_ID.match(merchant) or not CATEGORY.match(category):
+            raise ValueError(f"--category wants M-NNN=category (lower case), got {pair!r}")
+        if int(merchant[2:]) >= ORDER_MERCHANTS:
+            raise ValueError(f"--category {merchant}: the orders have M-000..M-039")
+        found[merchant] = category
+    return found
+
+
+def write_merchants(out: Path, categories: dict[str, str], seed: int) -> int:
+    """The file, replaced whole (written aside, then renamed: a reader never sees half)."""
+    rows = merchant_rows(ORDER_MERCHANTS, seed, categories)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(out.name + ".partial")
+    partial.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    partial.replace(out)
+    return len(rows)
 
 
 def order_events(
@@ -101,17 +155,34 @@ def encoded(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m include.sample_data", description=__doc__)
-    parser.add_argument("kind", choices=["clicks", "inventory", "orders"])
+    parser.add_argument("kind", choices=["clicks", "inventory", "orders", "merchants"])
     parser.add_argument("--count", type=int, default=10000, help="valid events (default 10000)")
     parser.add_argument("--bad", type=int, default=0, help="bad records mixed in (default 0)")
     parser.add_argument("--topic", help="default: clicks / inventory_movements / orders")
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--bootstrap-servers")
+    parser.add_argument(
+        "--category",
+        action="append",
+        default=[],
+        metavar="M-NNN=CATEGORY",
+        help="merchants: set a merchant's category (repeatable)",
+    )
+    parser.add_argument("--out", type=Path, help="merchants: the file to write")
     args = parser.parse_args(argv)
     if args.count < 0 or args.bad < 0 or args.partitions < 1:
         parser.error("--count and --bad must be >= 0 and --partitions >= 1")
     settings = load_settings()
+    if args.kind == "merchants":
+        try:
+            categories = parse_categories(args.category)
+        except ValueError as exc:
+            parser.error(str(exc))
+        out = args.out or settings.warehouse / "incoming" / "merchants.jsonl"
+        written = write_merchants(out, categories, args.seed)
+        print(f"wrote {written} merchants to {out}")
+        return 0
     config = kafka_admin.client_config(
         args.bootstrap_servers or settings.bootstrap_servers, settings.kafka_client
     )
@@ -122,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         records = encoded(events, BAD_CLICKS, args.bad, "user_id")
     elif args.kind == "orders":
         topic = args.topic or "orders"
-        events = order_events(args.count, 40, 2000, args.seed, now_s - 3600, 3600)
+        events = order_events(args.count, ORDER_MERCHANTS, 2000, args.seed, now_s - 3600, 3600)
         records = encoded(events, BAD_ORDERS, args.bad, "buyer")  # keyed by buyer
     else:
         topic = args.topic or "inventory_movements"

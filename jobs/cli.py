@@ -130,6 +130,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _pipeline_args(summarize)
 
+    dimension = commands.add_parser(
+        "dimension",
+        help="load a dimension's file into its Delta table (a new version when rows changed)",
+    )
+    dimension.add_argument(
+        "--dimension", required=True, help="a name in include/dimensions or a path"
+    )
+    dimension.add_argument("--warehouse", type=Path, help="directory of the Delta tables")
+
     publish = commands.add_parser(
         "publish",
         help="bring the output topic up to date, or republish the whole state (audited)",
@@ -248,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
             if not 1 <= port <= 65535:
                 raise ConfigError(f"--port must be 1-65535, got {port}")
             return metrics_exporter.serve_forever(settings, port, settings.metrics_address)
+        if args.command == "dimension":
+            return _dimension(args, settings)
         pipeline = load_pipeline(args.pipeline, settings.pipelines_dir)
         if args.command == "status":
             from jobs.status import application_status, format_status
@@ -273,6 +284,19 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print(f"error: {message}", file=sys.stderr)
         return code
+
+
+def _dimension(args: argparse.Namespace, settings: Settings) -> int:
+    from jobs.dimension import load_dimension, refresh
+    from jobs.streaming.spark import command_session
+
+    dimension = load_dimension(args.dimension, settings.dimensions_dir)
+    with command_session(settings, f"dimension-{dimension.name}") as spark:
+        done = refresh(spark, dimension, settings.warehouse)
+    table = dimension.table(settings.warehouse)
+    state = "committed" if done.changed else "unchanged at"
+    print(f"{dimension.name}: {done.rows} rows, {state} version {done.version} of {table}")
+    return 0
 
 
 def _counted_operation(args: argparse.Namespace, settings: Settings, pipeline: Pipeline) -> int:

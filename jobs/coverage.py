@@ -84,10 +84,13 @@ class Coverage:
     def records(self) -> int:
         return sum(e - b for spans in self.judged().values() for b, e in spans)
 
-    def decisions(self, dimensions: tuple[str, ...] = ()) -> list[tuple[Any, ...]]:
+    def decisions(
+        self, dimensions: tuple[str, ...] = (), within: Intervals | None = None
+    ) -> list[tuple[Any, ...]]:
         """(topic, partition, begin, end, watermark_ms, batch_time_ms, and the version
-        of each of ``dimensions`` the batch joined, or None) of every judged span: how
-        a recomputation judges each record as the stream did."""
+        of each of ``dimensions`` the batch joined, or None) of every judged span (that
+        overlaps ``within``, what a recomputation reads): how a recomputation judges
+        each record as the stream did."""
         return sorted(
             (
                 tp[0],
@@ -101,6 +104,7 @@ class Coverage:
             for tp, spans in self.spans.items()
             for s in spans
             if s.judge.kind is Judged.BATCH
+            and (within is None or any(b < s.end and s.begin < e for b, e in within.get(tp, [])))
         )
 
     def batch_judgments(self) -> list[tuple[Offsets, Offsets, Judge]]:

@@ -602,6 +602,9 @@ def _parse_enrich(top: _Reader, schema: dict[str, str]) -> list[Enrichment]:
     found: list[Enrichment] = []
     taken = {n.lower() for n in schema} | {"kafka"}
     for i, item in enumerate(top.get("enrich", list, [])):
+        if isinstance(item, dict) and True in item and "on" not in item:
+            # YAML 1.1 reads a bare ``on`` key as the boolean true.
+            item = {("on" if k is True else k): v for k, v in item.items()}
         e = _Reader(top.origin, item, f"enrich[{i}]")
         name = e.get("name", str)
         table = e.get("table", str)

@@ -33,6 +33,7 @@ class Settings:
     spark_python: str | None
     spark_conn_id: str  # the Airflow connection SparkSubmitOperator uses
     pipelines_dir: Path
+    dimensions_dir: Path  # include/dimensions: the dimension tables the batch half keeps
     broker_data_dir: Path
     broker_port: int
     local_airflow_home: Path
@@ -64,6 +65,7 @@ ENV_NAMES = tuple(
         "JARS_DIR",
         "SPARK_CONN_ID",
         "PIPELINES_DIR",
+        "DIMENSIONS_DIR",
         "BROKER_DATA_DIR",
         "BROKER_PORT",
         "AIRFLOW_HOME",
@@ -114,6 +116,7 @@ def load_settings() -> Settings:
         spark_python=_env("SPARK_PYTHON", "").strip() or None,
         spark_conn_id=_env("SPARK_CONN_ID", "spark_default"),
         pipelines_dir=Path(_env("PIPELINES_DIR", str(REPO_ROOT / "include" / "pipelines"))),
+        dimensions_dir=Path(_env("DIMENSIONS_DIR", str(REPO_ROOT / "include" / "dimensions"))),
         broker_data_dir=Path(_env("BROKER_DATA_DIR", str(REPO_ROOT / ".broker"))).resolve(),
         broker_port=broker_port,
         local_airflow_home=Path(

@@ -210,6 +210,7 @@ def recompute(spark: SparkSession, pipeline: Pipeline, settings: Settings, plan:
             raw,
             plan.seed_state_version,
             dimension_versions=plan.dimension_versions,
+            reading=plan.ranges(),
         )
 
 
@@ -239,15 +240,17 @@ def aggregate_records(
     keep: Callable[[DataFrame], DataFrame] | None = None,
     snap: LedgerSnapshot | None = None,
     dimension_versions: dict[str, int] | None = None,
+    reading: Intervals | None = None,
 ) -> pa.Table:
     """``raw`` judged as the stream judged it (the ledger's watermarks and batch
     times), aggregated with the pipeline, plus a seed state version's rows;
     ``keep`` filters the contributions (a sample of keys). ``snap``: the ledger read
-    the caller planned from (verify's), else one read now."""
+    the caller planned from (verify's), else one read now. ``reading``: the offsets
+    ``raw`` holds (only their judgments are joined, their table versions read)."""
     layout = AppLayout(settings.warehouse, pipeline.application_id)
     snap = snap or snapshot(layout)
     head = Coverage() if snap is None else current_log_history(layout, snap).head
-    raw = with_stream_decisions(spark, raw, head, pipeline, dimension_versions)
+    raw = with_stream_decisions(spark, raw, head, pipeline, dimension_versions, reading)
     contributions = records.contributions(records.classify(raw, pipeline), pipeline)
     if seed_state_version is not None:
         base = DeltaTable(str(layout.table("state")), version=seed_state_version)
@@ -266,6 +269,7 @@ def with_stream_decisions(
     head: Coverage,
     pipeline: Pipeline,
     dimension_versions: dict[str, int] | None = None,
+    reading: Intervals | None = None,
 ) -> DataFrame:
     """Each record with the watermark, the batch time and the dimension versions the
     stream judged it with (the judges of the state's coverage), so that ``classify``
@@ -276,7 +280,8 @@ def with_stream_decisions(
     older version of the platform) gets the last watermark, the time now and the
     newest versions."""
     names = tuple(e.name for e in pipeline.enrich)
-    newest, ranges = dimensions.resolved(spark, pipeline, head.decisions(names), dimension_versions)
+    decided = head.decisions(names, reading)
+    newest, ranges = dimensions.resolved(spark, pipeline, decided, dimension_versions)
     last = head.watermark_ms
     schema = "r_topic string, r_partition int, r_begin long, r_end long, r_watermark long, "
     schema += ", ".join(["r_time long", *(f"r_dim{i} long" for i in range(len(names)))])

@@ -170,7 +170,9 @@ def run_verify(
         with SparkJobProgress(spark, "verify", records):
             if raw is None:
                 raw = read_records(spark, pipeline, settings, {}, {}, source)
-            recomputed = aggregate_records(spark, pipeline, settings, raw, seed, keep, snap)
+            recomputed = aggregate_records(
+                spark, pipeline, settings, raw, seed, keep, snap, reading=intervals
+            )
     schema = tables.aggregate_schema(pipeline)
     version = comparable_version(layout, base_version, snap.epoch)
     state_path = layout.table("state")

@@ -31,7 +31,8 @@ def run_plan_id(context: Any) -> str:
 
 
 class PlatformJobOperator(SparkSubmitOperator):
-    """``spark-submit jobs/__main__.py <command> --pipeline <pipeline> <arguments>``.
+    """``spark-submit jobs/__main__.py <command> --pipeline <pipeline> <arguments>``
+    (without ``pipeline``: ``<command> <arguments>``, e.g. ``dimension``).
 
     ``arguments`` are templated (trigger-form params reach the command line). The
     worker's PLATFORM_* environment is handed to the job when it runs.
@@ -41,7 +42,7 @@ class PlatformJobOperator(SparkSubmitOperator):
         self,
         *,
         command: str,
-        pipeline: str,
+        pipeline: str | None = None,
         arguments: list[str] | None = None,
         arguments_from_params: Callable[[dict[str, Any]], list[str]] | None = None,
         arguments_from_context: Callable[[dict[str, Any]], list[str]] | None = None,
@@ -49,11 +50,12 @@ class PlatformJobOperator(SparkSubmitOperator):
     ) -> None:
         settings = load_settings()
         kwargs.setdefault("conn_id", settings.spark_conn_id)
-        kwargs.setdefault("name", f"{command}-{pipeline}")
+        kwargs.setdefault("name", "-".join(p for p in (command, pipeline) if p))
         kwargs.setdefault("driver_memory", settings.spark_driver_memory)
+        target = ["--pipeline", pipeline] if pipeline is not None else []
         super().__init__(
             application=ENTRY_POINT,
-            application_args=[command, "--pipeline", pipeline, *(arguments or [])],
+            application_args=[command, *target, *(arguments or [])],
             **kwargs,
         )
         # Arguments that depend on trigger-form params (optional flags) or on the run

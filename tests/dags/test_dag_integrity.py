@@ -263,3 +263,15 @@ def test_the_approval_names_its_approvers_when_the_deployment_sets_them(monkeypa
     monkeypatch.setenv("PLATFORM_APPROVERS", "ana,<script>")
     with pytest.raises(ConfigError, match="PLATFORM_APPROVERS"):
         operation_dag("rebuild", "Rebuild", {}, rebuild_args)
+
+
+def test_the_dimension_dag_publishes_the_table_the_enriched_stream_reads(dagbag) -> None:  # type: ignore[no-untyped-def]
+    dimension = dagbag.dags["dimension_merchants"]
+    load = dimension.get_task("load")
+    assert load.application_args == ["dimension", "--dimension", "merchants"]
+    (published,) = load.outlets
+    assert published.name == "dim_merchants"
+    assert published.uri.endswith("/dims/merchants")
+    stream = dagbag.dags["stream_orders_by_category"]
+    assert [a.name for a in stream.get_task("run").inlets] == ["dim_merchants"]
+    assert "kept by DAG `dimension_merchants`" in (stream.doc_md or "")

@@ -261,3 +261,17 @@ def test_the_ledger_reads_the_replayed_pieces_back() -> None:
     (found,) = batch_entries([row])
     assert found.replayed == ((P, 400, 900, (("m", 5),)),)
     assert found.dimensions == (("m", 8),)
+
+
+def test_a_recomputation_asks_only_for_the_judgments_of_what_it_reads() -> None:
+    # A backfill of the recent range must not need (or check) the table versions
+    # that older batches joined: those may have been vacuumed.
+    import dataclasses
+
+    first = dataclasses.replace(entry(0, 0, 0, 400), dimensions=(("m", 3),))
+    second = dataclasses.replace(entry(0, 1, 400, 900), dimensions=(("m", 5),))
+    head = History([first, second], {}, 0).head
+    recent = head.decisions(("m",), within={P: [(500, 900)]})
+    assert [d[2:4] + d[6:] for d in recent] == [(400, 900, 5)]
+    assert head.decisions(("m",), within={}) == []
+    assert len(head.decisions(("m",))) == 2

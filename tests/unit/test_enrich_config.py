@@ -81,3 +81,26 @@ def test_a_derived_column_may_not_take_an_enrichments_name() -> None:
         pipeline(MERCHANTS, derived=[{"name": "m", "expr": "1"}])
     with pytest.raises(ConfigError, match=r"enrich\[1\].name: 'm' must be a new identifier"):
         pipeline(MERCHANTS, MERCHANTS)
+
+
+def test_on_written_by_hand_is_the_join_not_a_yaml_boolean(tmp_path: Path) -> None:
+    # YAML 1.1 (PyYAML) reads a bare `on` key as True: the form the docs show.
+    import yaml
+
+    from jobs.pipeline import load_pipeline
+
+    text = """
+application_id: shop_sales
+source: {topics: [orders]}
+schema: {merchant_id: string}
+enrich:
+  - {name: m, table: "${warehouse}/dims/merchants", on: "merchant_id = m.id"}
+keys: [merchant_id]
+event_time: {field: kafka.timestamp}
+aggregations: [{name: orders, function: count}]
+"""
+    assert True in yaml.safe_load(text)["enrich"][0]
+    path = tmp_path / "shop_sales.yaml"
+    path.write_text(text)
+    (enrichment,) = load_pipeline(str(path), tmp_path).enrich
+    assert (enrichment.record_key, enrichment.table_key) == ("merchant_id", "id")

@@ -1,0 +1,221 @@
+"""A dimension table the batch half keeps: a file of rows loaded into the Delta
+table that pipelines enrich their records from (``enrich:``).
+
+``include/dimensions/<name>.yaml`` names the file (JSON lines), the key and the
+columns. ``python -m jobs dimension --dimension <name>`` (the ``dimension_<name>``
+DAG) reads the file with Spark, checks it, and commits it to
+``<warehouse>/dims/<name>`` as one new table version, only when its rows changed:
+a stream pins one version per batch, so an unchanged file adds none.
+
+Refused with one error, nothing written: a missing file, a line that does not
+parse into the columns, a null or repeated key, or a column whose type differs
+from the table's (a stream reading the table would stop on it: give the changed
+table a new name instead).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from jobs import sql_text
+from jobs.errors import ConfigError
+from jobs.pipeline import APPLICATION_ID, FIELD_NAME, WAREHOUSE, _Reader
+
+log = logging.getLogger(__name__)
+CORRUPT = "_corrupt_record"
+
+
+@dataclass(frozen=True)
+class Dimension:
+    name: str
+    description: str
+    source: str  # a JSON-lines file: an absolute path or "${warehouse}/..."
+    key: str
+    columns: dict[str, str]  # column -> Spark SQL type (normalized)
+    schedule_minutes: int | None  # None: only when triggered
+
+    def table(self, warehouse: Path) -> Path:
+        return warehouse / "dims" / self.name
+
+    def source_file(self, warehouse: Path) -> Path:
+        if self.source.startswith(WAREHOUSE + "/"):
+            return warehouse / self.source[len(WAREHOUSE) + 1 :]
+        return Path(self.source)
+
+    def ddl(self) -> str:
+        return ", ".join(f"`{c}` {kind}" for c, kind in self.columns.items())
+
+
+@dataclass(frozen=True)
+class Refreshed:
+    version: int
+    rows: int
+    changed: bool
+
+
+def parse_dimension(data: object, origin: str) -> Dimension:
+    top = _Reader(origin, data)
+    name = top.get("name", str)
+    if not APPLICATION_ID.match(name):
+        raise top.error(f"must be lower case letters, digits and '_', got {name!r}", "name")
+    description = top.get("description", str, "")
+    source = top.get("source", str)
+    rest = source[len(WAREHOUSE) :] if source.startswith(WAREHOUSE + "/") else source
+    if not rest.startswith("/") or "${" in rest or ".." in rest.split("/"):
+        raise top.error(
+            f"must be an absolute path or start with {WAREHOUSE}/ (no '..'), got {source!r}",
+            "source",
+        )
+    key = top.get("key", str)
+    columns: dict[str, str] = {}
+    for column, kind in top.get("columns", dict).items():
+        if not isinstance(column, str) or not FIELD_NAME.match(column):
+            raise top.error(f"column name {column!r} must be letters, digits and '_'", "columns")
+        if not isinstance(kind, str):
+            raise top.error(f"type of {column!r} must be a Spark SQL type", "columns")
+        try:
+            columns[column] = sql_text.parse_type(kind)
+        except sql_text.SqlTextError as exc:
+            raise top.error(f"type of {column!r}: {exc}", "columns") from None
+    if key not in columns:
+        raise top.error(f"{key!r} is not one of the columns ({', '.join(columns)})", "key")
+    minutes = top.get("schedule_minutes", int, None)
+    if minutes is not None and not 1 <= minutes <= 7 * 24 * 60:
+        raise top.error(f"must be 1..10080 minutes, got {minutes}", "schedule_minutes")
+    top.finish()
+    return Dimension(name, description, source, key, columns, minutes)
+
+
+def load_dimension(name_or_path: str, dimensions_dir: Path) -> Dimension:
+    """A dimension by name (``merchants``) or by path to its YAML file."""
+    path = Path(name_or_path)
+    if path.suffix not in (".yaml", ".yml"):
+        if not APPLICATION_ID.match(name_or_path):
+            raise ConfigError(f"dimension name {name_or_path!r} is not a valid name")
+        path = dimensions_dir / f"{name_or_path}.yaml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in dimensions_dir.glob("*.yaml"))) or "none"
+        raise ConfigError(f"no dimension file {path} (defined dimensions: {known})")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    return parse_dimension(data, str(path))
+
+
+def list_dimensions(dimensions_dir: Path) -> list[Dimension]:
+    return [load_dimension(str(p), dimensions_dir) for p in sorted(dimensions_dir.glob("*.yaml"))]
+
+
+def refresh(spark: SparkSession, dimension: Dimension, warehouse: Path) -> Refreshed:
+    """Read the file, check it, and commit it as the table's next version when its
+    rows differ from the current version's."""
+    source = dimension.source_file(warehouse)
+    rows = read_checked(spark, dimension, source)
+    try:
+        return _commit(spark, dimension, warehouse, rows.drop(CORRUPT), rows.count())
+    finally:
+        # Spark matches a cache by plan: the next read of the same file must not hit it.
+        rows.unpersist()
+
+
+def read_checked(spark: SparkSession, dimension: Dimension, source: Path) -> DataFrame:
+    """The file's rows (cached), each line parsed into the columns, one per key."""
+    if not source.is_file():
+        raise ConfigError(
+            f"dimension {dimension.name}: no source file {source} "
+            "(the sample: python -m include.sample_data merchants)"
+        )
+    rows = (
+        spark.read.schema(f"{dimension.ddl()}, {CORRUPT} string")
+        .option("mode", "PERMISSIVE")
+        .option("columnNameOfCorruptRecord", CORRUPT)
+        .json(str(source))
+        .cache()
+    )
+    try:
+        return _checked(rows, dimension, f"dimension {dimension.name}: {source}")
+    except BaseException:
+        rows.unpersist()
+        raise
+
+
+def _checked(rows: DataFrame, dimension: Dimension, where: str) -> DataFrame:
+    key = F.col(f"`{dimension.key}`")
+    checks = rows.agg(
+        F.count(F.lit(1)).alias("rows"),
+        F.count_if(F.col(CORRUPT).isNotNull()).alias("corrupt"),
+        F.min(F.when(F.col(CORRUPT).isNotNull(), F.col(CORRUPT))).alias("example"),
+        F.count_if(key.isNull() & F.col(CORRUPT).isNull()).alias("null_keys"),
+        F.countDistinct(key).alias("keys"),
+    ).first()
+    assert checks is not None
+    if checks["corrupt"]:
+        example = str(checks["example"])[:120]
+        raise ConfigError(
+            f"{where}: {checks['corrupt']} line(s) do not parse into the columns "
+            f"({dimension.ddl()}), e.g. {example!r}; nothing was written"
+        )
+    if checks["null_keys"]:
+        raise ConfigError(f"{where}: {checks['null_keys']} row(s) with no {dimension.key}")
+    if checks["keys"] != checks["rows"]:
+        repeated = rows.groupBy(key.alias("k")).count().where("count > 1").orderBy("k").first()
+        assert repeated is not None
+        raise ConfigError(
+            f"{where}: {dimension.key} {repeated['k']!r} is on {repeated['count']} rows "
+            "(a key names one row; a record joined to it would be a dead letter)"
+        )
+    return rows
+
+
+def _commit(
+    spark: SparkSession, dimension: Dimension, warehouse: Path, data: DataFrame, count: int
+) -> Refreshed:
+    where = f"dimension {dimension.name}: {dimension.source_file(warehouse)}"
+    table = dimension.table(warehouse)
+    target = "delta.`" + str(table).replace("`", "``") + "`"
+    if not (table / "_delta_log").is_dir():
+        data.write.format("delta").save(str(table))
+        return Refreshed(0, count, True)
+    current = spark.read.format("delta").load(str(table))
+    changed_types = [
+        f"{f.name} ({current.schema[f.name].dataType.simpleString()} -> "
+        f"{f.dataType.simpleString()})"
+        for f in data.schema.fields
+        if f.name in current.schema.fieldNames() and current.schema[f.name].dataType != f.dataType
+    ]
+    removed = [c for c in current.columns if c not in data.columns]
+    if changed_types or removed:
+        what = [f"columns changed type: {', '.join(changed_types)}"] if changed_types else []
+        what += [f"columns removed: {', '.join(removed)}"] if removed else []
+        raise ConfigError(
+            f"{where}: {'; '.join(what)}; a stream joining "
+            f"{table} would stop on it. Keep the types, or load the new shape as a new "
+            "dimension (another name) and point the pipeline's enrich at it"
+        )
+    version = newest_version(spark, target)
+    same_columns = sorted(current.columns) == sorted(data.columns)
+    if same_columns and not differ(current.select(*data.columns), data):
+        log.info("%s: unchanged (version %d)", dimension.name, version)
+        return Refreshed(version, count, False)
+    data.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(str(table))
+    return Refreshed(newest_version(spark, target), count, True)
+
+
+def newest_version(spark: SparkSession, target: str) -> int:
+    found = spark.sql(f"DESCRIBE HISTORY {target} LIMIT 1").first()
+    assert found is not None
+    return int(found["version"])
+
+
+def differ(before: DataFrame, after: DataFrame) -> bool:
+    """Whether two frames of one schema hold other rows (as multisets)."""
+    return bool(
+        before.exceptAll(after).limit(1).count() or after.exceptAll(before).limit(1).count()
+    )
