@@ -377,19 +377,18 @@ class History:
     ) -> list[tuple[Any, ...]]:
         """``Coverage.decisions`` of the offsets at or after ``reading_from`` (where a
         stream reads on) that were judged before: what a replay through new batches
-        (a rewind that reprocesses, a rebuild from the source) joins there. The
-        judgment an offset keeps is the head's, else the latest one in the history
-        (a range a rewind discarded), so a replay joins the versions its first
-        judgment recorded, or those a backfill rejudged it with."""
+        (a rewind that reprocesses, a rebuild from the source) joins there. An offset
+        keeps the judgment the lineage last held for it: each epoch's start (what its
+        state was: a restored boundary, a backfill's rejudged ranges), then its
+        batches, in order. So a replay joins the versions its first judgment
+        recorded, those a backfill rejudged it with, or, where a rewind discarded it,
+        those of the judgment discarded."""
         latest = Coverage()
         for at in range(self.epoch + 1):
-            step = self.steps.get(at)
-            if step is not None and step.action == "publish" and step.dimensions:
-                latest = latest.adding(self.starts[at].batch_judgments())
+            latest = latest.adding(self.starts[at].batch_judgments())
             latest = latest.adding(
                 judgment for b in self.batches.get(at, []) for judgment in b.judgments()
             )
-        latest = latest.adding(self.head.batch_judgments())
         ahead = []
         for decision in latest.decisions(dimensions):
             begin = max(decision[2], reading_from.get((decision[0], decision[1]), 0))

@@ -424,7 +424,7 @@ class BatchCommitter:
         }
         replayed = dimensions.pieces(
             self.replays,
-            self.pipeline,
+            [e.name for e in self.pipeline.enrich],
             kafka_offsets.from_json_dict(start),
             kafka_offsets.from_json_dict(end),
         )

@@ -176,11 +176,11 @@ def in_ranges(
 
 
 def pieces(
-    ranges: list[tuple[Any, ...]], pipeline: Pipeline, start: Offsets, end: Offsets
+    ranges: list[tuple[Any, ...]], names: list[str], start: Offsets, end: Offsets
 ) -> list[list[Any]]:
-    """The parts of ``merged`` ranges a batch [start, end) read, with their versions:
-    as the ledger records them (``replayed`` in the batch row's details)."""
-    names = [e.name for e in pipeline.enrich]
+    """The parts of ``merged`` ranges a batch [start, end) read, with the versions
+    (of the enrichments ``names``) recorded there: as the ledger keeps them
+    (``replayed`` in the batch row's details)."""
     found = []
     for topic, part, begin, stop, *versions in ranges:
         low = max(begin, start.get((topic, part), end.get((topic, part), 0)))

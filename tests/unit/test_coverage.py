@@ -275,3 +275,20 @@ def test_a_recomputation_asks_only_for_the_judgments_of_what_it_reads() -> None:
     assert [d[2:4] + d[6:] for d in recent] == [(400, 900, 5)]
     assert head.decisions(("m",), within={}) == []
     assert len(head.decisions(("m",))) == 2
+
+
+def test_a_rebuild_from_the_source_after_a_rewind_reproduces_the_state_it_replaces() -> None:
+    import dataclasses
+
+    first = dataclasses.replace(entry(0, 0, 0, 400), dimensions=(("m", 3),))
+    second = dataclasses.replace(entry(0, 1, 400, 900), dimensions=(("m", 5),))
+    # A backfill --dimensions newest (7) of everything, then a rewind to batch 0's
+    # end: the state there is what batch 0 made (3). A rebuild from the source then
+    # replays 0..400 with 3, the state's, not the backfill's 7 the rewind undid.
+    steps = {
+        1: Step("publish", None, dimensions=(("m", 7),)),
+        2: Step("restore", (0, 0)),
+        3: Step("empty", None),
+    }
+    decided = History([first, second], steps, 3).replay_decisions({}, ("m",))
+    assert [d[2:4] + d[6:] for d in decided] == [(0, 400, 3), (400, 900, 7)]

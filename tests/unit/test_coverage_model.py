@@ -11,18 +11,26 @@ Hypothesis shrinks a failing sequence to a minimal one.
 A topic deleted and recreated makes every epoch so far read a log that is gone
 (``excluded``); the repair keeps the state and reads the new log from 0, and is
 the floor every later recomputation from the first offsets starts from.
+
+An enrichment's table changes between batches (issue 29): each batch joins the
+table's version of its time for offsets new to it, and for an offset judged
+before the version the lineage last held for it (a replay reproduces it), which
+the batch records (``replayed``); a backfill with the newest version rejudges
+what it recomputes. The model keeps the version of each offset the state
+judged, and the version the lineage last held for each offset ever judged.
 """
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from jobs.coverage import TP, BatchEntry, Boundary, History, Intervals, Step
+from jobs.streaming.dimensions import merged, pieces
 
 T = "t"
 
@@ -48,12 +56,14 @@ class Point:
     judged: dict[TP, set[int]]
     skipped: dict[TP, set[int]]
     pos: dict[TP, int]
+    versions: dict[TP, dict[int, int]]  # the table version each judged offset joined
 
     def copy(self) -> Point:
         return Point(
             {tp: set(s) for tp, s in self.judged.items()},
             {tp: set(s) for tp, s in self.skipped.items()},
             dict(self.pos),
+            {tp: dict(v) for tp, v in self.versions.items()},
         )
 
     def fits(self, target: dict[TP, int]) -> bool:
@@ -71,7 +81,9 @@ class Repairs(RuleBasedStateMachine):
         super().__init__()
         self.log: dict[TP, int] = {(T, 0): 0}  # records produced per partition
         # The model.
-        self.model = Point({}, {}, {(T, 0): 0})
+        self.model = Point({}, {}, {(T, 0): 0}, {})
+        self.table = 0  # the dimension table's current version
+        self.recorded: dict[TP, dict[int, int]] = {}  # what the lineage last held
         self.points: list[Point] = []  # the first cut has no state version to restore
         # What the platform writes: ledger rows, steps, cuts; where its stream reads.
         self.epoch = 0
@@ -119,23 +131,44 @@ class Repairs(RuleBasedStateMachine):
     def add_partition(self) -> None:
         self.log[(T, len(self.log))] = 0
 
-    @rule(most=st.integers(1, 40))
-    def run(self, most: int) -> None:
+    @rule(most=st.integers(1, 40), changed=st.booleans())
+    def run(self, most: int, changed: bool) -> None:
         """One batch of at most ``most`` records per partition; a new partition is
-        read from offset 0 (``offset_log.batch_start``)."""
+        read from offset 0 (``offset_log.batch_start``). ``changed``: the table
+        changed since the last batch."""
+        self.table += changed
         start = {tp: self.reads.get(tp, 0) for tp in self.log}
         end = {tp: min(self.log[tp], start[tp] + most) for tp in self.log}
         if all(end[tp] == start[tp] for tp in self.log):
             return  # Spark runs no batch when nothing is new
         self.version += 1
+        # What the run joins where it replays (jobs/streaming/dimensions.replay_ranges).
+        ranges = merged(self.history().replay_decisions(start, ("m",)), 1)
+        replayed = tuple(
+            (tp, begin, stop, tuple(sorted(versions.items())))
+            for topic, part, begin, stop, versions in pieces(ranges, ["m"], start, end)
+            for tp in [(topic, part)]
+        )
         self.batches.append(
-            BatchEntry(self.epoch, self.batch_id, start, end, state_version=self.version)
+            BatchEntry(
+                self.epoch,
+                self.batch_id,
+                start,
+                end,
+                state_version=self.version,
+                dimensions=(("m", self.table),),
+                replayed=replayed,
+            )
         )
         self.batch_id += 1
         self.reads = end
         for tp in self.log:
             self.model.judged.setdefault(tp, set()).update(range(start[tp], end[tp]))
             self.model.pos[tp] = end[tp]
+            recorded = self.recorded.setdefault(tp, {})
+            for o in range(start[tp], end[tp]):
+                recorded[o] = recorded.get(o, self.table)
+                self.model.versions.setdefault(tp, {})[o] = recorded[o]
         self.points.append(self.model.copy())
 
     @rule()
@@ -158,7 +191,7 @@ class Repairs(RuleBasedStateMachine):
             self.begin_epoch(Step("empty", None), {tp: 0 for tp in self.log})
         else:
             self.begin_epoch(Step("restore", (self.floor, -1)), {tp: 0 for tp in self.log})
-        self.model = Point({}, {}, {tp: 0 for tp in self.log})
+        self.model = Point({}, {}, {tp: 0 for tp in self.log}, {})
         self.points = [self.model.copy()]
 
     @precondition(lambda self: self.batches)
@@ -172,8 +205,9 @@ class Repairs(RuleBasedStateMachine):
         reads = {tp: 0 for tp in self.log}
         self.begin_epoch(Step("keep", (head.epoch, head.batch_id)), reads)
         self.floor = self.epoch
-        self.model = Point({}, {}, dict(reads))
+        self.model = Point({}, {}, dict(reads), {})
         self.points = [self.model.copy()]
+        self.recorded = {}  # the deleted log's records are not the new log's
 
     @precondition(lambda self: self.batches)
     @rule(data=st.data())
@@ -205,11 +239,13 @@ class Repairs(RuleBasedStateMachine):
         assert found.end_offsets == {tp: off for tp, off in point.pos.items()}
         self.begin_epoch(Step("restore", (found.epoch, found.batch_id)), found.end_offsets)
         self.model = point.copy()
+        for tp, versions in point.versions.items():  # the lineage holds these again
+            self.recorded.setdefault(tp, {}).update(versions)
         self.points = self.points[: self.points.index(point) + 1] + [self.model.copy()]
 
     @precondition(lambda self: self.batches)
-    @rule(data=st.data(), earliest=st.booleans())
-    def backfill(self, data: st.DataObject, earliest: bool) -> None:
+    @rule(data=st.data(), earliest=st.booleans(), newest=st.booleans())
+    def backfill(self, data: st.DataObject, earliest: bool, newest: bool) -> None:
         history = self.history()
         head = history.head
         if earliest and self.floor is not None:  # from the floor: its state stays
@@ -225,8 +261,16 @@ class Repairs(RuleBasedStateMachine):
         expected = {tp: judged - base.get(tp, set()) for tp, judged in self.model.judged.items()}
         assert reads == as_intervals(expected)
         boundary = None if found is None else (found.epoch, found.batch_id)
+        self.table += newest  # a fix of the table, then a backfill with it
+        chosen = (("m", self.table),) if newest else ()
         self.begin_epoch(Step("publish", boundary), self.reads)
+        self.steps[self.epoch] = replace(self.steps[self.epoch], dimensions=chosen)
         assert self.history().head.judged() == head.judged()  # a backfill changes no coverage
+        if newest:  # what it recomputed stands judged with the newest version
+            for tp, offsets in expected.items():
+                for o in offsets:
+                    self.model.versions.setdefault(tp, {})[o] = self.table
+                    self.recorded.setdefault(tp, {})[o] = self.table
         kept = [] if point is None else self.points[: self.points.index(point) + 1]
         self.points = [*kept, self.model.copy()]
 
@@ -240,6 +284,13 @@ class Repairs(RuleBasedStateMachine):
         )
         for spans in head.spans.values():  # every offset judged once: disjoint spans
             assert all(a.end <= b.begin for a, b in itertools.pairwise(spans))
+
+    @invariant()
+    def each_judged_offset_carries_the_version_the_state_joined(self) -> None:
+        for topic, part, begin, end, *rest in self.history().head.decisions(("m",)):
+            versions = self.model.versions.get((topic, part), {})
+            found = {versions.get(o) for o in range(begin, end)}
+            assert found == {rest[-1]}, ((topic, part, begin, end), rest[-1], found)
 
     @invariant()
     def recomputations_start_from_the_floor(self) -> None:
