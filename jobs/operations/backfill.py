@@ -59,7 +59,7 @@ from jobs.ledger import LedgerSnapshot, current_epoch, snapshot
 from jobs.operations.plan import Plan, header
 from jobs.operations.restart import broker_marks, other_logs
 from jobs.operations.targets import TargetSpec, resolve_targets
-from jobs.pipeline import Pipeline
+from jobs.pipeline import Pipeline, stored_column
 from jobs.progress import SparkJobProgress
 from jobs.settings import Settings
 from jobs.snapshot import seed_rows
@@ -579,6 +579,41 @@ def swap_state(
     }
 
 
+def same_sketches_kept(
+    spark: SparkSession, pipeline: Pipeline, current: pa.Table, corrected: pa.Table
+) -> pa.Table:
+    """``corrected`` with the state's sketch wherever its recomputed distinct-count
+    sketch holds the same values in other bytes: a sketch's bytes follow the order
+    its values were merged in, which a batch job does not share with the stream, and
+    that is no change (no MERGE update, no correction). Two sketches hold the same
+    values when their union's estimate is each one's (a set with another value
+    would grow it)."""
+    sketches = [
+        stored_column(a) for a in pipeline.aggregations if a.function == "approx_count_distinct"
+    ]
+    if not sketches or not current.num_rows or not corrected.num_rows:
+        return corrected
+    keys = list(pipeline.state_keys)
+    before = current.select(keys + sketches).rename_columns(keys + [f"{s}__now" for s in sketches])
+    joined = corrected.join(before, keys=keys, join_type="left outer")
+    frame = spark.createDataFrame(joined)
+    columns = []
+    for name in corrected.column_names:
+        if name not in sketches:
+            columns.append(F.col(f"`{name}`"))
+            continue
+        new, now = F.col(f"`{name}`"), F.col(f"`{name}__now`")
+        estimate = F.hll_sketch_estimate
+        same = (
+            now.isNotNull()
+            & new.isNotNull()
+            & (estimate(F.hll_union(new, now)) == estimate(new))
+            & (estimate(new) == estimate(now))
+        )
+        columns.append(F.when(same, now).otherwise(new).alias(name))
+    return frame.select(*columns).toArrow().cast(corrected.schema)
+
+
 def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     """``table`` with ``schema``'s columns: one it lacks (an aggregation or key a new
     definition adds) is empty; one it has beyond them is left out."""
@@ -645,6 +680,7 @@ def run_backfill(
         # Compared with the state it publishes onto (what is beyond the ledger is undone).
         onto = DeltaTable(str(layout.table("state")), version=state_behind(layout))
         current = conform(onto.to_pyarrow_table(), schema)
+        corrected = same_sketches_kept(spark, pipeline, current, corrected)
         report = preview(pipeline, current, corrected)
         path = write_preview(layout, plan, report)
         echo(summary(report))

@@ -104,6 +104,10 @@ def test_the_dimension_feeds_the_stream_and_a_fix_is_backfilled(  # type: ignore
     changed = {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
     assert changed
 
+    # The batch job aggregates in another order than the stream did (other
+    # partitions): a distinct count's sketch of the same values can differ in bytes,
+    # which is no change of the window.
+    spark.conf.set("spark.sql.shuffle.partitions", "7")
     args = ("backfill", "--from-earliest", "--dimensions", "newest", "--reason", "merchants fix")
     planned = run_jobs(pipeline, settings, *args, "--preview", spark=spark)
     assert planned.returncode == 0, planned.stderr[-2000:]
