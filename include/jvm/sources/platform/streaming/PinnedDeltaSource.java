@@ -104,8 +104,72 @@ public final class PinnedDeltaSource implements TableProvider {
     }
   }
 
+  /**
+   * What a batch read of a version gave, by table, version and the commit file's time (a
+   * version is immutable, a table deleted and written again is not the same table): each
+   * batch that joins an unchanged table then costs no Spark job. Small tables, few kept.
+   */
+  private static final Map<String, List<String>> ROWS = lru(16);
+
+  private static final Map<String, List<Row>> HISTORIES = lru(16);
+
+  private static <V> Map<String, V> lru(int size) {
+    return java.util.Collections.synchronizedMap(
+        new java.util.LinkedHashMap<String, V>(size, 0.75f, true) {
+          private static final long serialVersionUID = 1L;
+
+          @Override
+          protected boolean removeEldestEntry(Map.Entry<String, V> eldest) {
+            return size() > size;
+          }
+        });
+  }
+
+  /** The newest commit file of the table's log and its time: what identifies its state. */
+  static String logState(SparkSession spark, String path) {
+    Path log = new Path(path, "_delta_log");
+    try {
+      FileSystem fs = log.getFileSystem(spark.sparkContext().hadoopConfiguration());
+      String newest = "";
+      long time = 0;
+      for (org.apache.hadoop.fs.FileStatus status : fs.listStatus(log)) {
+        String name = status.getPath().getName();
+        if (name.matches("\\d{20}\\.json") && name.compareTo(newest) > 0) {
+          newest = name;
+          time = status.getModificationTime();
+        }
+      }
+      return newest + "@" + time;
+    } catch (IOException e) {
+      return "unreadable-" + System.nanoTime(); // never a hit: Spark's read says why
+    }
+  }
+
+  static long commitTime(SparkSession spark, String path, long version) {
+    Path commit = new Path(new Path(path, "_delta_log"), String.format("%020d.json", version));
+    try {
+      return commit.getFileSystem(spark.sparkContext().hadoopConfiguration())
+          .getFileStatus(commit)
+          .getModificationTime();
+    } catch (IOException e) {
+      return -System.nanoTime(); // (a checkpointed-away commit file: read again)
+    }
+  }
+
   /** The table at version as JSON rows, after checking its columns against the run's. */
   static List<String> rowsAt(
+      SparkSession spark, String path, long version, String schema, String key) {
+    String id = path + "\n" + version + "\n" + commitTime(spark, path, version) + "\n" + schema;
+    List<String> known = ROWS.get(id);
+    if (known != null) {
+      return known;
+    }
+    List<String> rows = readRows(spark, path, version, schema, key);
+    ROWS.put(id, rows);
+    return rows;
+  }
+
+  private static List<String> readRows(
       SparkSession spark, String path, long version, String schema, String key) {
     Dataset<Row> table = spark.read().format("delta").option("versionAsOf", version).load(path);
     if (schema != null && !schema.isEmpty()) {
@@ -149,11 +213,17 @@ public final class PinnedDeltaSource implements TableProvider {
   /** The newest version of the table at path committed at or before timeMs. */
   static long versionAt(SparkSession spark, String path, long timeMs) {
     String table = "delta.`" + path.replace("`", "``") + "`";
-    List<Row> versions =
-        spark
-            .sql("DESCRIBE HISTORY " + table)
-            .selectExpr("version", "unix_millis(timestamp) AS ms")
-            .collectAsList();
+    // Delta's own history (its commit times), read again only when the log changed.
+    String state = path + "\n" + logState(spark, path);
+    List<Row> versions = HISTORIES.get(state);
+    if (versions == null) {
+      versions =
+          spark
+              .sql("DESCRIBE HISTORY " + table)
+              .selectExpr("version", "unix_millis(timestamp) AS ms")
+              .collectAsList();
+      HISTORIES.put(state, versions);
+    }
     long found = -1;
     long oldest = Long.MAX_VALUE;
     for (Row row : versions) {
