@@ -15,7 +15,7 @@ Per pipeline ``stream_<application_id>``:
 
 Per dimension in ``include/dimensions`` ``dimension_<name>``: the batch job that
 keeps the table pipelines enrich from (``jobs/dimension.py``), publishing it as the
-``dim_<name>`` Asset; a stream DAG that enriches from it names it as an inlet.
+``dims.<name>`` Asset; a stream DAG that enriches from it names it as an inlet.
 
 The ``state`` and ``changelog`` tables are Assets (outlets), so downstream DAGs
 can be scheduled on them. Nothing heavy is imported here: DAG files parse fast.
@@ -32,9 +32,9 @@ from typing import Any, NoReturn
 from airflow.providers.standard.operators.python import PythonOperator
 from airflow.sdk import DAG, Asset, Param
 
-from jobs.dimension import Dimension, list_dimensions
+from jobs.dimension import Dimension, load_each_dimension
 from jobs.errors import ConfigError
-from jobs.pipeline import Pipeline, load_each_pipeline
+from jobs.pipeline import DIMENSIONS_DIR, Pipeline, load_each_pipeline
 from jobs.settings import Settings, load_settings
 from platform_airflow.operators import PlatformJobOperator
 from platform_airflow.sensors import ApplicationHealthSensor
@@ -63,10 +63,11 @@ def table_assets(pipeline: Pipeline, settings: Settings) -> list[Asset]:
 
 
 def dimension_asset(table: Path, settings: Settings) -> Asset:
-    """A Delta table pipelines enrich from: ``dim_<name>`` for the warehouse's
-    ``dims/<name>`` (what ``dimension_<name>`` keeps), else named by its path."""
-    kept = settings.warehouse / "dims"
-    name = f"dim_{table.name}" if table.parent == kept else f"table_{table}"
+    """A Delta table pipelines enrich from: ``dims.<name>`` for the warehouse's
+    ``dims/<name>`` (what ``dimension_<name>`` keeps), else named by its path. (No
+    application's Asset has a '.' in its name.)"""
+    kept = settings.warehouse / DIMENSIONS_DIR
+    name = f"{DIMENSIONS_DIR}.{table.name}" if table.parent == kept else f"table:{table}"
     return Asset(name=name, uri=f"file://{table}")
 
 
@@ -76,8 +77,8 @@ def enrichment_doc(pipeline: Pipeline, settings: Settings) -> tuple[str, list[As
     for e in pipeline.enrich:
         asset = dimension_asset(Path(e.path(settings.warehouse)), settings)
         assets.append(asset)
-        kept = asset.name.startswith("dim_")
-        keeper = f", kept by DAG `dimension_{asset.name[4:]}`" if kept else ""
+        kept = asset.name.startswith(DIMENSIONS_DIR + ".")
+        keeper = f", kept by DAG `dimension_{asset.name.split('.', 1)[1]}`" if kept else ""
         lines.append(
             f"- `{e.name}`: `{asset.uri.removeprefix('file://')}` (Asset `{asset.name}`"
             f"{keeper}), joined on `{e.record_key} = {e.name}.{e.table_key}`; each batch "
@@ -268,30 +269,34 @@ def dimension_dags(settings: Settings | None = None) -> dict[str, DAG]:
     settings = settings or load_settings()
     if not settings.dimensions_dir.is_dir():
         return {}
-    return {
-        f"dimension_{d.name}": dimension_dag(d, settings)
-        for d in list_dimensions(settings.dimensions_dir)
-    }
+    dimensions, broken = load_each_dimension(settings.dimensions_dir)
+    dags = {f"dimension_{d.name}": dimension_dag(d, settings) for d in dimensions}
+    for stem, error in broken.items():
+        log.error("dimension %s does not load: %s", stem, error)
+        dag = broken_definition_dag("dimension", stem, error)
+        dags.setdefault(dag.dag_id, dag)
+    return dags
 
 
 def _fail_with(message: str) -> NoReturn:
     raise ConfigError(message)
 
 
-def broken_pipeline_dag(stem: str, error: ConfigError) -> DAG:
-    """Stands in for the DAG of a pipeline file that does not load: the error shows
-    on this DAG (its description, docs and its one task's failure) instead of
-    taking every DAG of the file down as an import error."""
+def broken_definition_dag(kind: str, stem: str, error: ConfigError) -> DAG:
+    """Stands in for the DAG of a pipeline (``kind`` stream) or dimension file that
+    does not load: the error shows on this DAG (its description, docs and its one
+    task's failure) instead of taking every DAG of the file down as an import error."""
     name = re.sub(r"[^A-Za-z0-9_.-]", "_", stem)
+    what = "pipeline" if kind == "stream" else kind
     with DAG(
-        dag_id=f"stream_{name}",
-        description=f"BROKEN pipeline definition: {error}"[:1000],
-        doc_md=f"**The pipeline file `{stem}.yaml` does not load.** Fix it and the stream "
+        dag_id=f"{kind}_{name}",
+        description=f"BROKEN {what} definition: {error}"[:1000],
+        doc_md=f"**The {what} file `{stem}.yaml` does not load.** Fix it and the "
         f"DAG comes back on the next parse.\n\n```\n{error}\n```",
         schedule=None,
         start_date=START,
         catchup=False,
-        tags=["streaming", "broken", name],
+        tags=["streaming" if kind == "stream" else "batch", "broken", name],
         default_args=default_args(retries=1),
     ) as dag:
         PythonOperator(
@@ -313,6 +318,6 @@ def stream_dags(settings: Settings | None = None) -> dict[str, DAG]:
             dags[f"health_{pipeline.application_id}"] = health_dag(pipeline)
     for stem, error in broken.items():
         log.error("pipeline %s does not load: %s", stem, error)
-        dag = broken_pipeline_dag(stem, error)
+        dag = broken_definition_dag("stream", stem, error)
         dags.setdefault(dag.dag_id, dag)
     return dags

@@ -372,6 +372,17 @@ class History:
     def head(self) -> Coverage:
         return self.at(self.epoch)
 
+    def replay_from(self, cut: Offsets) -> Offsets:
+        """Where a run's replayed ranges begin: the epoch's cut, or the start of its
+        last batch in the ledger, which Spark runs again when it died before its own
+        commit (the batch then joins what its ledger row recorded). Batches before it
+        Spark does not run again."""
+        batches = self.batches.get(self.epoch)
+        if not batches:
+            return dict(cut)
+        last = batches[-1]
+        return {tp: max(cut.get(tp, 0), last.start.get(tp, cut.get(tp, 0))) for tp in last.end}
+
     def replay_decisions(
         self, reading_from: Offsets, dimensions: tuple[str, ...]
     ) -> list[tuple[Any, ...]]:
@@ -381,10 +392,17 @@ class History:
         keeps the judgment the lineage last held for it: each epoch's start (what its
         state was: a restored boundary, a backfill's rejudged ranges), then its
         batches, in order. So a replay joins the versions its first judgment
-        recorded, those a backfill rejudged it with, or, where a rewind discarded it,
-        those of the judgment discarded."""
+        recorded, those a backfill rejudged it with (a range a rewind discarded
+        after the backfill's boundary too), or, where a rewind discarded it, those
+        of the judgment discarded."""
         latest = Coverage()
         for at in range(self.epoch + 1):
+            step = self.steps.get(at)
+            if step is not None and step.action == "publish" and step.dimensions:
+                # A backfill with other versions stands for everything after its
+                # boundary, a range a rewind discarded (still to replay) included.
+                kept = Coverage() if step.boundary is None else self.at(*step.boundary)
+                latest = latest.rejudged(dict(step.dimensions), kept)
             latest = latest.adding(self.starts[at].batch_judgments())
             latest = latest.adding(
                 judgment for b in self.batches.get(at, []) for judgment in b.judgments()

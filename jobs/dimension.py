@@ -10,7 +10,7 @@ a stream pins one version per batch, so an unchanged file adds none.
 Refused with one error, nothing written: a missing file, a line that does not
 parse into the columns, a null or repeated key, or a column whose type differs
 from the table's (a stream reading the table would stop on it: give the changed
-table a new name instead).
+table a new name instead). A field a line leaves out is NULL.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pyspark.sql import functions as F
 
 from jobs import sql_text
 from jobs.errors import ConfigError
-from jobs.pipeline import APPLICATION_ID, FIELD_NAME, WAREHOUSE, _Reader
+from jobs.pipeline import APPLICATION_ID, DIMENSIONS_DIR, FIELD_NAME, WAREHOUSE, _Reader
 
 log = logging.getLogger(__name__)
 CORRUPT = "_corrupt_record"
@@ -41,7 +41,7 @@ class Dimension:
     schedule_minutes: int | None  # None: only when triggered
 
     def table(self, warehouse: Path) -> Path:
-        return warehouse / "dims" / self.name
+        return warehouse / DIMENSIONS_DIR / self.name
 
     def source_file(self, warehouse: Path) -> Path:
         if self.source.startswith(WAREHOUSE + "/"):
@@ -67,9 +67,15 @@ def parse_dimension(data: object, origin: str) -> Dimension:
     description = top.get("description", str, "")
     source = top.get("source", str)
     rest = source[len(WAREHOUSE) :] if source.startswith(WAREHOUSE + "/") else source
-    if not rest.startswith("/") or "${" in rest or ".." in rest.split("/"):
+    if (
+        not rest.startswith("/")
+        or "${" in rest
+        or ".." in rest.split("/")
+        or any(c in rest for c in "*?[]{}:\\")
+    ):
         raise top.error(
-            f"must be an absolute path or start with {WAREHOUSE}/ (no '..'), got {source!r}",
+            f"must be an absolute path or start with {WAREHOUSE}/ (no '..', no glob or "
+            f"scheme characters * ? [ ] {{ }} : \\), got {source!r}",
             "source",
         )
     key = top.get("key", str)
@@ -85,6 +91,8 @@ def parse_dimension(data: object, origin: str) -> Dimension:
             raise top.error(f"type of {column!r}: {exc}", "columns") from None
     if key not in columns:
         raise top.error(f"{key!r} is not one of the columns ({', '.join(columns)})", "key")
+    if not sql_text.is_atomic(columns[key]):
+        raise top.error(f"{key!r} is a {columns[key]}: a key must be a single value", "key")
     minutes = top.get("schedule_minutes", int, None)
     if minutes is not None and not 1 <= minutes <= 7 * 24 * 60:
         raise top.error(f"must be 1..10080 minutes, got {minutes}", "schedule_minutes")
@@ -106,11 +114,26 @@ def load_dimension(name_or_path: str, dimensions_dir: Path) -> Dimension:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-    return parse_dimension(data, str(path))
+    dimension = parse_dimension(data, str(path))
+    if dimension.name != path.stem:
+        # The DAG and the command find a dimension by its file's name.
+        raise ConfigError(
+            f"{path}: name: must be the file's name {path.stem!r}, got {dimension.name!r}"
+        )
+    return dimension
 
 
-def list_dimensions(dimensions_dir: Path) -> list[Dimension]:
-    return [load_dimension(str(p), dimensions_dir) for p in sorted(dimensions_dir.glob("*.yaml"))]
+def load_each_dimension(dimensions_dir: Path) -> tuple[list[Dimension], dict[str, ConfigError]]:
+    """Every dimension that loads, and the error of each file that does not (by file
+    stem): one broken definition must not take the others down with it."""
+    loaded: list[Dimension] = []
+    broken: dict[str, ConfigError] = {}
+    for path in sorted(dimensions_dir.glob("*.yaml")):
+        try:
+            loaded.append(load_dimension(str(path), dimensions_dir))
+        except ConfigError as exc:
+            broken[path.stem] = exc
+    return loaded, broken
 
 
 def refresh(spark: SparkSession, dimension: Dimension, warehouse: Path) -> Refreshed:

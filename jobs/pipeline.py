@@ -108,6 +108,7 @@ class Output:
 MissingRow = Literal["dead_letter", "keep"]
 MISSING_ROWS = ("dead_letter", "keep")
 WAREHOUSE = "${warehouse}"
+DIMENSIONS_DIR = "dims"  # <warehouse>/dims/<name>: the dimension tables (no application's)
 
 
 @dataclass(frozen=True)
@@ -341,6 +342,11 @@ def parse_pipeline(data: Any, origin: str) -> Pipeline:
         raise top.error(
             "must be 1-63 characters of lowercase letters, digits and '_', starting with a "
             f"letter (it names directories), got {app_id!r}",
+            "application_id",
+        )
+    if app_id == DIMENSIONS_DIR:
+        raise top.error(
+            f"{app_id!r} is the warehouse's folder of dimension tables (jobs/dimension.py)",
             "application_id",
         )
     version = top.get("version", int, 1)

@@ -585,9 +585,12 @@ def same_sketches_kept(
     """``corrected`` with the state's sketch wherever its recomputed distinct-count
     sketch holds the same values in other bytes: a sketch's bytes follow the order
     its values were merged in, which a batch job does not share with the stream, and
-    that is no change (no MERGE update, no correction). Two sketches hold the same
-    values when their union's estimate is each one's (a set with another value
-    would grow it)."""
+    that is no change (no MERGE update, no correction). Two sketches in coupon mode
+    (DataSketches' LIST or SET, up to a few hundred values: the estimate counts the
+    coupons) hold the same values when their union's estimate is each one's (a set
+    with another value would grow it). In HLL mode an equal estimate can hide
+    other registers: there only equal bytes are the same (other bytes publish a
+    correction that changes no number)."""
     sketches = [
         stored_column(a) for a in pipeline.aggregations if a.function == "approx_count_distinct"
     ]
@@ -607,11 +610,20 @@ def same_sketches_kept(
         same = (
             now.isNotNull()
             & new.isNotNull()
+            & coupon_mode(new)
+            & coupon_mode(now)
             & (estimate(F.hll_union(new, now)) == estimate(new))
             & (estimate(new) == estimate(now))
         )
         columns.append(F.when(same, now).otherwise(new).alias(name))
     return frame.select(*columns).toArrow().cast(corrected.schema)
+
+
+def coupon_mode(sketch: Column) -> Column:
+    """Whether a serialized DataSketches HLL sketch is in LIST or SET mode: the low
+    two bits of its eighth byte, the mode byte (0 LIST, 1 SET, 2 HLL)."""
+    mode = F.conv(F.hex(F.substring(sketch, 8, 1)), 16, 10).cast("int")
+    return (mode % 4) < 2
 
 
 def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:

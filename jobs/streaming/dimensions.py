@@ -8,10 +8,10 @@ log, which a replay keeps), read on the driver while the batch is planned by
 ``include/jvm/sources/platform/streaming/PinnedDeltaSource.java``, and the ledger
 records it with the batch (``dimensions`` in the batch row's details).
 
-A table arrives as one row per enrichment: its version, and per key the rows with
-that key, cross-joined (broadcast) to the batch's records. A key with more than one
-row is its records' dead letter, never a double count; a key with none is a dead
-letter or a NULL struct (``missing: keep``).
+A table arrives as one row per enrichment: its version, and per key (as a
+string) the rows with that key, cross-joined (broadcast) to the batch's records.
+A key with more than one row is its records' dead letter, never a double count; a
+key with none is a dead letter or a NULL struct (``missing: keep``).
 
 A replay through new batches (a rewind that reprocesses, a rebuild from the
 source) reads records that earlier batches judged: those join the versions the
@@ -25,7 +25,7 @@ from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructType
+from pyspark.sql.types import ArrayType, MapType, StringType, StructType
 
 from jobs.cut import check_readable, current_log_history
 from jobs.delta.layout import AppLayout
@@ -77,19 +77,17 @@ def at_versions(spark: SparkSession, pipeline: Pipeline, i: int, versions: set[i
 
 
 def replay_ranges(
-    spark: SparkSession, pipeline: Pipeline, layout: AppLayout, reading_from: Offsets
+    spark: SparkSession, pipeline: Pipeline, layout: AppLayout, cut: Offsets
 ) -> list[tuple[Any, ...]]:
-    """The ranges at or after ``reading_from`` (the epoch's cut) that earlier batches
-    judged, merged, with the versions a replay joins there (none after a plain
-    restart: the stream reads on from what it judged)."""
+    """The ranges at or after ``cut`` (the epoch's; from its last ledger batch on, the
+    one batch Spark may run again) that earlier batches judged, merged, with the
+    versions a replay joins there (after a plain restart only that last batch's)."""
     snap = snapshot(layout) if pipeline.enrich else None
     if snap is None:
         return []
     history = current_log_history(layout, snap)
-    on = history.head.read_on_from()
-    position = {tp: max(off, on.get(tp, off)) for tp, off in reading_from.items()}
     names = tuple(e.name for e in pipeline.enrich)
-    decisions = history.replay_decisions(on | position, names)
+    decisions = history.replay_decisions(history.replay_from(cut), names)
     if not decisions:
         return []
     _newest, ranges = resolved(spark, pipeline, decisions)
@@ -203,17 +201,13 @@ def _by_key(spark: SparkSession, pipeline: Pipeline, i: int, options: dict[str, 
         .options(**options)
         .load()
     )
-    # The source writes timestamps to the microsecond (Spark's default JSON has ms).
+    # The source writes timestamps to the microsecond (Spark's default JSON has ms),
+    # and the rows by key (the key as Spark casts it to a string): one row, no shuffle.
     formats = {"timestampFormat": TIMESTAMP_FORMAT, "timestampNTZFormat": TIMESTAMP_NTZ_FORMAT}
-    row = F.from_json(F.col("_dim_row"), row_type(table), formats)
-    parsed = raw.select(F.col("_dim_version").alias("v"), row.alias("r"))
-    key = F.col("r").getField(enrichment.table_key)
-    per_key = parsed.groupBy(key.alias("k")).agg(
-        F.max("v").alias("v"), F.collect_list("r").alias("rows")
-    )
-    entries = F.filter(F.collect_list(F.struct("k", "rows")), lambda e: e["k"].isNotNull())
-    return per_key.agg(
-        F.max("v").alias(version_column(i)), F.map_from_entries(entries).alias(rows_column(i))
+    by_key = MapType(StringType(), ArrayType(row_type(table)))
+    return raw.select(
+        F.col("_dim_version").alias(version_column(i)),
+        F.from_json(F.col("_dim_row"), by_key.json(), formats).alias(rows_column(i)),
     )
 
 
@@ -237,7 +231,8 @@ def enriched(frame: DataFrame, pipeline: Pipeline) -> DataFrame:
     """``frame`` (the record's columns and the tables' one-row columns) with each
     enrichment's struct, and ``_e<i>`` (the rows its key matched) for the checks."""
     for i, enrichment in enumerate(pipeline.enrich):
-        matched = F.try_element_at(F.col(rows_column(i)), F.expr(enrichment.record_key))
+        key = F.expr(enrichment.record_key).cast("string")  # as the source keys the rows
+        matched = F.try_element_at(F.col(rows_column(i)), key)
         frame = frame.withColumn(f"_e{i}", matched)
         frame = frame.withColumn(
             enrichment.name, F.when(F.size(F.col(f"_e{i}")) == 1, F.col(f"_e{i}")[0])

@@ -41,3 +41,20 @@ def test_a_broken_pipeline_file_shows_on_its_own_dag_only(
         assert broken.task_ids == ["invalid_definition"]
     form = bag.dags["maintenance_rewind"].params.get_param("pipeline").schema["enum"]
     assert set(form) == {"user_clicks", "inventory"}
+
+
+def test_a_broken_dimension_file_shows_on_its_own_dag_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow.dag_processing.dagbag import DagBag
+
+    shutil.copy(REPO_ROOT / "include" / "dimensions" / "merchants.yaml", tmp_path)
+    (tmp_path / "stores.yaml").write_text("name: stores\nsource: /x.jsonl\nkey: id\n")
+    monkeypatch.setenv("PLATFORM_DIMENSIONS_DIR", str(tmp_path))
+
+    bag = DagBag(dag_folder=str(DAGS))
+    assert bag.import_errors == {}
+    assert "dimension_merchants" in bag.dag_ids
+    broken = bag.dags["dimension_stores"]
+    assert "broken" in broken.tags and "columns: is required" in broken.description
+    assert broken.task_ids == ["invalid_definition"]

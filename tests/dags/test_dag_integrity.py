@@ -270,8 +270,8 @@ def test_the_dimension_dag_publishes_the_table_the_enriched_stream_reads(dagbag)
     load = dimension.get_task("load")
     assert load.application_args == ["dimension", "--dimension", "merchants"]
     (published,) = load.outlets
-    assert published.name == "dim_merchants"
+    assert published.name == "dims.merchants"
     assert published.uri.endswith("/dims/merchants")
     stream = dagbag.dags["stream_orders_by_category"]
-    assert [a.name for a in stream.get_task("run").inlets] == ["dim_merchants"]
+    assert [a.name for a in stream.get_task("run").inlets] == ["dims.merchants"]
     assert "kept by DAG `dimension_merchants`" in (stream.doc_md or "")

@@ -6,6 +6,7 @@ same orders and the file's rows."""
 
 from __future__ import annotations
 
+import calendar
 import json
 import time
 from collections import defaultdict
@@ -42,8 +43,7 @@ def expected(events: list[dict[str, Any]], dims: dict[str, dict[str, str]]) -> d
         if e["status"] != "paid" or e["merchant"]["country"] == "XX":
             continue
         row = dims[e["merchant"]["id"]]
-        created = int(time.mktime(time.strptime(e["created_at"], "%Y-%m-%dT%H:%M:%SZ")))
-        created -= time.timezone  # (mktime reads local time; the string is UTC)
+        created = calendar.timegm(time.strptime(e["created_at"], "%Y-%m-%dT%H:%M:%SZ"))
         key = (row["category"], created - created % 600)
         revenue[key] += Decimal(e["amount_cents"]) / 100
         orders[key] += 1
@@ -125,7 +125,7 @@ def test_the_dimension_feeds_the_stream_and_a_fix_is_backfilled(  # type: ignore
     def key(record: dict[str, Any]) -> Key:
         start = record["key"]["window_start"]
         moment = time.strptime(start[:19], "%Y-%m-%dT%H:%M:%S")
-        return record["key"]["category"], int(time.mktime(moment)) - time.timezone
+        return record["key"]["category"], calendar.timegm(moment)
 
     assert sorted(map(key, corrections)) == sorted(changed)
     table: dict[Key, int] = {}

@@ -59,3 +59,11 @@ def test_the_same_values_in_other_bytes_are_no_change(spark) -> None:  # type: i
     assert by_key["b"]["_sketch_regions"] == corrected.column("_sketch_regions")[1].as_py()
     assert by_key["d"]["_sketch_regions"] == corrected.column("_sketch_regions")[3].as_py()
     assert kept.schema == corrected.schema
+
+    # In HLL mode (thousands of values) only equal bytes are the same sketch.
+    many = [f"v{i}" for i in range(3000)]
+    big_now, big_new = sketch(spark, many), sketch(spark, many[::-1])
+    current = pa.table({"category": ["e"], "regions": [3000], "_sketch_regions": [big_now]})
+    corrected = pa.table({"category": ["e"], "regions": [3000], "_sketch_regions": [big_new]})
+    (row,) = same_sketches_kept(spark, pipeline, current, corrected).to_pylist()
+    assert row["_sketch_regions"] == (big_now if big_now == big_new else big_new)

@@ -93,6 +93,7 @@ class Repairs(RuleBasedStateMachine):
         self.steps: dict[int, Step] = {}
         self.cuts: dict[int, tuple[dict[TP, int], int]] = {}
         self.reads: dict[TP, int] = {(T, 0): 0}
+        self.cut: dict[TP, int] = {(T, 0): 0}  # where the epoch began
         self.excluded: set[int] = set()  # epochs that read a deleted log
         self.floor: int | None = None  # the epoch of the repair that kept their state
 
@@ -113,6 +114,7 @@ class Repairs(RuleBasedStateMachine):
             )
             self.cuts[self.epoch] = (dict(reads), 0)
         self.reads = dict(reads)
+        self.cut = dict(reads)
 
     def chosen(self, target: dict[TP, int]) -> tuple[Boundary | None, Point | None]:
         history = self.history()
@@ -142,13 +144,7 @@ class Repairs(RuleBasedStateMachine):
         if all(end[tp] == start[tp] for tp in self.log):
             return  # Spark runs no batch when nothing is new
         self.version += 1
-        # What the run joins where it replays (jobs/streaming/dimensions.replay_ranges).
-        ranges = merged(self.history().replay_decisions(start, ("m",)), 1)
-        replayed = tuple(
-            (tp, begin, stop, tuple(sorted(versions.items())))
-            for topic, part, begin, stop, versions in pieces(ranges, ["m"], start, end)
-            for tp in [(topic, part)]
-        )
+        replayed = self.replayed(start, end)
         self.batches.append(
             BatchEntry(
                 self.epoch,
@@ -160,6 +156,10 @@ class Repairs(RuleBasedStateMachine):
                 replayed=replayed,
             )
         )
+        # Killed after its ledger row, before Spark's commit: Spark runs it again (with
+        # the version its checkpoint recorded), and joins what its first run joined.
+        first = self.joined(replayed, start, end)
+        assert self.joined(self.replayed(start, end), start, end) == first
         self.batch_id += 1
         self.reads = end
         for tp in self.log:
@@ -170,6 +170,28 @@ class Repairs(RuleBasedStateMachine):
                 recorded[o] = recorded.get(o, self.table)
                 self.model.versions.setdefault(tp, {})[o] = recorded[o]
         self.points.append(self.model.copy())
+
+    def replayed(self, start: dict[TP, int], end: dict[TP, int]) -> tuple[object, ...]:
+        """What a run joins where it replays (``jobs/streaming/dimensions.replay_ranges``),
+        as a batch [start, end) records it."""
+        history = self.history()
+        ranges = merged(history.replay_decisions(history.replay_from(self.cut), ("m",)), 1)
+        return tuple(
+            (tp, begin, stop, tuple(sorted(versions.items())))
+            for topic, part, begin, stop, versions in pieces(ranges, ["m"], start, end)
+            for tp in [(topic, part)]
+        )
+
+    def joined(
+        self, replayed: tuple[object, ...], start: dict[TP, int], end: dict[TP, int]
+    ) -> dict[tuple[TP, int], int]:
+        """The version each offset of a batch joins: its replayed piece's, else the
+        batch's own (the table's now)."""
+        found = {(tp, o): self.table for tp in end for o in range(start[tp], end[tp])}
+        for tp, begin, stop, versions in replayed:  # type: ignore[misc]
+            for o in range(begin, stop):
+                found[(tp, o)] = dict(versions)["m"]
+        return found
 
     @rule()
     def crash_an_operation_after_its_fence(self) -> None:
@@ -270,7 +292,11 @@ class Repairs(RuleBasedStateMachine):
             for tp, offsets in expected.items():
                 for o in offsets:
                     self.model.versions.setdefault(tp, {})[o] = self.table
-                    self.recorded.setdefault(tp, {})[o] = self.table
+            # and so does what a rewind discarded after its boundary (still to replay)
+            for tp, recorded in self.recorded.items():
+                for o in recorded:
+                    if o not in base.get(tp, set()):
+                        recorded[o] = self.table
         kept = [] if point is None else self.points[: self.points.index(point) + 1]
         self.points = [*kept, self.model.copy()]
 

@@ -42,8 +42,9 @@ import org.apache.spark.unsafe.types.UTF8String;
  * kept, and the version chosen is recorded under checkpoint/dimensions) joins the same
  * one. Options: path (the Delta table), checkpoint (the query's), or version (a fixed
  * one, for recomputations in batch); schema and key (the columns the run was checked
- * with: a version whose columns changed type is an error, never NULLs). Rows: the
- * version and each row as JSON, timestamps to the microsecond.
+ * with: a version whose columns changed type is an error, never NULLs). One row: the
+ * version and a JSON object of the table's rows by key (a key cast to a string, each
+ * row's columns as JSON, timestamps to the microsecond).
  */
 public final class PinnedDeltaSource implements TableProvider {
   public static final String VERSION = "_dim_version";
@@ -64,6 +65,9 @@ public final class PinnedDeltaSource implements TableProvider {
     String path = options.get("path");
     if (path == null || path.isEmpty()) {
       throw new IllegalArgumentException("the pinned Delta source needs option path");
+    }
+    if (options.get("key") == null || options.get("key").isEmpty()) {
+      throw new IllegalArgumentException("the pinned Delta source needs option key");
     }
     return new PinnedTable(
         path,
@@ -105,9 +109,10 @@ public final class PinnedDeltaSource implements TableProvider {
   }
 
   /**
-   * What a batch read of a version gave, by table, version and the commit file's time (a
-   * version is immutable, a table deleted and written again is not the same table): each
-   * batch that joins an unchanged table then costs no Spark job. Small tables, few kept.
+   * What a batch read of a version gave, by table, version, the commit file's time (a
+   * version is immutable, a table deleted and written again is not the same table), the
+   * columns and the key: each batch that joins an unchanged table then costs no Spark job.
+   * Small tables, few kept.
    */
   private static final Map<String, List<String>> ROWS = lru(16);
 
@@ -159,7 +164,10 @@ public final class PinnedDeltaSource implements TableProvider {
   /** The table at version as JSON rows, after checking its columns against the run's. */
   static List<String> rowsAt(
       SparkSession spark, String path, long version, String schema, String key) {
-    String id = path + "\n" + version + "\n" + commitTime(spark, path, version) + "\n" + schema;
+    String id =
+        String.join(
+            "\n", path, Long.toString(version), Long.toString(commitTime(spark, path, version)),
+            String.valueOf(schema), key);
     List<String> known = ROWS.get(id);
     if (known != null) {
       return known;
@@ -200,10 +208,31 @@ public final class PinnedDeltaSource implements TableProvider {
     Map<String, String> options = new HashMap<>();
     options.put("timestampFormat", TIMESTAMP_FORMAT);
     options.put("timestampNTZFormat", TIMESTAMP_NTZ_FORMAT);
-    return table
-        .select(functions.to_json(functions.struct(functions.col("*")), options))
-        .as(Encoders.STRING())
-        .collectAsList();
+    // Grouped here by the key as Spark casts it to a string (the join casts the record's
+    // key the same way): the batch gets one row, its map, with no shuffle of its own.
+    List<Row> rows =
+        table
+            .select(
+                functions.col(key).cast("string"),
+                functions.to_json(functions.struct(functions.col("*")), options))
+            .collectAsList();
+    Map<String, List<String>> byKey = new java.util.TreeMap<>();
+    for (Row row : rows) {
+      if (!row.isNullAt(0)) {
+        byKey.computeIfAbsent(row.getString(0), k -> new ArrayList<>()).add(row.getString(1));
+      }
+    }
+    com.fasterxml.jackson.core.io.JsonStringEncoder quote =
+        com.fasterxml.jackson.core.io.JsonStringEncoder.getInstance();
+    StringBuilder json = new StringBuilder("{");
+    for (Map.Entry<String, List<String>> entry : byKey.entrySet()) {
+      if (json.length() > 1) {
+        json.append(',');
+      }
+      json.append('"').append(quote.quoteAsString(entry.getKey())).append("\":[");
+      json.append(String.join(",", entry.getValue())).append(']');
+    }
+    return List.of(json.append('}').toString());
   }
 
   /** Microseconds kept (Spark's default JSON format has milliseconds). */
