@@ -19,13 +19,20 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from jobs import sql_text
 from jobs.errors import ConfigError
-from jobs.pipeline import APPLICATION_ID, DIMENSIONS_DIR, FIELD_NAME, WAREHOUSE, _Reader
+from jobs.pipeline import (
+    APPLICATION_ID,
+    DIMENSIONS_DIR,
+    WAREHOUSE,
+    _Reader,
+    definition_file,
+    load_each,
+    parse_columns,
+)
 
 log = logging.getLogger(__name__)
 CORRUPT = "_corrupt_record"
@@ -79,16 +86,7 @@ def parse_dimension(data: object, origin: str) -> Dimension:
             "source",
         )
     key = top.get("key", str)
-    columns: dict[str, str] = {}
-    for column, kind in top.get("columns", dict).items():
-        if not isinstance(column, str) or not FIELD_NAME.match(column):
-            raise top.error(f"column name {column!r} must be letters, digits and '_'", "columns")
-        if not isinstance(kind, str):
-            raise top.error(f"type of {column!r} must be a Spark SQL type", "columns")
-        try:
-            columns[column] = sql_text.parse_type(kind)
-        except sql_text.SqlTextError as exc:
-            raise top.error(f"type of {column!r}: {exc}", "columns") from None
+    columns = parse_columns(top, "columns", set())
     if key not in columns:
         raise top.error(f"{key!r} is not one of the columns ({', '.join(columns)})", "key")
     if not sql_text.is_atomic(columns[key]):
@@ -102,18 +100,7 @@ def parse_dimension(data: object, origin: str) -> Dimension:
 
 def load_dimension(name_or_path: str, dimensions_dir: Path) -> Dimension:
     """A dimension by name (``merchants``) or by path to its YAML file."""
-    path = Path(name_or_path)
-    if path.suffix not in (".yaml", ".yml"):
-        if not APPLICATION_ID.match(name_or_path):
-            raise ConfigError(f"dimension name {name_or_path!r} is not a valid name")
-        path = dimensions_dir / f"{name_or_path}.yaml"
-    if not path.is_file():
-        known = ", ".join(sorted(p.stem for p in dimensions_dir.glob("*.yaml"))) or "none"
-        raise ConfigError(f"no dimension file {path} (defined dimensions: {known})")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    path, data = definition_file(name_or_path, dimensions_dir, "dimension")
     dimension = parse_dimension(data, str(path))
     if dimension.name != path.stem:
         # The DAG and the command find a dimension by its file's name.
@@ -124,16 +111,7 @@ def load_dimension(name_or_path: str, dimensions_dir: Path) -> Dimension:
 
 
 def load_each_dimension(dimensions_dir: Path) -> tuple[list[Dimension], dict[str, ConfigError]]:
-    """Every dimension that loads, and the error of each file that does not (by file
-    stem): one broken definition must not take the others down with it."""
-    loaded: list[Dimension] = []
-    broken: dict[str, ConfigError] = {}
-    for path in sorted(dimensions_dir.glob("*.yaml")):
-        try:
-            loaded.append(load_dimension(str(path), dimensions_dir))
-        except ConfigError as exc:
-            broken[path.stem] = exc
-    return loaded, broken
+    return load_each(dimensions_dir, load_dimension)
 
 
 def refresh(spark: SparkSession, dimension: Dimension, warehouse: Path) -> Refreshed:

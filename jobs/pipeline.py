@@ -11,10 +11,11 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal, cast, get_args
+from typing import Any, Literal, TypeVar, cast, get_args
 
 import yaml
 
@@ -578,25 +579,31 @@ def _expression(top: _Reader, where: str, text: str | None) -> str | None:
 
 
 def _parse_schema(top: _Reader) -> dict[str, str]:
-    schema: dict[str, str] = {}
-    for name, kind in top.get("schema", dict).items():
+    return parse_columns(top, "schema", RESERVED)
+
+
+def parse_columns(top: _Reader, key: str, reserved: set[str]) -> dict[str, str]:
+    """``key``: a mapping of names to Spark SQL types (DDL), normalized; none of the
+    names ``reserved``."""
+    columns: dict[str, str] = {}
+    for name, kind in top.get(key, dict).items():
         if not isinstance(name, str) or not FIELD_NAME.match(name):
             raise top.error(
                 f"field name {name!r} must start with a letter and hold letters, digits and "
                 "'_' (names starting with '_' are the platform's)",
-                "schema",
+                key,
             )
-        if name.lower() in RESERVED:
-            raise top.error(f"field name {name!r} is reserved by the platform", "schema")
+        if name.lower() in reserved:
+            raise top.error(f"field name {name!r} is reserved by the platform", key)
         if not isinstance(kind, str):
-            raise top.error(f"type of {name!r} must be a Spark SQL type, got {kind!r}", "schema")
+            raise top.error(f"type of {name!r} must be a Spark SQL type, got {kind!r}", key)
         try:
-            schema[name] = sql_text.parse_type(kind)
+            columns[name] = sql_text.parse_type(kind)
         except sql_text.SqlTextError as exc:
-            raise top.error(f"type of {name!r}: {exc}", "schema") from None
-    if not schema:
-        raise top.error("must name at least one field", "schema")
-    return schema
+            raise top.error(f"type of {name!r}: {exc}", key) from None
+    if not columns:
+        raise top.error("must name at least one field", key)
+    return columns
 
 
 PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -839,20 +846,45 @@ def shape_changes(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
     ]
 
 
-def load_pipeline(name_or_path: str, pipelines_dir: Path) -> Pipeline:
-    """A pipeline by name (``user_clicks``) or by path to its YAML file."""
+Loaded = TypeVar("Loaded")
+
+
+def definition_file(name_or_path: str, directory: Path, kind: str) -> tuple[Path, Any]:
+    """A definition (``kind``: pipeline, dimension) by name in ``directory`` or by path
+    to its YAML file: the path and the YAML's data."""
     path = Path(name_or_path)
     if path.suffix not in (".yaml", ".yml"):
         if not APPLICATION_ID.match(name_or_path):
-            raise ConfigError(f"pipeline name {name_or_path!r} is not a valid application id")
-        path = pipelines_dir / f"{name_or_path}.yaml"
+            what = "application id" if kind == "pipeline" else "name"
+            raise ConfigError(f"{kind} name {name_or_path!r} is not a valid {what}")
+        path = directory / f"{name_or_path}.yaml"
     if not path.is_file():
-        known = ", ".join(sorted(p.stem for p in pipelines_dir.glob("*.yaml"))) or "none"
-        raise ConfigError(f"no pipeline file {path} (defined pipelines: {known})")
+        known = ", ".join(sorted(p.stem for p in directory.glob("*.yaml"))) or "none"
+        raise ConfigError(f"no {kind} file {path} (defined {kind}s: {known})")
     try:
-        data = yaml.safe_load(path.read_text())
+        return path, yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+
+
+def load_each(
+    directory: Path, load: Callable[[str, Path], Loaded]
+) -> tuple[list[Loaded], dict[str, ConfigError]]:
+    """Every definition in ``directory`` that loads, and the error of each file that
+    does not (by file stem): one broken definition must not take the others down."""
+    loaded: list[Loaded] = []
+    broken: dict[str, ConfigError] = {}
+    for path in sorted(directory.glob("*.yaml")):
+        try:
+            loaded.append(load(str(path), directory))
+        except ConfigError as exc:
+            broken[path.stem] = exc
+    return loaded, broken
+
+
+def load_pipeline(name_or_path: str, pipelines_dir: Path) -> Pipeline:
+    """A pipeline by name (``user_clicks``) or by path to its YAML file."""
+    path, data = definition_file(name_or_path, pipelines_dir, "pipeline")
     pipeline = parse_pipeline(data, str(path))
     object.__setattr__(pipeline, "source_path", path)
     return pipeline
@@ -863,13 +895,4 @@ def list_pipelines(pipelines_dir: Path) -> list[Pipeline]:
 
 
 def load_each_pipeline(pipelines_dir: Path) -> tuple[list[Pipeline], dict[str, ConfigError]]:
-    """Every pipeline that loads, and the error of each file that does not (by file
-    stem): one broken definition must not take the others down with it."""
-    loaded: list[Pipeline] = []
-    broken: dict[str, ConfigError] = {}
-    for path in sorted(pipelines_dir.glob("*.yaml")):
-        try:
-            loaded.append(load_pipeline(str(path), pipelines_dir))
-        except ConfigError as exc:
-            broken[path.stem] = exc
-    return loaded, broken
+    return load_each(pipelines_dir, load_pipeline)

@@ -44,7 +44,7 @@ def test_columns_are_spark_types_in_order() -> None:
         ({"columns": {"id": "array<string>"}}, "key: 'id' is a array<string>: a key must be"),
         ({"key": "code"}, "key: 'code' is not one of the columns (id, since, score)"),
         ({"columns": {"id": "strin g"}}, "type of 'id'"),
-        ({"columns": {"1id": "string"}}, "column name '1id'"),
+        ({"columns": {"1id": "string"}}, "field name '1id' must start with a letter"),
         ({"schedule_minutes": 0}, "schedule_minutes: must be 1..10080"),
         ({"owner": "me"}, "unknown field(s) owner"),
     ],
