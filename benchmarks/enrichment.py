@@ -46,7 +46,7 @@ def inline(p: Pipeline) -> Pipeline:
         Derived("region", f"element_at(map({regions}), merchant.id)"),
         *(d for d in p.derived if d.name not in ("category", "region")),
     )
-    return dataclasses.replace(p, enrich=(), dimensions={}, derived=derived)
+    return dataclasses.replace(p, enrich=(), derived=derived)
 
 
 def main() -> None:

@@ -19,7 +19,7 @@ import pyarrow as pa
 import yaml
 
 from benchmarks.report import machine, scratch_broker, write_section
-from jobs import kafka_admin
+from jobs import kafka_admin, resolved
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
 from jobs.delta.writer import BatchWriter
@@ -52,7 +52,7 @@ def rows(p: Pipeline, n: int, batch_id: int) -> pa.Table:
             "batch_id": [batch_id] * n,
             "updated_at": [start] * n,
         },
-        tables.state_schema(p),
+        resolved.of(p).state_schema,
     )
 
 
@@ -63,9 +63,9 @@ def measure(sizes: list[int]) -> list[dict[str, float]]:
         for n in sizes:
             p = pipeline(f"out_{n}")
             layout = AppLayout(work / f"warehouse_{n}", p.application_id)
-            tables.ensure_tables(layout, p)
+            tables.ensure_tables(layout, resolved.of(p))
             writer = BatchWriter(p.application_id, 0)
-            publisher = OutputPublisher(p, layout, config)
+            publisher = OutputPublisher(resolved.of(p), layout, config)
             publisher.open()
             publisher.publish_pending()  # the first: an empty snapshot
             timings: dict[str, list[float]] = {"changes": [], "encode": [], "publish": []}
@@ -77,7 +77,7 @@ def measure(sizes: list[int]) -> list[dict[str, float]]:
                 assert version is not None
                 started = time.monotonic()
                 info_v = commit_infos(layout.table("state"), version, version)[version]
-                changes = net_changes(p, layout.table("state"), version, info_v)
+                changes = net_changes(resolved.of(p), layout.table("state"), version, info_v)
                 timings["changes"].append(time.monotonic() - started)
                 started = time.monotonic()
                 sum(1 for _ in encode(p, changes, 3))

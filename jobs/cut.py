@@ -333,7 +333,7 @@ def _check_kept(start: Offsets, marks: kafka_offsets.Watermarks, what: str) -> N
 def fenced_tables(layout: AppLayout, pipeline: Pipeline) -> list[Path]:
     """Every table of the application, in fencing order: the ledger first, so that no
     batch of an older epoch can complete once a bump has started."""
-    names = [tables.LEDGER] + [n for n in tables.table_schemas(pipeline) if n != tables.LEDGER]
+    names = [tables.LEDGER] + [n for n in tables.table_names(pipeline) if n != tables.LEDGER]
     return [layout.table(n) for n in names]
 
 
@@ -359,7 +359,7 @@ def remove_orphans(
         epochs = ", ".join(str(e) for e in died)
         orphan = f"({orphan}) OR (batch_id = -1 AND epoch IN ({epochs}))"
     removed: dict[str, int] = {}
-    for name in tables.table_schemas(pipeline):
+    for name in tables.table_names(pipeline):
         if name in (tables.LEDGER, "state"):
             continue
         table = DeltaTable(str(layout.table(name)))

@@ -12,7 +12,7 @@ import hashlib
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, TypeVar, cast, get_args
@@ -131,15 +131,6 @@ class Enrichment:
 
 
 @dataclass(frozen=True)
-class DimensionTable:
-    """An enrichment's table as Spark's analyser found it before the run."""
-
-    path: str
-    row_type: str  # its columns, a Spark struct type (as StructType.json())
-    key_type: str  # the key column's type
-
-
-@dataclass(frozen=True)
 class Pipeline:
     application_id: str
     version: int
@@ -172,24 +163,14 @@ class Pipeline:
     description: str = ""
     output: Output | None = None
     filter: str | None = None  # a Spark SQL boolean: records for which it is false are filtered
-    # Spark type of each derived column, known once Spark has analysed the pipeline
-    # (``jobs/streaming/records.resolve``); empty before.
-    derived_types: dict[str, str] = field(default_factory=dict)
     enrich: tuple[Enrichment, ...] = ()
-    # Each enrichment's table as Spark found it (``records.resolve``); empty before.
-    dimensions: dict[str, DimensionTable] = field(default_factory=dict)
-    # Whether an expression reads ``kafka.headers``, from Spark's analysed plan
-    # (``records.resolve``); None before, when the text decides (``uses_headers``).
-    headers_read: bool | None = None
 
     def column_type(self, name: str) -> str | None:
-        """The Spark type of a field, derived column or ``kafka.*`` column; None for a
-        derived column before Spark has analysed the pipeline."""
+        """The Spark type of a field or ``kafka.*`` column, as the file says; None for a
+        derived column (Spark's analyser decides it: ``jobs/resolved.py``)."""
         if name in self.schema:
             return self.schema[name]
-        if name in KAFKA_COLUMNS:
-            return KAFKA_COLUMNS[name]
-        return self.derived_types.get(name)
+        return KAFKA_COLUMNS.get(name)
 
     @property
     def expressions(self) -> list[tuple[str, str]]:
@@ -199,10 +180,9 @@ class Pipeline:
 
     @property
     def uses_headers(self) -> bool:
-        """Whether anything reads ``kafka.headers`` (Spark's source then includes them)."""
+        """Whether the text reads ``kafka.headers``: the JVM-free answer (Spark's
+        analysed plan gives the exact one, ``Resolved.uses_headers``)."""
         fields = [str(a.field) for a in self.aggregations if a.field]
-        if self.headers_read is not None:
-            return self.headers_read or any(sql_text.mentions(f, "headers") for f in fields)
         texts = [expr for _, expr in self.expressions] + fields
         return any(sql_text.mentions(text, "headers") for text in texts)
 

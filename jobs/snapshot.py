@@ -13,18 +13,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from jobs.delta.layout import TIMESTAMP, spark_value_type
-from jobs.errors import ConfigError
+from jobs.delta.layout import TIMESTAMP
 from jobs.pipeline import Aggregation, Pipeline, stored_column
-
-
-def seed_ddl(pipeline: Pipeline) -> str:
-    """The Spark schema of the seed stream: the contributions' columns (the pipeline
-    must have been analysed by Spark when a derived column is a key or summed)."""
-    columns = [f"`{k}` {pipeline.column_type(k)}" for k in pipeline.keys]
-    columns.append("`_event_time` timestamp")
-    columns += [f"`{name}` {kind}" for name, kind in contribution_types(pipeline).items()]
-    return ", ".join(columns)
 
 
 def seed_rows(state: pa.Table, pipeline: Pipeline) -> pa.Table:
@@ -87,26 +77,3 @@ def sketch_input(aggregation: Aggregation) -> str:
     """A distinct count's value per record, which Spark adds to the sketch (a seed
     row brings a whole sketch in ``contribution`` instead)."""
     return f"_value_{aggregation.name}"
-
-
-def contribution_types(pipeline: Pipeline) -> dict[str, str]:
-    """Spark type of each contribution column, by name.
-
-    Aggregations are kept algebraic (count and avg become sums of contributions,
-    a distinct count a union of sketches), so a state snapshot can be fed back in
-    as rows: a seed row contributes its stored count, sum, min, max or sketch
-    exactly as records would (see ``seed.py``).
-    """
-    types: dict[str, str] = {}
-    for agg in pipeline.aggregations:
-        kind = spark_value_type(pipeline, stored_column(agg))
-        if kind is None:
-            raise ConfigError(
-                f"{pipeline.application_id}: the type of {agg.field!r} is known once Spark "
-                "has analysed the pipeline"
-            )
-        types[contribution(agg)] = kind
-        if agg.function == "approx_count_distinct":
-            types[sketch_input(agg)] = "string"
-    types[RECORDS] = "bigint"
-    return types

@@ -9,6 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 import yaml
 
+from jobs import resolved as resolution
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
 from jobs.delta.writer import BatchWriter
@@ -42,14 +43,14 @@ def state_rows(pipeline: Pipeline, counts: dict[str, int | None], batch_id: int)
         }
         for user, n in counts.items()
     ]
-    return pa.Table.from_pylist(rows, tables.state_schema(pipeline))
+    return pa.Table.from_pylist(rows, resolution.of(pipeline).state_schema)
 
 
 class StateWriter:
     def __init__(self, warehouse: Path, pipeline: Pipeline) -> None:
         self.pipeline = pipeline
         self.layout = AppLayout(warehouse, pipeline.application_id)
-        tables.ensure_tables(self.layout, pipeline)
+        tables.ensure_tables(self.layout, resolution.of(pipeline))
         self.writer = BatchWriter(pipeline.application_id, 0)
         self.batch_id = 0
 

@@ -1,4 +1,5 @@
-"""Where an application's data lives, and the schemas of its tables.
+"""Where an application's data lives, and its tables' fixed schemas (the others
+follow from the pipeline's types: ``jobs/resolved.py``).
 
 <warehouse>/<application_id>/changelog     append: every state change, per batch
 <warehouse>/<application_id>/state         merge: current value per key (and window)
@@ -12,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from deltalake import DeltaTable
@@ -20,13 +21,10 @@ from deltalake import Schema as DeltaSchema
 
 from jobs import sql_text
 from jobs.delta.log import TABLE_CONFIGURATION
-from jobs.pipeline import (
-    APPLICATION_ID,
-    Pipeline,
-    aggregate_type,
-    average_type,
-    stored_column,
-)
+from jobs.pipeline import APPLICATION_ID, Pipeline
+
+if TYPE_CHECKING:
+    from jobs.resolved import Resolved
 
 TIMESTAMP = pa.timestamp("us", tz="UTC")
 ATOMIC_ARROW = {
@@ -87,66 +85,6 @@ def arrow_type(kind: str | None) -> pa.DataType:
     return ATOMIC_ARROW[kind]
 
 
-def spark_value_type(pipeline: Pipeline, name: str) -> str | None:
-    """The Spark type of the value column ``name`` (None: a derived column's type
-    that only Spark can tell)."""
-    if name == "_records":
-        return "bigint"
-    for agg in pipeline.aggregations:
-        if agg.function == "approx_count_distinct" and name == stored_column(agg):
-            return "binary"  # the sketch
-        if name in (agg.name, stored_column(agg)):
-            if agg.function in ("count", "approx_count_distinct"):
-                return "bigint"
-            source = None if agg.field is None else pipeline.column_type(agg.field)
-            if source is None:
-                return None
-            kind = aggregate_type(agg, source or "")
-            return average_type(kind) if agg.function == "avg" and name == agg.name else kind
-    raise KeyError(name)
-
-
-def value_type(pipeline: Pipeline, name: str) -> pa.DataType:
-    return arrow_type(spark_value_type(pipeline, name))
-
-
-def key_fields(pipeline: Pipeline) -> list[pa.Field]:
-    types = [arrow_type(pipeline.column_type(k)) for k in pipeline.keys]
-    fields = [
-        pa.field(k, t, nullable=t == UNKNOWN) for k, t in zip(pipeline.keys, types, strict=True)
-    ]
-    if pipeline.window:
-        fields += [
-            pa.field("window_start", TIMESTAMP, False),
-            pa.field("window_end", TIMESTAMP, False),
-        ]
-    return fields
-
-
-def aggregate_schema(pipeline: Pipeline) -> pa.Schema:
-    """What one batch's aggregation yields: state keys and value columns."""
-    values = [pa.field(v, value_type(pipeline, v)) for v in pipeline.value_columns]
-    return pa.schema(key_fields(pipeline) + values)
-
-
-def state_schema(pipeline: Pipeline) -> pa.Schema:
-    return (
-        aggregate_schema(pipeline)
-        .append(pa.field("epoch", pa.int64(), False))
-        .append(pa.field("batch_id", pa.int64(), False))
-        .append(pa.field("updated_at", TIMESTAMP, False))
-    )
-
-
-def changelog_schema(pipeline: Pipeline) -> pa.Schema:
-    return (
-        aggregate_schema(pipeline)
-        .append(pa.field("epoch", pa.int64(), False))
-        .append(pa.field("batch_id", pa.int64(), False))
-        .append(pa.field("commit_time", TIMESTAMP, False))
-    )
-
-
 DEAD_LETTER_SCHEMA = pa.schema(
     [
         pa.field("topic", pa.string(), False),
@@ -204,16 +142,9 @@ LEDGER_SCHEMA = pa.schema(
 )
 
 
-def table_schemas(pipeline: Pipeline) -> dict[str, pa.Schema]:
-    schemas = {
-        "dead_letter": DEAD_LETTER_SCHEMA,
-        "changelog": changelog_schema(pipeline),
-        "state": state_schema(pipeline),
-        LEDGER: LEDGER_SCHEMA,
-    }
-    if pipeline.archive:
-        schemas["raw"] = RAW_SCHEMA
-    return schemas
+def table_names(pipeline: Pipeline) -> list[str]:
+    """Every table an application writes."""
+    return [*DATA_TABLES, LEDGER] + (["raw"] if pipeline.archive else [])
 
 
 # A backfill republishes these under a new definition (a column added, removed or
@@ -260,14 +191,15 @@ def _described(columns: dict[str, str]) -> str:
     return ", ".join(f"{c} {t}" for c, t in columns.items())
 
 
-def ensure_tables(layout: AppLayout, pipeline: Pipeline, republishing: bool = False) -> None:
+def ensure_tables(layout: AppLayout, resolved: Resolved, republishing: bool = False) -> None:
     """Create missing tables; refuse an existing table whose columns do not fit the
     pipeline's. ``republishing``: a backfill about to publish a new definition,
     which makes ``state`` and ``changelog`` fit (a retyped or removed-and-not-null
     changelog column it cannot: that history would not hold the new rows)."""
     from jobs.errors import ConfigError
 
-    for name, schema in table_schemas(pipeline).items():
+    pipeline = resolved.pipeline
+    for name, schema in resolved.tables.items():
         path = layout.table(name)
         if DeltaTable.is_deltatable(str(path)):
             if name == LEDGER:
@@ -313,14 +245,14 @@ def upgrade_ledger(path: Path) -> None:
         ledger.alter.add_columns(list(added))
 
 
-def state_redefined(layout: AppLayout, pipeline: Pipeline, version: int | None = None) -> bool:
+def state_redefined(layout: AppLayout, resolved: Resolved, version: int | None = None) -> bool:
     """The ``state`` table's columns (at ``version``, or the latest) are not the
     pipeline's (a new definition)."""
     path = layout.table("state")
     if not DeltaTable.is_deltatable(str(path)):
         return False
     schema = DeltaTable(str(path), version=version).schema()
-    return bool(column_problems("state", schema, state_schema(pipeline)))
+    return bool(column_problems("state", schema, resolved.state_schema))
 
 
 def _type(kind: object) -> str:

@@ -61,6 +61,7 @@ from jobs.operations.restart import broker_marks, other_logs
 from jobs.operations.targets import TargetSpec, resolve_targets
 from jobs.pipeline import Pipeline, stored_column
 from jobs.progress import SparkJobProgress
+from jobs.resolved import Resolved, load, store
 from jobs.settings import Settings
 from jobs.snapshot import seed_rows
 from jobs.streaming import dimensions, records
@@ -150,8 +151,9 @@ def plan_backfill(
     # Refusals before anything is fenced (the plan is made before and under the lock).
     from jobs.operations.restart import check_seed_shape
 
-    tables.ensure_tables(layout, pipeline, republishing=True)
-    check_redefinition(layout, pipeline, plan)
+    resolved = load(layout, pipeline)
+    tables.ensure_tables(layout, resolved, republishing=True)
+    check_redefinition(layout, resolved, plan)
     check_seed_shape(layout, pipeline, plan)
     return plan
 
@@ -194,18 +196,18 @@ def judged_since(
     return judged, {tp: spans for tp, spans in gaps.items() if spans}
 
 
-def recompute(spark: SparkSession, pipeline: Pipeline, settings: Settings, plan: Plan) -> pa.Table:
+def recompute(spark: SparkSession, resolved: Resolved, settings: Settings, plan: Plan) -> pa.Table:
     """The corrected state: the boundary's state plus every record it judged after it."""
     reads = layers(plan.ranges())
-    raw = read_records(spark, pipeline, settings, *reads[0], plan.source) if reads else None
+    raw = read_records(spark, resolved, settings, *reads[0], plan.source) if reads else None
     for start, end in reads[1:]:
-        raw = raw.unionByName(read_records(spark, pipeline, settings, start, end, plan.source))  # type: ignore[union-attr]
+        raw = raw.unionByName(read_records(spark, resolved, settings, start, end, plan.source))  # type: ignore[union-attr]
     if raw is None:
-        raw = read_records(spark, pipeline, settings, {}, {}, plan.source)
+        raw = read_records(spark, resolved, settings, {}, {}, plan.source)
     with SparkJobProgress(spark, "backfill", plan.records_to_replay):
         return aggregate_records(
             spark,
-            pipeline,
+            resolved,
             settings,
             raw,
             plan.seed_state_version,
@@ -216,24 +218,24 @@ def recompute(spark: SparkSession, pipeline: Pipeline, settings: Settings, plan:
 
 def read_records(
     spark: SparkSession,
-    pipeline: Pipeline,
+    resolved: Resolved,
     settings: Settings,
     start: kafka_offsets.Offsets,
     end: kafka_offsets.Offsets,
     source: str = "kafka",
 ) -> DataFrame:
     """The records [start, end) per partition, from Kafka or the raw archive."""
-    layout = AppLayout(settings.warehouse, pipeline.application_id)
+    layout = AppLayout(settings.warehouse, resolved.application_id)
     if source == "archive":
         return archived_records(spark, layout, start, end)
     return spark_kafka.read_range(
-        spark, settings.bootstrap_servers, settings.kafka_client, start, end, pipeline.uses_headers
+        spark, settings.bootstrap_servers, settings.kafka_client, start, end, resolved.uses_headers
     )
 
 
 def aggregate_records(
     spark: SparkSession,
-    pipeline: Pipeline,
+    resolved: Resolved,
     settings: Settings,
     raw: DataFrame,
     seed_state_version: int | None = None,
@@ -247,27 +249,27 @@ def aggregate_records(
     ``keep`` filters the contributions (a sample of keys). ``snap``: the ledger read
     the caller planned from (verify's), else one read now. ``reading``: the offsets
     ``raw`` holds (only their judgments are joined, their table versions read)."""
-    layout = AppLayout(settings.warehouse, pipeline.application_id)
+    layout = AppLayout(settings.warehouse, resolved.application_id)
     snap = snap or snapshot(layout)
     head = Coverage() if snap is None else current_log_history(layout, snap).head
-    raw = with_stream_decisions(spark, raw, head, pipeline, dimension_versions, reading)
-    contributions = records.contributions(records.classify(raw, pipeline), pipeline)
+    raw = with_stream_decisions(spark, raw, head, resolved, dimension_versions, reading)
+    contributions = records.contributions(records.classify(raw, resolved), resolved)
     if seed_state_version is not None:
         base = DeltaTable(str(layout.table("state")), version=seed_state_version)
-        seed = seed_rows(base.to_pyarrow_table(), pipeline)
+        seed = seed_rows(base.to_pyarrow_table(), resolved.pipeline)
         if seed.num_rows:
             contributions = contributions.unionByName(spark.createDataFrame(seed))
     if keep is not None:
         contributions = keep(contributions)
-    corrected = aggregate(contributions, pipeline).toArrow()
-    return corrected.cast(tables.aggregate_schema(pipeline))
+    corrected = aggregate(contributions, resolved).toArrow()
+    return corrected.cast(resolved.aggregate_schema)
 
 
 def with_stream_decisions(
     spark: SparkSession,
     raw: DataFrame,
     head: Coverage,
-    pipeline: Pipeline,
+    resolved: Resolved,
     dimension_versions: dict[str, int] | None = None,
     reading: Intervals | None = None,
 ) -> DataFrame:
@@ -279,9 +281,9 @@ def with_stream_decisions(
     verify read only ranges the stream judged; a record outside them (a ledger of an
     older version of the platform) gets the last watermark, the time now and the
     newest versions."""
-    names = tuple(e.name for e in pipeline.enrich)
+    names = tuple(e.name for e in resolved.pipeline.enrich)
     decided = head.decisions(names, reading)
-    newest, ranges = dimensions.resolved(spark, pipeline, decided, dimension_versions)
+    newest, ranges = dimensions.joined_versions(spark, resolved, decided, dimension_versions)
     last = head.watermark_ms
     schema = "r_topic string, r_partition int, r_begin long, r_end long, r_watermark long, "
     schema += ", ".join(["r_time long", *(f"r_dim{i} long" for i in range(len(names)))])
@@ -295,13 +297,13 @@ def with_stream_decisions(
             for i in range(len(names))
         ),
     ]
-    if pipeline.window is not None:
+    if resolved.pipeline.window is not None:
         watermark = F.coalesce(F.col("r_watermark"), F.lit(last).cast("long"))
         columns.append(watermark.alias(WATERMARK_COLUMN))
     judged = joined.select(*columns)
     for i in range(len(names)):
         used = {int(r[6 + i]) for r in ranges} | {newest[i]}
-        tables = dimensions.at_versions(spark, pipeline, i, used)
+        tables = dimensions.at_versions(spark, resolved, i, used)
         judged = judged.join(F.broadcast(tables), dimensions.version_column(i), "left")
     return judged
 
@@ -455,9 +457,10 @@ def summary(report: dict[str, Any]) -> str:
 
 
 def publish(
-    pipeline: Pipeline, settings: Settings, plan: Plan, corrected: pa.Table
+    resolved: Resolved, settings: Settings, plan: Plan, corrected: pa.Table
 ) -> dict[str, Any]:
     """One MERGE on state and one append to changelog, fenced in the new epoch."""
+    pipeline = resolved.pipeline
     layout = AppLayout(settings.warehouse, pipeline.application_id)
     epoch = plan.epoch_after
     now = int(time.time() * 1_000_000)
@@ -484,23 +487,23 @@ def publish(
     )
     state_path = layout.table("state")
     before_version = DeltaTable(str(state_path)).version()
-    redefined = tables.state_redefined(layout, pipeline)
+    redefined = tables.state_redefined(layout, resolved)
     if redefined:
         # The changelog first, with every row (a swap changes them all) and the new
         # columns even when there are none: a crash before the swap leaves the
         # state redefined, and the backfill run again does both.
-        changelog = changelog_rows(pipeline, corrected, epoch, now)
+        changelog = changelog_rows(resolved, corrected, epoch, now)
         append_new_definition(layout.table("changelog"), changelog, props)
         maybe_crash("during_operation")
-        metrics = swap_state(pipeline, state_path, state_rows, props)
+        metrics = swap_state(resolved, state_path, state_rows, props)
         state_version = DeltaTable(str(state_path)).version()
     else:
         metrics = merge_state(pipeline, state_path, state_rows, props)
         maybe_crash("during_operation")
         state_version = DeltaTable(str(state_path)).version()
         corrections = version_changes(layout.table("state"), state_version)
-        after = rows_of(corrections, AFTER, list(tables.aggregate_schema(pipeline).names))
-        changelog = changelog_rows(pipeline, after, epoch, now)
+        after = rows_of(corrections, AFTER, list(resolved.aggregate_schema.names))
+        changelog = changelog_rows(resolved, after, epoch, now)
         if changelog.num_rows:
             write_deltalake(
                 str(layout.table("changelog")), changelog, mode="append", commit_properties=props
@@ -516,15 +519,15 @@ def publish(
     }
 
 
-def changelog_rows(pipeline: Pipeline, rows: pa.Table, epoch: int, now: int) -> pa.Table:
+def changelog_rows(resolved: Resolved, rows: pa.Table, epoch: int, now: int) -> pa.Table:
     """``rows`` (keys and aggregates) as changelog rows of the operation's epoch."""
     n = rows.num_rows
     return (
-        rows.select(list(tables.aggregate_schema(pipeline).names))
+        rows.select(list(resolved.aggregate_schema.names))
         .append_column("epoch", pa.array([epoch] * n, pa.int64()))
         .append_column("batch_id", pa.array([-1] * n, pa.int64()))
         .append_column("commit_time", pa.array([now] * n, tables.TIMESTAMP))
-        .cast(tables.changelog_schema(pipeline))
+        .cast(resolved.changelog_schema)
     )
 
 
@@ -556,7 +559,7 @@ def merge_state(
 
 
 def swap_state(
-    pipeline: Pipeline, path: Path, rows: pa.Table, props: CommitProperties
+    resolved: Resolved, path: Path, rows: pa.Table, props: CommitProperties
 ) -> dict[str, Any]:
     """A new definition (columns added, removed or retyped): the whole table,
     schema and rows, replaced in one commit. A reader sees the old table or the
@@ -566,7 +569,7 @@ def swap_state(
     configuration = dict(table.metadata().configuration)
     write_deltalake(
         table,
-        rows.cast(tables.state_schema(pipeline)),
+        rows.cast(resolved.state_schema),
         mode="overwrite",
         schema_mode="overwrite",
         configuration=configuration,
@@ -638,13 +641,14 @@ def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=pa.schema([f.with_nullable(True) for f in schema]))
 
 
-def check_redefinition(layout: AppLayout, pipeline: Pipeline, plan: Plan) -> None:
+def check_redefinition(layout: AppLayout, resolved: Resolved, plan: Plan) -> None:
     """A new definition is published only from a full recomputation, and never
     under the keys of an output topic that its readers key differently. The state
     judged is the one the backfill publishes onto (``cut.state_behind``: a dead
     backfill's swap is undone first)."""
+    pipeline = resolved.pipeline
     onto = state_behind(layout)
-    if not tables.state_redefined(layout, pipeline, onto):
+    if not tables.state_redefined(layout, resolved, onto):
         return
     if plan.seed_state_version is not None:
         raise ConfigError(
@@ -683,12 +687,13 @@ def run_backfill(
     from jobs.operations.restart import apply_plan
     from jobs.operations.runner import run_operation
 
-    pipeline = records.resolve(spark, pipeline, settings.warehouse)
+    resolved = records.resolve(spark, pipeline, settings.warehouse)
     layout = AppLayout(settings.warehouse, pipeline.application_id)
+    store(layout, resolved)  # what the plan, made without Spark, reads
 
     def corrected_and_preview(plan: Plan) -> tuple[pa.Table, dict[str, Any]]:
-        corrected = recompute(spark, pipeline, settings, plan)
-        schema = tables.aggregate_schema(pipeline)
+        corrected = recompute(spark, resolved, settings, plan)
+        schema = resolved.aggregate_schema
         # Compared with the state it publishes onto (what is beyond the ledger is undone).
         onto = DeltaTable(str(layout.table("state")), version=state_behind(layout))
         current = conform(onto.to_pyarrow_table(), schema)
@@ -709,7 +714,7 @@ def run_backfill(
             settings,
             plan,
             corrected,
-            lambda: publish(pipeline, settings, plan, corrected),
+            lambda: publish(resolved, settings, plan, corrected),
         )
 
     return run_operation(

@@ -146,10 +146,6 @@ def _utc(micros: int) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(micros / 1_000_000))
 
 
-def table_names(pipeline: Pipeline) -> list[str]:
-    return list(tables.table_schemas(pipeline))
-
-
 def files_on_disk(path: Path) -> int:
     return sum(
         1
@@ -181,7 +177,7 @@ def plan_maintenance(
             len(DeltaTable(str(layout.table(name))).file_uris()),
             files_on_disk(layout.table(name)),
         )
-        for name in table_names(pipeline)
+        for name in tables.table_names(pipeline)
         if DeltaTable.is_deltatable(str(layout.table(name)))
     }
     output_from = None
@@ -213,7 +209,7 @@ def plan_maintenance(
         keep_versions=keep,
         table_files=files,
         reader_grace_hours=pipeline.reader_grace_hours,
-        stale=tuple(str(p) for p in stale_paths(layout, epoch, table_names(pipeline))),
+        stale=tuple(str(p) for p in stale_paths(layout, epoch, tables.table_names(pipeline))),
         output_from=output_from,
         output_retention_hours=int(output_retention),
         floor_version=None if floor is None else floor.state_version,

@@ -15,6 +15,7 @@ from typing import Any
 from deltalake import DeltaTable
 
 from jobs import kafka_admin
+from jobs import resolved as resolution
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
 from jobs.errors import ConfigError, OutputError
@@ -41,7 +42,7 @@ def run_publish(
             f"pipeline {pipeline.application_id} has no output topic (add output: {{topic: ...}})"
         )
     layout = AppLayout(settings.warehouse, pipeline.application_id)
-    tables.ensure_tables(layout, pipeline)
+    tables.ensure_tables(layout, resolution.load(layout, pipeline))
     config = kafka_admin.client_config(settings.bootstrap_servers, settings.kafka_client)
     topic = pipeline.output.topic
     current = DeltaTable(str(layout.table("state"))).version()
@@ -66,7 +67,7 @@ def run_publish(
         echo("dry run: nothing was published (the plan is recorded in the ledger)")
         return {}
     with application_lock(layout, f"{PUBLISH} --reason {reason!r}"):
-        output = OutputPublisher(pipeline, layout, config)
+        output = OutputPublisher(resolution.load(layout, pipeline), layout, config)
         output.open(republish=snapshot)
         try:
             done = [output.publish_snapshot()] if snapshot else output.publish_pending()

@@ -17,6 +17,7 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from jobs import kafka_admin
+from jobs import resolved as resolution
 from jobs.coverage import Boundary, Coverage, spelled
 from jobs.cut import (
     Cut,
@@ -315,7 +316,7 @@ def apply_plan(
 ) -> dict[str, Any]:
     """Carry out ``plan`` (the caller holds the application lock)."""
     layout = AppLayout(settings.warehouse, pipeline.application_id)
-    tables.ensure_tables(layout, pipeline, plan.republishes)
+    tables.ensure_tables(layout, resolution.load(layout, pipeline), plan.republishes)
     if current_epoch(layout) != plan.epoch_before:
         raise ConfigError("the application moved to another epoch since the plan was made")
     new = plan.epoch_after
@@ -400,7 +401,7 @@ def apply_plan(
 
 def audit_dry_run(pipeline: Pipeline, settings: Settings, plan: Plan) -> None:
     layout = AppLayout(settings.warehouse, pipeline.application_id)
-    tables.ensure_tables(layout, pipeline, plan.republishes)
+    tables.ensure_tables(layout, resolution.load(layout, pipeline), plan.republishes)
     append_audit(
         layout,
         audit_row(

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from jobs import kafka_admin
+from jobs import resolved as resolution
 from jobs.cut import check_definition, fenced_tables, latest_cut
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
@@ -71,7 +72,7 @@ def run_operation(
     if dry_run:
         extra = inspect(plan) if inspect is not None else None
         # The tables first: the position saved must be the one an apply will see.
-        tables.ensure_tables(layout, pipeline, plan.republishes)
+        tables.ensure_tables(layout, resolution.load(layout, pipeline), plan.republishes)
         saved_id = saved.save(layout, pipeline, plan, extra, save_as)
         plan.plan_id = saved_id
         audit_dry_run(pipeline, settings, plan)
@@ -149,7 +150,7 @@ def publish_corrections(
     layout = AppLayout(settings.warehouse, pipeline.application_id)
     config = kafka_admin.client_config(settings.bootstrap_servers, settings.kafka_client)
     try:
-        with OutputPublisher(pipeline, layout, config) as output:
+        with OutputPublisher(resolution.load(layout, pipeline), layout, config) as output:
             done = output.publish_pending()
     except Exception as exc:  # applied already: the operation must not look failed
         echo(f"output: not published yet ({exc}); the next run publishes it")
@@ -203,7 +204,7 @@ def fence_running_stream(
     stream's last commit and starts the epoch after it."""
     epoch = current_epoch(layout)
     echo(f"fencing the running stream ({describe(busy)}) at epoch {epoch + 1}")
-    tables.ensure_tables(layout, pipeline, plan.republishes)
+    tables.ensure_tables(layout, resolution.load(layout, pipeline), plan.republishes)
     bump_epoch(
         fenced_tables(layout, pipeline),
         pipeline.application_id,

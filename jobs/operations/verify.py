@@ -30,7 +30,6 @@ from pyspark.sql import functions as F
 
 from jobs.coverage import Boundary, Intervals, layers
 from jobs.cut import current_log_history, floor_note, lineage_head, log_floor
-from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
 from jobs.errors import ConfigError, ConsistencyError
 from jobs.ledger import (
@@ -140,7 +139,7 @@ def run_verify(
         raise ConfigError(f"--sample must be a fraction in (0, 1], got {sample}")
     if source == "archive" and not pipeline.archive:
         raise ConfigError(f"{pipeline.application_id} keeps no raw archive (archive: false)")
-    pipeline = resolve(spark, pipeline, settings.warehouse)
+    resolved = resolve(spark, pipeline, settings.warehouse)
     layout = AppLayout(settings.warehouse, pipeline.application_id)
     if not DeltaTable.is_deltatable(str(layout.table("state"))):
         raise ConfigError(f"{pipeline.application_id} has no state table: nothing to verify")
@@ -161,19 +160,19 @@ def run_verify(
     )
     raw: DataFrame | None = None
     for start, end in reads:
-        part = read_records(spark, pipeline, settings, start, end, source)
+        part = read_records(spark, resolved, settings, start, end, source)
         raw = part if raw is None else raw.unionByName(part)
     keep = sampled(pipeline, sample)
+    schema = resolved.aggregate_schema
     if raw is None and seed is None:
-        recomputed = pa.Table.from_batches([], schema=tables.aggregate_schema(pipeline))
+        recomputed = pa.Table.from_batches([], schema=schema)
     else:
         with SparkJobProgress(spark, "verify", records):
             if raw is None:
-                raw = read_records(spark, pipeline, settings, {}, {}, source)
+                raw = read_records(spark, resolved, settings, {}, {}, source)
             recomputed = aggregate_records(
-                spark, pipeline, settings, raw, seed, keep, snap, reading=intervals
+                spark, resolved, settings, raw, seed, keep, snap, reading=intervals
             )
-    schema = tables.aggregate_schema(pipeline)
     version = comparable_version(layout, base_version, snap.epoch)
     state_path = layout.table("state")
     state = DeltaTable(str(state_path), version=version)

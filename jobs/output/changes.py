@@ -17,11 +17,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from jobs.delta import layout as tables
 from jobs.delta.cdf import AFTER, BEFORE, rows_of, version_changes
 from jobs.delta.log import commit_infos as log_commit_infos
 from jobs.errors import ConsistencyError
-from jobs.pipeline import Pipeline
+from jobs.resolved import Resolved
 
 Kind = Literal["change", "correction", "snapshot"]
 
@@ -54,9 +53,10 @@ def commit_infos(path: Path, first: int, last: int) -> dict[int, dict[str, Any]]
 
 
 def net_changes(
-    pipeline: Pipeline, path: Path, version: int, info: dict[str, Any]
+    resolved: Resolved, path: Path, version: int, info: dict[str, Any]
 ) -> VersionChanges:
-    columns = list(tables.state_schema(pipeline).names)
+    pipeline = resolved.pipeline
+    columns = list(resolved.state_schema.names)
     keys = list(pipeline.state_keys)
     feed = version_changes(path, version)
     after = rows_of(feed, AFTER, columns)
@@ -112,9 +112,10 @@ def _equal(a: pa.ChunkedArray, b: pa.ChunkedArray) -> pa.ChunkedArray:
     return pc.fill_null(pc.or_kleene(equal, both_null), False)
 
 
-def snapshot(pipeline: Pipeline, path: Path, version: int, epoch: int) -> VersionChanges:
+def snapshot(resolved: Resolved, path: Path, version: int, epoch: int) -> VersionChanges:
     """The whole state at ``version``, as one snapshot."""
-    columns = list(tables.state_schema(pipeline).names)
+    pipeline = resolved.pipeline
+    columns = list(resolved.state_schema.names)
     rows = DeltaTable(str(path), version=version).to_pyarrow_table(columns=columns)
     keys = list(pipeline.state_keys)
     return VersionChanges(

@@ -44,6 +44,7 @@ from jobs.output.bookmark import Bookmark, repair
 from jobs.output.changes import VersionChanges, commit_infos, net_changes, snapshot
 from jobs.output.records import encode, headers
 from jobs.pipeline import Output, Pipeline
+from jobs.resolved import Resolved
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -94,9 +95,11 @@ def versions_needed(layout: AppLayout, mark: Bookmark | None) -> range:
 class OutputPublisher:
     """The one writer of an application's output topic while it is open."""
 
-    def __init__(self, pipeline: Pipeline, layout: AppLayout, config: dict[str, Any]) -> None:
+    def __init__(self, resolved: Resolved, layout: AppLayout, config: dict[str, Any]) -> None:
+        pipeline = resolved.pipeline
         if pipeline.output is None:
             raise ValueError(f"{pipeline.application_id} has no output topic")
+        self.resolved = resolved
         self.pipeline = pipeline
         self.app = pipeline.application_id
         self.output: Output = pipeline.output
@@ -232,7 +235,7 @@ class OutputPublisher:
         published = []
         for version in range(first, current + 1):
             changes = self._read(
-                functools.partial(net_changes, self.pipeline, self.state, version, infos[version]),
+                functools.partial(net_changes, self.resolved, self.state, version, infos[version]),
                 version,
                 current,
             )
@@ -261,7 +264,7 @@ class OutputPublisher:
 
     def _snapshot(self, version: int) -> Published:
         epoch = current_epoch(self.layout)
-        return self._transaction(snapshot(self.pipeline, self.state, version, epoch))
+        return self._transaction(snapshot(self.resolved, self.state, version, epoch))
 
     def _transaction(self, changes: VersionChanges) -> Published:
         """``changes`` and the bookmark past them in one transaction. (Crash tests
@@ -356,11 +359,11 @@ class OutputPublisher:
 
 
 def open_publisher(
-    pipeline: Pipeline, layout: AppLayout, config: dict[str, Any]
+    resolved: Resolved, layout: AppLayout, config: dict[str, Any]
 ) -> OutputPublisher | None:
     """An open publisher when the pipeline has an output topic, else None."""
-    if pipeline.output is None:
+    if resolved.pipeline.output is None:
         return None
-    publisher = OutputPublisher(pipeline, layout, config)
+    publisher = OutputPublisher(resolved, layout, config)
     publisher.open()
     return publisher

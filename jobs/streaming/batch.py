@@ -59,7 +59,7 @@ from jobs.ledger import snapshot
 from jobs.metrics import METRICS, Metrics
 from jobs.operations.audit import append_audit, audit_row
 from jobs.output.publisher import OutputPublisher
-from jobs.pipeline import Pipeline
+from jobs.resolved import Resolved
 from jobs.streaming import dimensions, offset_log
 from jobs.streaming.changelog_files import WRITTEN_SCHEMA, StagedFilesTask
 from jobs.streaming.dead_letters import batch_reader
@@ -141,7 +141,7 @@ class BatchCommitter:
     def __init__(
         self,
         spark: SparkSession,
-        pipeline: Pipeline,
+        resolved: Resolved,
         layout: AppLayout,
         epoch: int,
         checkpoint: Path,
@@ -158,7 +158,8 @@ class BatchCommitter:
         self.spark = spark
         self.output = output
         self.metrics = metrics
-        self.pipeline = pipeline
+        self.resolved = resolved
+        self.pipeline = pipeline = resolved.pipeline
         self.layout = layout
         self.epoch = epoch
         self.checkpoint = checkpoint
@@ -178,9 +179,9 @@ class BatchCommitter:
         self.kafka_client = kafka_client
         self.consumer_config = kafka_admin.client_config(bootstrap_servers, kafka_client)
         self.results: list[BatchResult] = []
-        self.aggregate_schema = tables.aggregate_schema(pipeline)
-        self.changelog_schema = tables.changelog_schema(pipeline)
-        self.state_schema = tables.state_schema(pipeline)
+        self.aggregate_schema = resolved.aggregate_schema
+        self.changelog_schema = resolved.changelog_schema
+        self.state_schema = resolved.state_schema
         self.seed_path = seed_path
         # The source judges lateness by max(Spark's watermark, the cut's floor); the
         # ledger records that one, so backfills and later cuts decide the same way.
@@ -199,7 +200,7 @@ class BatchCommitter:
             # commit); before this batch's records are aggregated, Spark's state
             # must equal the cut's snapshot. A mismatch stops here, nothing committed.
             extra["seed_verified_rows"] = verify_seeded_state(
-                self.spark, self.pipeline, self.checkpoint, self.seed_path
+                self.spark, self.resolved, self.checkpoint, self.seed_path
             )
         now = pa.scalar(int(time.time() * 1_000_000), tables.TIMESTAMP)
         ledger_path = self.layout.table(tables.LEDGER)

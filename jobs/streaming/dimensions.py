@@ -32,7 +32,8 @@ from jobs.delta.layout import AppLayout
 from jobs.errors import ConfigError
 from jobs.kafka_source.offsets import Offsets
 from jobs.ledger import snapshot
-from jobs.pipeline import DimensionTable, Pipeline
+from jobs.pipeline import Pipeline
+from jobs.resolved import DimensionTable, Resolved
 
 FORMAT = "platform.streaming.PinnedDeltaSource"
 PREFIX = "_dim"
@@ -55,21 +56,21 @@ def rows_column(i: int) -> str:
     return f"{PREFIX}{i}_rows"
 
 
-def pinned(spark: SparkSession, pipeline: Pipeline, checkpoint: str) -> list[DataFrame]:
+def pinned(spark: SparkSession, resolved: Resolved, checkpoint: str) -> list[DataFrame]:
     """Per enrichment, one row: the version of its table the running batch joins
     (``checkpoint``'s newest offset log entry's planned time), and its rows by key."""
     return [
-        F.broadcast(_by_key(spark, pipeline, i, {"checkpoint": checkpoint}))
-        for i in range(len(pipeline.enrich))
+        F.broadcast(_by_key(spark, resolved, i, {"checkpoint": checkpoint}))
+        for i in range(len(resolved.pipeline.enrich))
     ]
 
 
-def at_versions(spark: SparkSession, pipeline: Pipeline, i: int, versions: set[int]) -> DataFrame:
+def at_versions(spark: SparkSession, resolved: Resolved, i: int, versions: set[int]) -> DataFrame:
     """Enrichment ``i``'s table at each of ``versions``: a row per version (its
     version and rows by key), to join to records by the version they need."""
-    frames = [_by_key(spark, pipeline, i, {"version": str(v)}) for v in sorted(versions)]
+    frames = [_by_key(spark, resolved, i, {"version": str(v)}) for v in sorted(versions)]
     if not frames:
-        raise ConfigError(f"{pipeline.application_id}: no version of enrichment {i} to read")
+        raise ConfigError(f"{resolved.application_id}: no version of enrichment {i} to read")
     union = frames[0]
     for frame in frames[1:]:
         union = union.unionByName(frame)
@@ -77,26 +78,26 @@ def at_versions(spark: SparkSession, pipeline: Pipeline, i: int, versions: set[i
 
 
 def replay_ranges(
-    spark: SparkSession, pipeline: Pipeline, layout: AppLayout, cut: Offsets
+    spark: SparkSession, resolved: Resolved, layout: AppLayout, cut: Offsets
 ) -> list[tuple[Any, ...]]:
     """The ranges at or after ``cut`` (the epoch's; from its last ledger batch on, the
     one batch Spark may run again) that earlier batches judged, merged, with the
     versions a replay joins there (after a plain restart only that last batch's)."""
-    snap = snapshot(layout) if pipeline.enrich else None
+    snap = snapshot(layout) if resolved.pipeline.enrich else None
     if snap is None:
         return []
     history = current_log_history(layout, snap)
-    names = tuple(e.name for e in pipeline.enrich)
+    names = tuple(e.name for e in resolved.pipeline.enrich)
     decisions = history.replay_decisions(history.replay_from(cut), names)
     if not decisions:
         return []
-    _newest, ranges = resolved(spark, pipeline, decisions)
+    _newest, ranges = joined_versions(spark, resolved, decisions)
     return merged(ranges, len(names))
 
 
-def resolved(
+def joined_versions(
     spark: SparkSession,
-    pipeline: Pipeline,
+    resolved: Resolved,
     ranges: list[tuple[Any, ...]],
     chosen: dict[str, int] | None = None,
 ) -> tuple[list[int], list[tuple[Any, ...]]]:
@@ -107,8 +108,8 @@ def resolved(
     version that can no longer be read is one error naming it."""
     newest_versions: list[int] = []
     filled = [list(r) for r in ranges]
-    for i, e in enumerate(pipeline.enrich):
-        path = pipeline.dimensions[e.name].path
+    for i, e in enumerate(resolved.pipeline.enrich):
+        path = resolved.dimensions[e.name].path
         kept = history(spark, path)
         pinned = (chosen or {}).get(e.name)
         newest_versions.append(max(v for v, _ms in kept) if pinned is None else pinned)
@@ -117,12 +118,12 @@ def resolved(
                 r[6 + i] = pinned
             elif r[6 + i] is None:
                 r[6 + i] = version_at(kept, int(r[5]))
-        check_readable(pipeline.application_id, e.name, path, {r[6 + i] for r in filled})
+        check_readable(resolved.application_id, e.name, path, {r[6 + i] for r in filled})
     return newest_versions, [tuple(r) for r in filled]
 
 
 def merged(ranges: list[tuple[Any, ...]], count: int) -> list[tuple[Any, ...]]:
-    """``resolved`` ranges as (topic, partition, begin, end, *versions), adjacent ones
+    """``joined_versions`` ranges as (topic, partition, begin, end, *versions), adjacent ones
     with the same versions as one (a replay's join then looks through a few ranges
     per partition, not one per batch)."""
     out: list[list[Any]] = []
@@ -137,19 +138,19 @@ def merged(ranges: list[tuple[Any, ...]], count: int) -> list[tuple[Any, ...]]:
 
 
 def replayed(
-    spark: SparkSession, pipeline: Pipeline, frame: DataFrame, ranges: list[tuple[Any, ...]]
+    spark: SparkSession, resolved: Resolved, frame: DataFrame, ranges: list[tuple[Any, ...]]
 ) -> DataFrame:
     """``frame`` (records with the batch's pinned tables) where a record lies in one
     of ``ranges`` (``merged``: judged before) joins the rows of the versions recorded
     there instead of the batch's; ``_dim<i>_version`` stays the batch's."""
     if not ranges:
         return frame
-    count = len(pipeline.enrich)
+    count = len(resolved.pipeline.enrich)
     schema = "r_topic string, r_partition int, r_begin long, r_end long"
     schema += "".join(f", r_dim{i} long" for i in range(count))
     joined = in_ranges(spark, frame, ranges, schema)
     for i in range(count):
-        tables = at_versions(spark, pipeline, i, {int(r[4 + i]) for r in ranges}).select(
+        tables = at_versions(spark, resolved, i, {int(r[4 + i]) for r in ranges}).select(
             F.col(version_column(i)).alias(f"r_v{i}"), F.col(rows_column(i)).alias(f"r_rows{i}")
         )
         joined = joined.join(F.broadcast(tables), F.col(f"r_dim{i}") == F.col(f"r_v{i}"), "left")
@@ -188,11 +189,11 @@ def pieces(
     return found
 
 
-def _by_key(spark: SparkSession, pipeline: Pipeline, i: int, options: dict[str, str]) -> DataFrame:
-    enrichment = pipeline.enrich[i]
-    table = pipeline.dimensions.get(enrichment.name)
+def _by_key(spark: SparkSession, resolved: Resolved, i: int, options: dict[str, str]) -> DataFrame:
+    enrichment = resolved.pipeline.enrich[i]
+    table = resolved.dimensions.get(enrichment.name)
     if table is None:
-        raise ConfigError(f"{pipeline.application_id}: enrich {enrichment.name!r} unresolved")
+        raise ConfigError(f"{resolved.application_id}: enrich {enrichment.name!r} unresolved")
     raw = (
         spark.read.format(FORMAT)
         .option("path", table.path)
@@ -240,14 +241,14 @@ def enriched(frame: DataFrame, pipeline: Pipeline) -> DataFrame:
     return frame
 
 
-def checks(pipeline: Pipeline) -> list[tuple[Column, Column]]:
+def checks(resolved: Resolved) -> list[tuple[Column, Column]]:
     """Why a record cannot be enriched: its key matches several rows of a table, or
     none (unless the enrichment keeps it with a NULL struct)."""
     found: list[tuple[Column, Column]] = []
-    for i, e in enumerate(pipeline.enrich):
+    for i, e in enumerate(resolved.pipeline.enrich):
         rows = F.col(f"_e{i}")
         value = F.coalesce(F.expr(e.record_key).cast("string"), F.lit("NULL"))
-        table = pipeline.dimensions.get(e.name)
+        table = resolved.dimensions.get(e.name)
         where = e.table if table is None else table.path
         found.append(
             (

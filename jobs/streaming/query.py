@@ -13,9 +13,9 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from jobs.delta.layout import spark_value_type
 from jobs.kafka_source import spark_kafka
-from jobs.pipeline import HLL_LG_K, Pipeline, stored_column
+from jobs.pipeline import HLL_LG_K, stored_column
+from jobs.resolved import Resolved
 from jobs.snapshot import RECORDS, contribution, sketch_input
 from jobs.streaming import batch_watermark, dimensions, records
 from jobs.streaming.seed import hold_stream
@@ -25,7 +25,7 @@ OBSERVATION = "batch_input"
 
 def read_kafka(
     spark: SparkSession,
-    pipeline: Pipeline,
+    resolved: Resolved,
     bootstrap_servers: str,
     starting_offsets_json: str,
     client_settings: dict[str, str],
@@ -33,6 +33,7 @@ def read_kafka(
     """The pipeline's topics with Spark's own Kafka source, from the epoch's cut
     (``startingOffsets`` names every partition; later partitions start at their
     earliest offset)."""
+    pipeline = resolved.pipeline
     reader = spark.readStream.format(spark_kafka.FORMAT)
     for key, value in spark_kafka.source_options(bootstrap_servers, client_settings).items():
         reader = reader.option(key, value)
@@ -41,7 +42,7 @@ def read_kafka(
     )
     if pipeline.max_offsets_per_trigger is not None:
         reader = reader.option("maxOffsetsPerTrigger", str(pipeline.max_offsets_per_trigger))
-    if pipeline.uses_headers:
+    if resolved.uses_headers:
         reader = reader.option("includeHeaders", "true")
     return reader.load()
 
@@ -86,7 +87,7 @@ def observe_input(classified: DataFrame) -> DataFrame:
     )
 
 
-def aggregate(contributions: DataFrame, pipeline: Pipeline) -> DataFrame:
+def aggregate(contributions: DataFrame, resolved: Resolved) -> DataFrame:
     """Contributions -> one output row per (key, window) changed in the batch (update mode).
 
     A hopping window is grouped by its last pane, the tumbling window of one slide
@@ -97,6 +98,7 @@ def aggregate(contributions: DataFrame, pipeline: Pipeline) -> DataFrame:
     rows: its watermark stays the newest event time minus the pipeline's delay, and
     a window's state is still dropped when the watermark passes its end.
     """
+    pipeline = resolved.pipeline
     group: list[Column] = [F.col(k) for k in pipeline.keys]
     window = pipeline.window
     shift = 0 if window is None else window.size_seconds - window.slide_seconds
@@ -138,7 +140,7 @@ def aggregate(contributions: DataFrame, pipeline: Pipeline) -> DataFrame:
         stored = F.col(stored_column(agg))
         if agg.function == "avg":
             average = stored / F.col("_records")
-            out.append(average.cast(str(spark_value_type(pipeline, agg.name))).alias(agg.name))
+            out.append(average.cast(str(resolved.value_type(agg.name))).alias(agg.name))
         elif agg.function == "approx_count_distinct":
             out.append(F.hll_sketch_estimate(stored).alias(agg.name))
         else:
@@ -150,7 +152,7 @@ def aggregate(contributions: DataFrame, pipeline: Pipeline) -> DataFrame:
 
 def build(
     spark: SparkSession,
-    pipeline: Pipeline,
+    resolved: Resolved,
     bootstrap_servers: str,
     starting_offsets_json: str,
     client_settings: dict[str, str],
@@ -172,13 +174,13 @@ def build(
     if hold:
         raw = hold_stream(spark, starting_offsets_json)
     else:
-        raw = read_kafka(spark, pipeline, bootstrap_servers, starting_offsets_json, client_settings)
-    if pipeline.window is not None:
+        raw = read_kafka(spark, resolved, bootstrap_servers, starting_offsets_json, client_settings)
+    if resolved.pipeline.window is not None:
         raw = raw.crossJoin(batch_watermark.batch_watermark(spark, checkpoint, min_watermark_ms))
-    for table in dimensions.pinned(spark, pipeline, checkpoint):
+    for table in dimensions.pinned(spark, resolved, checkpoint):
         raw = raw.crossJoin(table)
-    raw = dimensions.replayed(spark, pipeline, raw, replays or [])
-    added = records.contributions(observe_input(records.classify(raw, pipeline)), pipeline)
+    raw = dimensions.replayed(spark, resolved, raw, replays or [])
+    added = records.contributions(observe_input(records.classify(raw, resolved)), resolved)
     if seed is not None:
         added = added.unionByName(seed)
-    return aggregate(added, pipeline)
+    return aggregate(added, resolved)

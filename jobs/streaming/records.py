@@ -19,7 +19,6 @@ anything runs and learns the derived columns' types.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import re
 from dataclasses import dataclass
@@ -32,19 +31,20 @@ from pyspark.errors import PySparkException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from jobs import resolved as resolution
 from jobs import sql_text
 from jobs.errors import ConfigError
 from jobs.kafka_source import spark_kafka
 from jobs.pipeline import (
     KAFKA_COLUMNS,
-    DimensionTable,
     Pipeline,
     TimeUnit,
     TypeProblem,
     aggregate_type,
     event_time_unit,
 )
-from jobs.snapshot import RECORDS, contribution, contribution_types, sketch_input
+from jobs.resolved import DimensionTable, Resolved
+from jobs.snapshot import RECORDS, contribution, sketch_input
 from jobs.streaming import batch_watermark, dimensions
 
 log = logging.getLogger(__name__)
@@ -186,8 +186,9 @@ def _expression_checks(pipeline: Pipeline) -> list[tuple[Column, Column]]:
     return checks
 
 
-def _summand_checks(pipeline: Pipeline) -> list[tuple[Column, Column]]:
+def _summand_checks(resolved: Resolved) -> list[tuple[Column, Column]]:
     """Values summed (sum, avg) that could overflow the state's sum, or are not numbers."""
+    pipeline = resolved.pipeline
     checks: list[tuple[Column, Column]] = []
     seen: set[str] = set()
     for agg in pipeline.aggregations:
@@ -195,7 +196,7 @@ def _summand_checks(pipeline: Pipeline) -> list[tuple[Column, Column]]:
             continue
         assert agg.field is not None
         seen.add(agg.field)
-        kind = pipeline.column_type(agg.field) or ""
+        kind = resolved.column_type(agg.field) or ""
         value = _value(agg.field)
         what = f"{agg.field!r} = "
         if kind in sql_text.FRACTIONAL and agg.field not in pipeline.schema:
@@ -227,10 +228,10 @@ def _value(name: str) -> Column:
     return F.col(f"`{name}`")
 
 
-def _event_micros(spark: SparkSession, pipeline: Pipeline) -> Column:
+def _event_micros(spark: SparkSession, resolved: Resolved) -> Column:
     """Event time in microseconds, or null when it does not fit in 64 bits."""
-    column, unit = pipeline.event_time.column, _event_unit(pipeline)
-    kind = pipeline.column_type(column)
+    column, unit = resolved.pipeline.event_time.column, _event_unit(resolved)
+    kind = resolved.column_type(column)
     value = _value(column)
     if kind in ("timestamp", "timestamp_ntz", "date"):
         return F.unix_micros(value.cast("timestamp"))
@@ -239,11 +240,11 @@ def _event_micros(spark: SparkSession, pipeline: Pipeline) -> Column:
     return _tried(spark, sql).getField("v")
 
 
-def _event_unit(pipeline: Pipeline) -> TimeUnit | None:
+def _event_unit(resolved: Resolved) -> TimeUnit | None:
     """The unit event time is read in (a derived number's default is known only
     once Spark has told its type; the definition keeps what the file says)."""
-    event = pipeline.event_time
-    return event_time_unit(pipeline.column_type(event.column) or "", event.unit, event.column)
+    event = resolved.pipeline.event_time
+    return event_time_unit(resolved.column_type(event.column) or "", event.unit, event.column)
 
 
 def _sql_name(name: str) -> str:
@@ -260,9 +261,10 @@ def _first_reason(checks: list[tuple[Column, Column]], otherwise: Column) -> Col
 
 
 def _time_checks(
-    pipeline: Pipeline, late_check: bool, batch_time: bool
+    resolved: Resolved, late_check: bool, batch_time: bool
 ) -> list[tuple[Column, Column]]:
-    column, unit = pipeline.event_time.column, _event_unit(pipeline)
+    pipeline = resolved.pipeline
+    column, unit = pipeline.event_time.column, _event_unit(resolved)
     given = F.concat(
         F.lit(f"event time {column!r} = "),
         _value(column).cast("string"),
@@ -311,22 +313,23 @@ def _time_checks(
     return checks
 
 
-def classify(raw: DataFrame, pipeline: Pipeline) -> DataFrame:
+def classify(raw: DataFrame, resolved: Resolved) -> DataFrame:
     """Raw Kafka rows -> the record's columns, ``_event_us``, ``_filtered`` and
-    ``_reason`` (null unless a dead letter). ``pipeline`` comes from ``resolve``.
+    ``_reason`` (null unless a dead letter). ``resolved`` comes from ``resolve``.
 
     With a ``_batch_watermark_ms`` column (the stream), a record whose window the
     watermark has closed is a dead letter too (``late:``) instead of a silent drop
     inside the aggregation.
     """
     spark = raw.sparkSession
+    pipeline = resolved.pipeline
     frame = dimensions.enriched(_user_columns(raw, pipeline), pipeline)
     for i, derived in enumerate(pipeline.derived):
         frame = frame.withColumn(f"_d{i}", _tried(spark, derived.expr))
         frame = frame.withColumn(derived.name, F.col(f"_d{i}.v"))
     if pipeline.filter is not None:
         frame = frame.withColumn("_f", _tried(spark, pipeline.filter))
-    frame = frame.withColumn("_event_us", _event_micros(spark, pipeline))
+    frame = frame.withColumn("_event_us", _event_micros(spark, resolved))
     late_check = pipeline.window is not None and WATERMARK_COLUMN in raw.columns
     batch_time = BATCH_TIME_COLUMN in raw.columns
 
@@ -336,14 +339,14 @@ def classify(raw: DataFrame, pipeline: Pipeline) -> DataFrame:
         parses = parses & F.col(f"_t.`{name}`").isNotNull()
     unparsed = _first_reason(_structure_checks(pipeline), F.lit("invalid record"))
     judged = _first_reason(
-        _summand_checks(pipeline) + _time_checks(pipeline, late_check, batch_time),
+        _summand_checks(resolved) + _time_checks(resolved, late_check, batch_time),
         F.lit(None).cast("string"),
     )
     kept = F.lit(True) if pipeline.filter is None else F.col("_f.v")
     reason = F.when(
         F.col("_value").isNotNull() & parses,
         _first_reason(
-            dimensions.checks(pipeline) + _expression_checks(pipeline),
+            dimensions.checks(resolved) + _expression_checks(pipeline),
             F.when(kept, judged).otherwise(F.lit(None).cast("string")),
         ),
     ).otherwise(unparsed)
@@ -371,11 +374,12 @@ def _window_times(pipeline: Pipeline) -> Column:
     )
 
 
-def contributions(classified: DataFrame, pipeline: Pipeline) -> DataFrame:
+def contributions(classified: DataFrame, resolved: Resolved) -> DataFrame:
     """Aggregated records -> keys, event time and what each adds to each aggregate
     (with a hopping window: a row per window, see ``_window_times``)."""
+    pipeline = resolved.pipeline
     valid = classified.filter(F.col("_reason").isNull() & ~F.col("_filtered"))
-    types = contribution_types(pipeline)
+    types = resolved.contributions
     columns = [F.col(f"`{k}`").alias(k) for k in pipeline.keys]
     columns.append(_window_times(pipeline).alias("_event_time"))
     for agg in pipeline.aggregations:
@@ -384,7 +388,7 @@ def contributions(classified: DataFrame, pipeline: Pipeline) -> DataFrame:
         if agg.function == "approx_count_distinct":
             # The value goes into the sketch as text (binary as hex): one hash per
             # value, whatever its type; a record brings no sketch of its own.
-            kind = pipeline.column_type(str(agg.field))
+            kind = resolved.column_type(str(agg.field))
             text = F.hex(value) if kind == "binary" else value.cast("string")
             columns.append(text.alias(sketch_input(agg)))
             value = F.lit(None)
@@ -539,8 +543,8 @@ def _builtin_functions(spark: SparkSession) -> frozenset[str]:
     return frozenset(r[0].lower() for r in spark.sql("SHOW SYSTEM FUNCTIONS").collect())
 
 
-def resolve(spark: SparkSession, pipeline: Pipeline, warehouse: Path | None = None) -> Pipeline:
-    """The pipeline checked by Spark's analyser, with its derived columns' types.
+def resolve(spark: SparkSession, pipeline: Pipeline, warehouse: Path | None = None) -> Resolved:
+    """The pipeline checked by Spark's analyser, with every column's type.
 
     Each expression must resolve over the record's fields, ``kafka`` and the derived
     columns before it, call only Spark's built-in functions, stay per record (no
@@ -557,9 +561,8 @@ def resolve(spark: SparkSession, pipeline: Pipeline, warehouse: Path | None = No
         "*",
         *(F.lit(None).cast(dimensions.row_type(t)).alias(name) for name, t in tables.items()),
     )
-    pipeline = dataclasses.replace(pipeline, dimensions=tables)
     builtin = _builtin_functions(spark)
-    types = dict(pipeline.derived_types)
+    types: dict[str, str] = {}
     headers = False
     for where, sql in pipeline.expressions:
         name = where.split(" (")[1][:-1] if where.startswith("derived") else "_filter"
@@ -606,24 +609,29 @@ def resolve(spark: SparkSession, pipeline: Pipeline, warehouse: Path | None = No
             frame = frame.drop("_filter")
         else:
             types[name] = kind
-    resolved = dataclasses.replace(pipeline, derived_types=types, headers_read=headers)
-    if resolved.archive and resolved.uses_headers:
-        raise ConfigError(
-            f"{origin}: source.archive: the raw archive does not keep Kafka headers: a "
-            "backfill from it could not recompute what reads kafka.headers"
-        )
+
+    def kind_of(name: str) -> str:
+        return types.get(name) or pipeline.column_type(name) or ""
+
     for key in pipeline.keys:
-        kind = resolved.column_type(key) or ""
-        if not sql_text.is_atomic(kind):
-            raise ConfigError(f"{origin}: keys: {key!r} is a {kind}: a key must be a single value")
+        if not sql_text.is_atomic(kind_of(key)):
+            raise ConfigError(
+                f"{origin}: keys: {key!r} is a {kind_of(key)}: a key must be a single value"
+            )
     event = pipeline.event_time
     try:
-        event_time_unit(resolved.column_type(event.column) or "", event.unit, repr(event.column))
+        event_time_unit(kind_of(event.column), event.unit, repr(event.column))
     except TypeProblem as exc:
         raise ConfigError(f"{origin}: event_time.{exc.key}: {exc}") from None
     for i, agg in enumerate(pipeline.aggregations):
         try:
-            aggregate_type(agg, (agg.field and resolved.column_type(agg.field)) or "")
+            aggregate_type(agg, kind_of(agg.field) if agg.field else "")
         except TypeProblem as exc:
             raise ConfigError(f"{origin}: aggregations[{i}].{exc.key}: {exc}") from None
+    resolved = resolution.of(pipeline, types, tables, headers)
+    if pipeline.archive and resolved.uses_headers:
+        raise ConfigError(
+            f"{origin}: source.archive: the raw archive does not keep Kafka headers: a "
+            "backfill from it could not recompute what reads kafka.headers"
+        )
     return resolved

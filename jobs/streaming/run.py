@@ -38,6 +38,7 @@ from jobs.metrics import METRICS, push
 from jobs.output.publisher import OutputPublisher, open_publisher
 from jobs.pipeline import Pipeline
 from jobs.progress import Progress
+from jobs.resolved import Resolved, store
 from jobs.settings import Settings
 from jobs.streaming import dimensions, offset_log, query, records
 from jobs.streaming.batch import BatchCommitter, BatchResult, refuse_unrepaired_drops
@@ -156,11 +157,11 @@ def run_pipeline(
 ) -> RunSummary:
     """Run until the input available at start is processed (available-now), or until
     stopped (continuous: SIGTERM/SIGINT stop it between batches)."""
-    pipeline = records.resolve(spark, pipeline, settings.warehouse)
+    resolved = records.resolve(spark, pipeline, settings.warehouse)
     layout = AppLayout(settings.warehouse, pipeline.application_id)
     try:
         with application_lock(layout, f"run --trigger {trigger or pipeline.trigger_mode}"):
-            return _run_locked(spark, pipeline, settings, layout, trigger)
+            return _run_locked(spark, resolved, settings, layout, trigger)
     except Exception as exc:
         # From foreachBatch the fence arrives wrapped in Spark's exception.
         if isinstance(exc, FencedError) or f"jobs.errors.{FencedError.__name__}" in str(exc):
@@ -179,13 +180,15 @@ def run_pipeline(
 
 def _run_locked(
     spark: SparkSession,
-    pipeline: Pipeline,
+    resolved: Resolved,
     settings: Settings,
     layout: AppLayout,
     trigger: str | None,
 ) -> RunSummary:
     started = time.monotonic()
-    tables.ensure_tables(layout, pipeline)
+    pipeline = resolved.pipeline
+    tables.ensure_tables(layout, resolved)
+    store(layout, resolved)  # for the tools that run without Spark
     unfinished = unfinished_operation(layout)
     if unfinished is not None:
         raise ConsistencyError(
@@ -201,11 +204,11 @@ def _run_locked(
     config = kafka_admin.client_config(settings.bootstrap_servers, settings.kafka_client)
     # Opening the publisher fences an older one; what an operation or a crash left
     # unpublished goes out before the first batch.
-    output = open_publisher(pipeline, layout, config)
+    output = open_publisher(resolved, layout, config)
     try:
         if output is not None:
             output.publish_pending()
-        return _stream(spark, pipeline, settings, layout, trigger, epoch, cut, output, started)
+        return _stream(spark, resolved, settings, layout, trigger, epoch, cut, output, started)
     finally:
         if output is not None:
             output.close()
@@ -213,7 +216,7 @@ def _run_locked(
 
 def _stream(
     spark: SparkSession,
-    pipeline: Pipeline,
+    resolved: Resolved,
     settings: Settings,
     layout: AppLayout,
     trigger: str | None,
@@ -222,6 +225,7 @@ def _stream(
     output: OutputPublisher | None,
     started: float,
 ) -> RunSummary:
+    pipeline = resolved.pipeline
     config = kafka_admin.client_config(settings.bootstrap_servers, settings.kafka_client)
     kafka_admin.check_same_topics(
         cut.topic_ids, kafka_admin.topic_ids(kafka_admin.admin(config), pipeline.topics)
@@ -234,13 +238,13 @@ def _stream(
     seed_path = seed_file(layout, epoch) if cut.seed_rows is not None else None
     name = f"{pipeline.application_id}_epoch{epoch}"
     spark.conf.set("spark.sql.shuffle.partitions", str(pipeline.shuffle_partitions))
-    replays = dimensions.replay_ranges(spark, pipeline, layout, cut.offsets())
+    replays = dimensions.replay_ranges(spark, resolved, layout, cut.offsets())
 
     def stream(hold: bool) -> DataFrame:
-        seed = seed_stream(spark, pipeline, seed_path) if seed_path is not None else None
+        seed = seed_stream(spark, resolved, seed_path) if seed_path is not None else None
         return query.build(
             spark,
-            pipeline,
+            resolved,
             settings.bootstrap_servers,
             json.dumps(starting),
             settings.kafka_client,
@@ -254,7 +258,7 @@ def _stream(
     consumer_config = kafka_admin.client_config(settings.bootstrap_servers, settings.kafka_client)
     committer = BatchCommitter(
         spark,
-        pipeline,
+        resolved,
         layout,
         epoch,
         checkpoint,

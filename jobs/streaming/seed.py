@@ -32,18 +32,18 @@ from pyspark.sql.types import StructType
 
 from jobs.errors import ConsistencyError
 from jobs.kafka_source import spark_kafka
-from jobs.pipeline import Pipeline
-from jobs.snapshot import RECORDS, contribution, contribution_types, seed_ddl
+from jobs.resolved import Resolved
+from jobs.snapshot import RECORDS, contribution
 
 FORMAT = "platform_seed"
 HOLD_FORMAT = "platform_hold"
 
 
-def seed_stream(spark: SparkSession, pipeline: Pipeline, path: Path) -> DataFrame:
+def seed_stream(spark: SparkSession, resolved: Resolved, path: Path) -> DataFrame:
     return (
         spark.readStream.format(FORMAT)
         .option("path", str(path))
-        .option("schema", seed_ddl(pipeline))
+        .option("schema", resolved.seed_ddl)
         .load()
     )
 
@@ -58,7 +58,7 @@ def hold_stream(spark: SparkSession, starting_offsets_json: str) -> DataFrame:
 
 
 def verify_seeded_state(
-    spark: SparkSession, pipeline: Pipeline, checkpoint: Path, path: Path
+    spark: SparkSession, resolved: Resolved, checkpoint: Path, path: Path
 ) -> int:
     """Spark's state after the seed batch (batch 0) must equal the snapshot, row by row.
 
@@ -81,11 +81,12 @@ def verify_seeded_state(
     columns = [
         F.col(f"key.`{k}`.start") if k == "window" else F.col(f"key.`{k}`") for k in key_fields
     ]
+    pipeline = resolved.pipeline
     seed = spark.read.parquet(str(path))
     wanted = [F.col(f"`{k}`") for k in pipeline.keys]
     if pipeline.window is not None:
         wanted.append(F.col("_event_time"))
-    types = contribution_types(pipeline)
+    types = resolved.contributions
     at = 0
     for agg in pipeline.aggregations:
         seeded = F.col(contribution(agg))

@@ -91,6 +91,19 @@ def test_the_dimension_feeds_the_stream_and_a_fix_is_backfilled(  # type: ignore
     assert run_jobs(pipeline, settings, "run", spark=spark).returncode == 0
     before = expected(events, merchants(source))
     assert state(settings.warehouse) == before
+    # The run left Spark's answers for the tools without a JVM: the derived columns'
+    # types and the table the enrichment reads.
+    from jobs import resolved as resolution
+    from jobs.delta.layout import AppLayout
+    from jobs.pipeline import load_pipeline
+
+    stored = resolution.load(
+        AppLayout(settings.warehouse, APP), load_pipeline(str(pipeline), tmp_path)
+    )
+    assert stored.analysed and not stored.uses_headers
+    assert stored.column_type("category") == "string"
+    assert stored.dimensions["shop"].path == str(settings.warehouse / "dims" / "merchants")
+    assert '"category"' in stored.dimensions["shop"].row_type
 
     # The fix: two merchants were in the wrong category.
     dims = merchants(source)

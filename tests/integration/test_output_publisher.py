@@ -12,6 +12,7 @@ from confluent_kafka.admin import NewPartitions
 from deltalake import DeltaTable
 
 from jobs import kafka_admin
+from jobs import resolved as resolution
 from jobs.errors import FencedError, OutputError
 from jobs.operations.maintain import plan_maintenance, run_maintain
 from jobs.operations.publish import run_publish
@@ -40,7 +41,7 @@ def state_table(writer: StateWriter) -> dict[str, int]:
 
 
 def publisher(writer: StateWriter, config: dict[str, str]) -> OutputPublisher:
-    output = OutputPublisher(writer.pipeline, writer.layout, config)
+    output = OutputPublisher(resolution.of(writer.pipeline), writer.layout, config)
     output.open()
     return output
 

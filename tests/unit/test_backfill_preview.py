@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from jobs import resolved as resolution
 from jobs.cut import StateAction
-from jobs.delta import layout as tables
 from jobs.operations.backfill import preview
 from jobs.operations.plan import Plan
 from jobs.operations.preview_plot import write_plot
@@ -19,7 +19,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 def aggregates(counts: dict[str, int]):  # type: ignore[no-untyped-def]
     pipeline = clicks_pipeline()
-    return state_rows(pipeline, counts, 0).select(tables.aggregate_schema(pipeline).names)
+    return state_rows(pipeline, counts, 0).select(resolution.of(pipeline).aggregate_schema.names)
 
 
 def test_changes_ranked_by_size_with_a_histogram() -> None:

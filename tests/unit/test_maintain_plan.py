@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from jobs import resolved as resolution
 from jobs.delta import layout as tables
 from jobs.delta.files import stale_staged_files
 from jobs.delta.layout import AppLayout, ensure_tables
@@ -101,7 +102,7 @@ NO_GRACE = dataclasses.replace(PIPELINE, reader_grace_hours=0)
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
     layout = AppLayout(tmp_path, NO_GRACE.application_id)
-    ensure_tables(layout, NO_GRACE)
+    ensure_tables(layout, resolution.of(NO_GRACE))
     ledger.append(layout, [ledger.batch_row(0, 0, 0, 100, 0)])
     return dataclasses.replace(load_settings(), warehouse=tmp_path)
 

@@ -9,6 +9,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
+from jobs import resolved as resolution
 from jobs.errors import ConsistencyError
 from jobs.output.changes import commit_infos, net_changes
 from jobs.output.records import encode, headers, partition_of
@@ -17,7 +18,7 @@ from tests.output_tables import StateWriter, clicks_pipeline
 
 def changes_of(writer: StateWriter, version: int):  # type: ignore[no-untyped-def]
     info = commit_infos(writer.path, version, version)[version]
-    return net_changes(writer.pipeline, writer.path, version, info)
+    return net_changes(resolution.of(writer.pipeline), writer.path, version, info)
 
 
 def users(table: pa.Table) -> dict[str, int | None]:

@@ -118,7 +118,7 @@ def test_what_users_write_reads_as_sql() -> None:
 
 
 def test_a_cosmetic_edit_is_no_change_and_spark_types_do_not_change_it() -> None:
-    import dataclasses
+    from jobs import resolved as resolution
 
     v1 = parse_pipeline(orders(), "v1")
     spaced = orders(derived=[{**d, "expr": f"  {d['expr']}  -- note"} for d in ORDERS["derived"]])
@@ -127,9 +127,10 @@ def test_a_cosmetic_edit_is_no_change_and_spark_types_do_not_change_it() -> None
         derived=[*ORDERS["derived"], {"name": "t", "expr": "amount_cents"}],
         event_time={"field": "t"},
     )
-    unresolved = parse_pipeline(numeric, "v1")
-    resolved = dataclasses.replace(unresolved, derived_types={"t": "bigint"})
-    assert resolved.definition == unresolved.definition
+    pipeline = parse_pipeline(numeric, "v1")
+    resolved = resolution.of(pipeline, {"t": "bigint"}, {}, False)
+    assert resolved.column_type("t") == "bigint" and pipeline.column_type("t") is None
+    assert resolved.pipeline.definition == pipeline.definition
 
 
 def test_the_orders_pipeline_loads() -> None:

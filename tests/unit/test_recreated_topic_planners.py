@@ -17,6 +17,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+from jobs import resolved as resolution
 from jobs.cut import Cut, StateAction, write_cut
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
@@ -93,7 +94,7 @@ def layout(tmp_path: Path) -> AppLayout:
 
 def state_versions(layout: AppLayout, count: int) -> None:
     """The application's tables, with ``count`` loadable state versions (0..count-1)."""
-    tables.ensure_tables(layout, PIPELINE)
+    tables.ensure_tables(layout, resolution.of(PIPELINE))
     state = DeltaTable(str(layout.table("state")))
     empty = pa.Table.from_batches([], schema=pa.schema(state.schema().to_arrow()))
     for _ in range(count - 1):

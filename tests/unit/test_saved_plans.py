@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from deltalake import CommitProperties, DeltaTable
 
+from jobs import resolved as resolution
 from jobs.cut import StateAction
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
@@ -121,7 +122,7 @@ def test_maintenance_does_not_move_a_plan_unless_it_removed_what_the_plan_restor
 )
 def test_bad_plan_ids(tmp_path: Path, plan_id: str, message: str) -> None:
     layout = AppLayout(tmp_path, "user_clicks")
-    tables.ensure_tables(layout, clicks_pipeline())
+    tables.ensure_tables(layout, resolution.of(clicks_pipeline()))
     with pytest.raises(ConfigError, match=message):
         saved.load(layout, plan_id, "rewind")
 

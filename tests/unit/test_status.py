@@ -17,6 +17,7 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
+from jobs import resolved as resolution
 from jobs.delta.layout import DEAD_LETTER_SCHEMA, AppLayout, ensure_tables
 from jobs.lock import application_lock
 from jobs.pipeline import load_pipeline
@@ -29,7 +30,7 @@ PIPELINE = load_pipeline("user_clicks", REPO_ROOT / "include" / "pipelines")
 
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
-    ensure_tables(AppLayout(tmp_path, PIPELINE.application_id), PIPELINE)
+    ensure_tables(AppLayout(tmp_path, PIPELINE.application_id), resolution.of(PIPELINE))
     return dataclasses.replace(load_settings(), warehouse=tmp_path)
 
 
@@ -165,7 +166,7 @@ def test_a_hopping_checkpoint_keyed_by_window_start_names_a_seeded_rebuild(
     (tmp_path / "hopping.yaml").write_text(yaml.safe_dump(data))
     hopping = load_pipeline(str(tmp_path / "hopping.yaml"), tmp_path)
     where = AppLayout(tmp_path, hopping.application_id)
-    ensure_tables(where, hopping)
+    ensure_tables(where, resolution.of(hopping))
     old_shape = {k: v for k, v in hopping.state_shape.items() if k != "window_key"}
     write_cut(where, Cut(0, {"clicks": {"0": 0}}, "pipeline", state_shape=old_shape))
     ledger.append(where, [ledger.batch_row(0, 0, 0, 100, 0)])

@@ -5,7 +5,6 @@ new type would make the table unreadable."""
 from __future__ import annotations
 
 import copy
-import dataclasses
 from pathlib import Path
 
 import pyarrow as pa
@@ -13,26 +12,25 @@ import pytest
 import yaml
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 
-from jobs.delta.layout import (
-    AppLayout,
-    changelog_schema,
-    column_problems,
-    ensure_tables,
-    state_redefined,
-    state_schema,
-)
+from jobs import resolved as resolution
+from jobs.delta.layout import AppLayout, column_problems, ensure_tables, state_redefined
 from jobs.errors import ConfigError
-from jobs.pipeline import Pipeline
-from jobs.pipeline import parse_pipeline as parse_unresolved
+from jobs.pipeline import parse_pipeline as parse_definition
+from jobs.resolved import Resolved
 from jobs.settings import REPO_ROOT
 
 INVENTORY = yaml.safe_load((REPO_ROOT / "include" / "pipelines" / "inventory.yaml").read_text())
 
 
-def parse_pipeline(data: dict[str, object], origin: str) -> Pipeline:
+def parse_pipeline(data: dict[str, object], origin: str) -> Resolved:
     """inventory as Spark resolves it: ``signed_qty`` (a CASE over ``qty``) has qty's type."""
-    pipeline = parse_unresolved(data, origin)
-    return dataclasses.replace(pipeline, derived_types={"signed_qty": pipeline.schema["qty"]})
+    pipeline = parse_definition(data, origin)
+    return resolution.of(pipeline, {"signed_qty": pipeline.schema["qty"]}, {}, False)
+
+
+def parse_unresolved(data: dict[str, object], origin: str) -> Resolved:
+    """inventory as a process without Spark (and no stored copy) sees it."""
+    return resolution.of(parse_definition(data, origin))
 
 
 def test_without_spark_a_derived_type_fits_what_the_table_has(tmp_path: Path) -> None:
@@ -78,9 +76,9 @@ def test_a_new_definition_is_refused_outside_a_backfill_and_fits_after_it(
     )
     # The changelog after the backfill: the new column added, the old ones kept.
     changelog = layout.table("changelog")
-    rows = pa.Table.from_pylist([], schema=changelog_schema(v2))
+    rows = pa.Table.from_pylist([], schema=v2.changelog_schema)
     write_deltalake(str(changelog), rows, mode="append", schema_mode="merge")
-    state = pa.Table.from_pylist([], schema=state_schema(v2))
+    state = pa.Table.from_pylist([], schema=v2.state_schema)
     write_deltalake(str(layout.table("state")), state, mode="overwrite", schema_mode="overwrite")
     ensure_tables(layout, v2)
     removed = copy.deepcopy(added)
@@ -108,12 +106,12 @@ def test_a_key_added_to_the_changelog_stays_nullable_and_compactable(tmp_path: P
     old = {"sku": "S1", "quantity": 3, "movements": 1, "_records": 1, "epoch": 0, "batch_id": 0}
     row = {**old, "commit_time": 0}
     write_deltalake(
-        str(changelog), pa.Table.from_pylist([row], schema=changelog_schema(v1)), mode="append"
+        str(changelog), pa.Table.from_pylist([row], schema=v1.changelog_schema), mode="append"
     )
     two_keys = copy.deepcopy(INVENTORY)
     two_keys["keys"] = ["sku", "kind"]
     v2 = parse_pipeline(two_keys, "v2")
-    rows = pa.Table.from_pylist([{**row, "kind": "sale"}], schema=changelog_schema(v2))
+    rows = pa.Table.from_pylist([{**row, "kind": "sale"}], schema=v2.changelog_schema)
     append_new_definition(changelog, rows, CommitProperties())
     table = DeltaTable(str(changelog))
     assert {f.name: f.nullable for f in table.schema().fields}["kind"]
@@ -124,7 +122,7 @@ def test_a_key_added_to_the_changelog_stays_nullable_and_compactable(tmp_path: P
     ]
     # The stream under v2 writes into it.
     assert not column_problems(
-        "changelog", DeltaTable(str(changelog)).schema(), changelog_schema(v2)
+        "changelog", DeltaTable(str(changelog)).schema(), v2.changelog_schema
     )
 
 
@@ -140,7 +138,7 @@ def test_a_ledger_from_before_filters_gains_the_column_for_every_writer(tmp_path
     DeltaTable.create(str(layout.table(tables.LEDGER)), old)
     before = snapshot(layout)
     assert before is not None and before.rows(["filtered"]).num_rows == 0  # readable as it is
-    pipeline = parse_pipeline(INVENTORY, "v1")
+    pipeline = parse_definition(INVENTORY, "v1")
     append_audit(layout, audit_row(pipeline, "verify", 0, {"result": "ok"}))
     rows = DeltaTable(str(layout.table(tables.LEDGER))).to_pyarrow_table()
     assert rows.schema.names == tables.LEDGER_SCHEMA.names
