@@ -31,7 +31,7 @@ from jobs.settings import REPO_ROOT, load_settings
 HOME = load_settings().local_airflow_home
 STATE = HOME / "standalone.json"
 LOG = HOME / "standalone.log"
-# URL-encoded, or the provider silently falls back to YARN (DESIGN.md).
+# URL-encoded, or the provider silently falls back to YARN (measured).
 SPARK_CONNECTION = "spark://local%5B2%5D?deploy-mode=client&spark-binary=spark-submit"
 
 

@@ -31,7 +31,7 @@ KAFKA_PROVIDER = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
 WATERMARK_SOURCE = batch_watermark.FORMAT
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 # Delta Lake's SQL extension and catalog: what ``format("delta")``, ``DeltaTable``
-# and Delta's SQL need in every session (a user's session too: see the README).
+# and Delta's SQL need in every session (a user's session too: see docs/pipelines.md).
 DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
 DELTA_CONF = {
     "spark.sql.extensions": DELTA_EXTENSION,
@@ -233,7 +233,8 @@ def check_delta_session(spark: SparkSession) -> None:
         if key.startswith("spark.sql.") and value not in (spark.conf.get(key, "") or ""):
             raise ConfigError(
                 f"this Spark session lacks {key}={value}: build it with the settings of "
-                "jobs.streaming.spark.DELTA_CONF (README, Command line)"
+                "jobs.streaming.spark.DELTA_CONF (docs/pipelines.md, Reading the tables from "
+                "your own Spark)"
             )
 
 

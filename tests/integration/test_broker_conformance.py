@@ -129,7 +129,7 @@ def test_restart_keeps_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     config = kafka_admin.client_config(info.bootstrap_servers)
     kafka_admin.create_topic(kafka_admin.admin(config), "kept", 1)
     produce(config, "kept", [b"a", b"b", b"c"])
-    time.sleep(3)  # it persists a few seconds behind (documented in DESIGN.md)
+    time.sleep(3)  # it persists a few seconds behind (measured)
     assert embedded.stop(tmp_path)
     info = embedded.start(tmp_path, port)
     try:

@@ -92,11 +92,11 @@ def test_both_engines_read_every_table_the_same_at_every_version(
     assert spark.read.format("delta").load(str(app / "dead_letter")).count() == dead == 2
 
 
-def readme_block() -> str:
-    """The README's "Reading the tables from your own Spark" code, as it is."""
-    text = (REPO_ROOT / "README.md").read_text()
+def docs_block() -> str:
+    """docs/pipelines.md's "Reading the tables from your own Spark" code, as it is."""
+    text = (REPO_ROOT / "docs" / "pipelines.md").read_text()
     found = re.search(r"<!-- read-tables:[^>]*-->\n```python\n(.*?)```", text, re.S)
-    assert found, "the README's read-tables block is missing"
+    assert found, "docs/pipelines.md's read-tables block is missing"
     return found.group(1)
 
 
@@ -113,9 +113,9 @@ def test_a_users_spark_reads_state_changelog_and_history(
     produce(kafka_config, topic, values)
     run_pipeline(spark, load_pipeline(str(path), tmp_path), settings)
 
-    # The README's code in a process of its own (a user's session, not the
+    # The docs' code in a process of its own (a user's session, not the
     # platform's), then what the test reads of the frames it defined.
-    script = readme_block().replace('state.orderBy("user_id", "window_start").show()\n', "") + (
+    script = docs_block().replace('state.orderBy("user_id", "window_start").show()\n', "") + (
         "import json\n"
         "def dump(name, frame):\n"
         "    for row in frame.collect():\n"

@@ -197,7 +197,7 @@ def review_a_rewind(page: Any, airflow: dict[str, Any], answer: str, shot: str) 
     # "success" of the process that paused it only after the answer requeued it
     # ("finished with state success, but the task instance's state attribute is
     # queued": apache/airflow#72716, reproduced here). A person takes longer than
-    # that drain; a browser test must wait for it, as the runbook says to.
+    # that drain; a browser test must wait for it, as docs/operations.md says to.
     wait_until(
         "the scheduler to note the approval's pause",
         lambda: approval_pause_noted(airflow, run_id),
