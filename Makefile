@@ -2,6 +2,7 @@
 #   make demo   set up .venv, start the embedded broker, produce sample clicks,
 #               run the user_clicks pipeline, print its state and ledger
 #   make test   set up .venv, lint, type-check and run every test
+#   make unit   lint, type-check and the tests that start no server (a few minutes)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -15,7 +16,7 @@ JARS_STAMP := $(JARS)/.resolved-$(shell cat $(POMS) | sha1sum | cut -c1-12)
 SOURCES := $(shell find include/jvm/sources -name '*.java') include/jvm/build_sources.sh
 SOURCES_JAR := $(JARS)/spark/platform-sources.jar
 
-.PHONY: setup demo test lint chromium prometheus bench broker-stop clean airflow airflow-stop
+.PHONY: setup demo test unit lint chromium prometheus bench broker-stop clean airflow airflow-stop
 
 # --no-compile: modules compile when first imported (saves ~17 s of compiling all of them).
 $(STAMP): requirements.txt constraints.txt
@@ -46,15 +47,20 @@ lint: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# -rs: the run ends with the number of skipped tests and why (under CI, where
+# CI is set, a skip fails: tests/conftest.py).
 test: lint chromium prometheus
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder --durations=40
+	$(BIN)/python -m pytest -q -rs -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder --durations=40
+
+unit: lint
+	$(BIN)/python -m pytest -q -rs -p no:cacheprovider -n 2 -m "not integration"
 
 # The browser test drives Debian's chromium (Playwright's own download is offline).
 chromium:
 	@command -v chromium >/dev/null || { echo "installing Debian's chromium for the browser test"; \
 	  apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 \
 	  || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1; } \
-	  || echo "WARNING: could not install chromium: the browser test will be skipped"; }
+	  || echo "WARNING: could not install chromium: the browser test will be skipped (a failure under CI)"; }
 
 # The metrics tests run Debian's Prometheus server and Pushgateway.
 prometheus:
@@ -62,7 +68,7 @@ prometheus:
 	  echo "installing Debian's prometheus and prometheus-pushgateway for the metrics tests"; \
 	  apt-get install -y -q --no-install-recommends prometheus prometheus-pushgateway >/dev/null 2>&1 \
 	  || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends prometheus prometheus-pushgateway >/dev/null 2>&1; } \
-	  || echo "WARNING: could not install prometheus: the metrics tests will be skipped"; }
+	  || echo "WARNING: could not install prometheus: the metrics tests will be skipped (a failure under CI)"; }
 
 bench: setup
 	$(BIN)/python -m benchmarks.throughput

@@ -1,12 +1,18 @@
-"""The embedded broker for local runs and tests: a real Apache Kafka, single node.
+"""The embedded broker for local runs and tests: a real Apache Kafka, one node or
+a replicated cluster of three.
 
 One JVM runs KRaft's broker and controller together (``kafka.Kafka``) from the
 jars ``make setup`` resolved (``jobs/jars.py``), on loopback listeners only, with
-topic auto-creation off and every internal topic at replication factor 1. The data
-directory holds the generated ``server.properties``, the log directory (formatted
-once, on the first start) and ``broker.json`` (pid and ports), so ``stop`` ends
-exactly that pid and a later ``start`` finds the topics again. Production uses a
-real cluster (see docker-compose.yml) through the same settings.
+topic auto-creation off. The data directory holds the generated
+``server.properties``, the log directory (formatted once, on the first start) and
+``broker.json`` (pid and ports), so ``stop`` ends exactly that pid and a later
+``start`` finds the topics again.
+
+``start_cluster`` runs three such nodes, each broker and controller of one quorum,
+under ``<data_dir>/node-<id>`` (``cluster.json`` keeps the cluster id and the node
+count): every topic, internal ones included, gets three replicas and needs two in
+sync to take a write, as production runs it (docker-compose.yml). A node can be
+killed and restarted by its id (``kill_node``, ``start_node``).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from jobs.kafka_settings import jaas_quoted
 from jobs.settings import REPO_ROOT
 
 STATE_FILE = "broker.json"
+CLUSTER_FILE = "cluster.json"
 LOG_FILE = "broker.log"
 PROPERTIES_FILE = "server.properties"
 LOG_DIR = "kafka-logs"
@@ -88,11 +95,14 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    # A zombie child (ended, not yet reaped) is not a broker.
+    # A zombie (ended, not yet reaped: reaped here if it is our child) is not a broker.
     with contextlib.suppress(ChildProcessError):
         if os.waitpid(pid, os.WNOHANG)[0] == pid:
             return False
-    return True
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _started(pid: int) -> int:
@@ -124,15 +134,27 @@ def status(data_dir: Path) -> BrokerInfo | None:
 
 
 def server_properties(
-    data_dir: Path, port: int, controller_port: int, sasl_users: Mapping[str, str] | None = None
+    data_dir: Path,
+    port: int,
+    controller_port: int,
+    sasl_users: Mapping[str, str] | None = None,
+    node_id: int = 1,
+    quorum: Mapping[int, int] | None = None,
 ) -> str:
-    """A single-node KRaft broker and controller on loopback (static quorum of one).
-    ``sasl_users`` (name -> password): clients must log in with SASL/PLAIN as one
-    of them (how tests check that credentials reach both Kafka clients)."""
+    """A KRaft broker and controller on loopback: a static quorum of one, or of
+    ``quorum`` (node id -> controller port), whose nodes keep three replicas of
+    every topic (two in sync to take a write). ``sasl_users`` (name -> password):
+    clients must log in with SASL/PLAIN as one of them (how tests check that
+    credentials reach both Kafka clients)."""
+    voters = dict(quorum or {node_id: controller_port})
+    replicas = str(min(3, len(voters)))
+    in_sync = "2" if len(voters) >= 3 else "1"
     settings = {
         "process.roles": "broker,controller",
-        "node.id": "1",
-        "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
+        "node.id": str(node_id),
+        "controller.quorum.voters": ",".join(
+            f"{n}@127.0.0.1:{p}" for n, p in sorted(voters.items())
+        ),
         "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
         "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
         "controller.listener.names": "CONTROLLER",
@@ -141,16 +163,17 @@ def server_properties(
         "log.dirs": str(data_dir / LOG_DIR),
         "auto.create.topics.enable": "false",
         "num.partitions": "1",
-        "default.replication.factor": "1",
-        "min.insync.replicas": "1",
-        # Internal topics: one replica, and few partitions so that they come up fast.
-        "offsets.topic.replication.factor": "1",
+        "default.replication.factor": replicas,
+        "min.insync.replicas": in_sync,
+        "unclean.leader.election.enable": "false",
+        # Internal topics: as replicated, and few partitions so that they come up fast.
+        "offsets.topic.replication.factor": replicas,
         "offsets.topic.num.partitions": "4",
-        "transaction.state.log.replication.factor": "1",
-        "transaction.state.log.min.isr": "1",
+        "transaction.state.log.replication.factor": replicas,
+        "transaction.state.log.min.isr": in_sync,
         "transaction.state.log.num.partitions": "4",
-        "share.coordinator.state.topic.replication.factor": "1",
-        "share.coordinator.state.topic.min.isr": "1",
+        "share.coordinator.state.topic.replication.factor": replicas,
+        "share.coordinator.state.topic.min.isr": in_sync,
         "group.initial.rebalance.delay.ms": "0",
         # Retention applies within seconds (tests and users who lower a topic's
         # retention see it act; the default checks every 5 minutes).
@@ -191,7 +214,9 @@ def _java() -> str:
     return java
 
 
-def _java_command(main: str, *args: str) -> list[str]:
+def java_command(main: str, *args: str) -> list[str]:
+    """A command line running ``main`` of Kafka's jars (the broker, or one of
+    Kafka's own tools, e.g. ``org.apache.kafka.tools.consumer.group.ConsumerGroupCommand``)."""
     classpath = os.pathsep.join(str(jar) for jar in broker_classpath())
     return [
         _java(),
@@ -204,14 +229,14 @@ def _java_command(main: str, *args: str) -> list[str]:
     ]
 
 
-def _format_storage(data_dir: Path, properties: Path) -> None:
+def _format_storage(data_dir: Path, properties: Path, cluster_id: str | None = None) -> None:
     """Format the log directory once: a formatted one keeps its cluster id."""
     if (data_dir / LOG_DIR / "meta.properties").exists():
         return
-    cluster_id = _cluster_id()
+    cluster_id = cluster_id or _cluster_id()
     done = subprocess.run(
         # "--cluster-id=": an id may start with "-", which the tool would take for an option.
-        _java_command(
+        java_command(
             "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(properties)
         ),
         capture_output=True,
@@ -262,11 +287,24 @@ def start(
     properties = data_dir / PROPERTIES_FILE
     properties.write_text(server_properties(data_dir, port, controller_port, sasl_users))
     _format_storage(data_dir, properties)
+    return _await_ready(_launch(data_dir, port, controller_port), timeout_s)
+
+
+@dataclass
+class _Launched:
+    proc: subprocess.Popen[bytes]
+    data_dir: Path
+    port: int
+    log_offset: int
+
+
+def _launch(data_dir: Path, port: int, controller_port: int) -> _Launched:
+    """Start the node of ``data_dir`` (its properties written, its storage formatted)."""
     log_path = data_dir / LOG_FILE
     log = open(log_path, "ab")  # noqa: SIM115 - handed to the child
     offset = log.tell()
     proc = subprocess.Popen(
-        _java_command("kafka.Kafka", str(properties)),
+        java_command("kafka.Kafka", str(data_dir / PROPERTIES_FILE)),
         stdout=log,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
@@ -280,17 +318,22 @@ def start(
         "controller_port": controller_port,
     }
     (data_dir / STATE_FILE).write_text(json.dumps(state))
+    return _Launched(proc, data_dir, port, offset)
+
+
+def _await_ready(launched: _Launched, timeout_s: float) -> BrokerInfo:
+    proc, log_path = launched.proc, launched.data_dir / LOG_FILE
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise BrokerError(f"broker exited with code {proc.returncode}; see {log_path}")
-        if _ready(log_path, offset):
-            return BrokerInfo(pid=proc.pid, port=port, data_dir=data_dir)
+        if _ready(log_path, launched.log_offset):
+            return BrokerInfo(pid=proc.pid, port=launched.port, data_dir=launched.data_dir)
         time.sleep(0.1)
     proc.kill()
     proc.wait()
     raise BrokerError(
-        f"broker did not start on port {port} within {timeout_s:.0f} s; see {log_path}"
+        f"broker did not start on port {launched.port} within {timeout_s:.0f} s; see {log_path}"
     )
 
 
@@ -309,3 +352,115 @@ def stop(data_dir: Path, timeout_s: float = 30.0) -> bool:
         while _alive(info.pid):
             time.sleep(0.05)
     return True
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    data_dir: Path
+    nodes: dict[int, BrokerInfo]  # node id -> the running node
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return ",".join(n.bootstrap_servers for _, n in sorted(self.nodes.items()))
+
+
+def node_dir(data_dir: Path, node_id: int) -> Path:
+    return data_dir / f"node-{node_id}"
+
+
+def _cluster(data_dir: Path) -> dict[str, object] | None:
+    try:
+        found = json.loads((data_dir / CLUSTER_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def start_cluster(data_dir: Path, nodes: int = 3, timeout_s: float = 90.0) -> ClusterInfo:
+    """Start (or find running) a cluster of ``nodes`` under ``data_dir``: every node
+    launched first (a KRaft quorum elects once a majority is up), then awaited. A
+    cluster started before keeps its ports and its data."""
+    if nodes < 1:
+        raise BrokerError(f"a cluster needs at least one node, not {nodes}")
+    data_dir.mkdir(parents=True, exist_ok=True)
+    cluster = _cluster(data_dir)
+    if cluster is not None and int(str(cluster["nodes"])) != nodes:
+        raise BrokerError(
+            f"{data_dir} holds a cluster of {cluster['nodes']} nodes, not {nodes}: "
+            "use another --data-dir"
+        )
+    if cluster is None:
+        cluster = {"cluster_id": _cluster_id(), "nodes": nodes}
+        (data_dir / CLUSTER_FILE).write_text(json.dumps(cluster))
+    ports = _node_ports(data_dir, nodes)
+    quorum = {n: controller for n, (_port, controller) in ports.items()}
+    launched: list[_Launched] = []
+    running: dict[int, BrokerInfo] = {}
+    for n, (port, controller) in ports.items():
+        found = status(node_dir(data_dir, n))
+        if found is not None:
+            running[n] = found
+            continue
+        where = node_dir(data_dir, n)
+        where.mkdir(parents=True, exist_ok=True)
+        properties = where / PROPERTIES_FILE
+        properties.write_text(server_properties(where, port, controller, None, n, quorum))
+        _format_storage(where, properties, str(cluster["cluster_id"]))
+        launched.append(_launch(where, port, controller))
+    try:
+        for one in launched:
+            info = _await_ready(one, timeout_s)
+            running[int(one.data_dir.name.split("-")[1])] = info
+    except BrokerError:
+        for one in launched:
+            with contextlib.suppress(ProcessLookupError):
+                one.proc.kill()
+        raise
+    return ClusterInfo(data_dir, dict(sorted(running.items())))
+
+
+def _node_ports(data_dir: Path, nodes: int) -> dict[int, tuple[int, int]]:
+    """Node id -> (port, controller port): the ones recorded (the quorum's addresses
+    must not change), or a fresh run of free ports."""
+    recorded = {n: _state(node_dir(data_dir, n)) for n in range(1, nodes + 1)}
+    if all(r is not None for r in recorded.values()):
+        return {n: (r["port"], r["controller_port"]) for n, r in recorded.items() if r}
+    first = find_free_port(run=2 * nodes)
+    return {n: (first + n - 1, first + nodes + n - 1) for n in range(1, nodes + 1)}
+
+
+def cluster_status(data_dir: Path) -> dict[int, BrokerInfo | None]:
+    """Each node of the cluster of ``data_dir`` (None: not running); empty: no cluster."""
+    cluster = _cluster(data_dir)
+    if cluster is None:
+        return {}
+    count = int(str(cluster["nodes"]))
+    return {n: status(node_dir(data_dir, n)) for n in range(1, count + 1)}
+
+
+def start_node(data_dir: Path, node_id: int, timeout_s: float = 90.0) -> BrokerInfo:
+    """Start one stopped node of the cluster again, on its recorded ports."""
+    where = node_dir(data_dir, node_id)
+    found = status(where)
+    if found is not None:
+        return found
+    state = _state(where)
+    if state is None:
+        raise BrokerError(f"{where} holds no node of a cluster")
+    return _await_ready(_launch(where, state["port"], state["controller_port"]), timeout_s)
+
+
+def kill_node(data_dir: Path, node_id: int) -> bool:
+    """SIGKILL one node (a crash: no clean shutdown). False if it did not run."""
+    info = status(node_dir(data_dir, node_id))
+    if info is None:
+        return False
+    os.kill(info.pid, signal.SIGKILL)
+    while _alive(info.pid):
+        time.sleep(0.05)
+    return True
+
+
+def stop_cluster(data_dir: Path) -> int:
+    """Stop every node cleanly; how many ran."""
+    return sum(stop(node_dir(data_dir, n)) for n in cluster_status(data_dir))

@@ -178,6 +178,13 @@ def build_parser() -> argparse.ArgumentParser:
     broker.add_argument("action", choices=["start", "stop", "status"])
     broker.add_argument("--port", type=int, help="default: $PLATFORM_BROKER_PORT or 19092")
     broker.add_argument("--data-dir", type=Path, help="default: $PLATFORM_BROKER_DATA_DIR")
+    broker.add_argument(
+        "--nodes",
+        type=int,
+        default=1,
+        help="start: 1 (one node) or 3 (a replicated cluster on free loopback ports: "
+        "replication factor 3, min.insync.replicas 2)",
+    )
     return parser
 
 
@@ -477,12 +484,30 @@ def _broker(args: argparse.Namespace) -> int:
     port = args.port or settings.broker_port
     if not 1 <= port <= 65535:
         raise ConfigError(f"--port must be 1-65535, got {port}")
-    if args.action == "start":
+    if args.nodes not in (1, 3):
+        raise ConfigError(f"--nodes must be 1 or 3, got {args.nodes}")
+    nodes = broker.cluster_status(data_dir)
+    if args.action == "start" and (args.nodes == 3 or nodes):
+        cluster = broker.start_cluster(data_dir, max(args.nodes, len(nodes)))
+        for n, info in cluster.nodes.items():
+            print(f"node {n} running: {info.bootstrap_servers} (pid {info.pid})")
+        print(f"cluster running: {cluster.bootstrap_servers} (data in {data_dir})")
+    elif args.action == "start":
         info = broker.start(data_dir, port)
         print(f"broker running: {info.bootstrap_servers} (pid {info.pid}, data in {data_dir})")
+    elif args.action == "stop" and nodes:
+        print(f"{broker.stop_cluster(data_dir)} of {len(nodes)} nodes stopped")
     elif args.action == "stop":
         stopped = broker.stop(data_dir)
         print("broker stopped" if stopped else f"no broker running for {data_dir}")
+    elif nodes:
+        for n, found in nodes.items():
+            print(
+                f"node {n}: not running"
+                if found is None
+                else f"node {n} running: {found.bootstrap_servers} (pid {found.pid})"
+            )
+        return 0 if all(nodes.values()) else 1
     else:
         running = broker.status(data_dir)
         if running is None:

@@ -149,8 +149,11 @@ def create_topic(
     partitions: int,
     config: Mapping[str, str] | None = None,
 ) -> None:
-    """Create a topic; an existing one is left as it is."""
-    futures = client.create_topics([NewTopic(topic, partitions, 1, config=dict(config or {}))])
+    """Create a topic; an existing one is left as it is. Its replication factor and
+    ``min.insync.replicas`` are the cluster's defaults (3 and 2 on a replicated
+    cluster: ``jobs/broker.py``, docker-compose.yml; 1 on the single embedded node)."""
+    new = NewTopic(topic, partitions, replication_factor=-1, config=dict(config or {}))
+    futures = client.create_topics([new])
     for future in futures.values():
         try:
             future.result()
@@ -191,6 +194,7 @@ def produce_all(
         {
             **config,
             "enable.idempotence": True,
+            "acks": "all",  # every in-sync replica has it (idempotence needs it too)
             "linger.ms": 20,
             "batch.num.messages": 10000,
             "queue.buffering.max.messages": 200000,

@@ -841,8 +841,12 @@ def definition_file(name_or_path: str, directory: Path, kind: str) -> tuple[Path
     if not path.is_file():
         known = ", ".join(sorted(p.stem for p in directory.glob("*.yaml"))) or "none"
         raise ConfigError(f"no {kind} file {path} (defined {kind}s: {known})")
+    return path, read_yaml(path, path.read_text())
+
+
+def read_yaml(path: Path, text: str) -> Any:
     try:
-        return path, yaml.safe_load(path.read_text())
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
 
@@ -865,7 +869,16 @@ def load_each(
 def load_pipeline(name_or_path: str, pipelines_dir: Path) -> Pipeline:
     """A pipeline by name (``user_clicks``) or by path to its YAML file."""
     path, data = definition_file(name_or_path, pipelines_dir, "pipeline")
-    pipeline = parse_pipeline(data, str(path))
+    return _with_source(parse_pipeline(data, str(path)), path)
+
+
+def pipeline_from_text(path: Path, text: str) -> Pipeline:
+    """The pipeline in ``text``, which the caller read from ``path`` (once: what it
+    checked is what runs)."""
+    return _with_source(parse_pipeline(read_yaml(path, text), str(path)), path)
+
+
+def _with_source(pipeline: Pipeline, path: Path) -> Pipeline:
     object.__setattr__(pipeline, "source_path", path)
     return pipeline
 

@@ -12,11 +12,17 @@ deploy). Each application has one Spark session here (its own SQL settings and
 streams), reused by its runs; at most ``MAX_RUNS`` run at once, and one per
 application. If the driver dies during a run, nothing of the unfinished batch is
 committed and the next run, here or anywhere, replays it. Continuous runs are
-long-lived processes of their own and never come here. A request must carry the
-driver's token (``Authorization: Bearer``): ``PLATFORM_DRIVER_TOKEN``, or when it is
-not set, one the driver makes at start and writes where only its user can read it
+long-lived processes of their own and never come here.
+
+Driver and client share a token: ``PLATFORM_DRIVER_TOKEN``, or when it is not set,
+one the driver makes at start and writes where only its user can read it
 (``<warehouse>/_driver/token-<port>``, mode 600), where a client of that user finds
-it. The driver runs only pipeline files under ``PLATFORM_PIPELINES_DIR``.
+it. The token never crosses the socket: the client first asks for a challenge and
+checks the driver's proof (an HMAC of the client's nonce), so another server on
+the port learns nothing; the run request then carries an HMAC of the driver's
+one-time nonce and the body's hash (``Authorization: Platform-MAC``). The driver
+runs only pipeline files under ``PLATFORM_PIPELINES_DIR``: it resolves the path
+once, opens what it resolved and checks, hashes and loads that one read.
 A client that goes away does not stop its run (it commits exactly once anyway):
 the next run of the application waits for the lock or is refused, as locally.
 """
@@ -29,9 +35,11 @@ import http.client
 import json
 import logging
 import os
+import re
 import secrets
 import signal
 import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -46,13 +54,19 @@ from pyspark.sql import SparkSession
 from jobs import faults
 from jobs.errors import ConfigError, PlatformError, failure
 from jobs.lock import LockedError
-from jobs.pipeline import Pipeline, load_pipeline
+from jobs.pipeline import Pipeline, pipeline_from_text
 from jobs.settings import ENV_PREFIX, Settings
 
 log = logging.getLogger(__name__)
 
 RUN_PATH = "/v1/run"
 HEALTH_PATH = "/v1/health"
+CHALLENGE_PATH = "/v1/challenge"
+MAC_SCHEME = "Platform-MAC"
+NONCE = re.compile(r"^[0-9a-f]{32,128}$")
+NONCE_TTL_S = 60.0
+MAX_NONCES = 1024  # outstanding challenges; the oldest go first
+MAX_PIPELINE_BYTES = 1 << 20
 TOKEN_ENV = ENV_PREFIX + "DRIVER_TOKEN"
 MAX_BODY = 16 * 1024
 MAX_FIELD = 4096
@@ -104,6 +118,36 @@ def client_token(settings: Settings, url: str, given: str | None) -> str:
             f"the warm driver at {url} requires its token: set {TOKEN_ENV}, or run as the "
             f"user that started it (it writes {path})"
         ) from exc
+
+
+def mac(token: str, *parts: str) -> str:
+    """The proof that who computed it holds ``token``, bound to ``parts``."""
+    message = "|".join(parts).encode()
+    return hmac.new(token.encode(), message, hashlib.sha256).hexdigest()
+
+
+class Challenges:
+    """The nonces this driver handed out, each good for one request within
+    ``NONCE_TTL_S`` (a recorded request cannot be sent again)."""
+
+    def __init__(self) -> None:
+        self._issued: dict[str, float] = {}
+        self._guard = threading.Lock()
+
+    def issue(self) -> str:
+        nonce = secrets.token_hex(32)
+        now = time.monotonic()
+        with self._guard:
+            self._issued = {n: t for n, t in self._issued.items() if now - t < NONCE_TTL_S}
+            while len(self._issued) >= MAX_NONCES:
+                del self._issued[next(iter(self._issued))]
+            self._issued[nonce] = now
+        return nonce
+
+    def redeem(self, nonce: str) -> bool:
+        with self._guard:
+            issued = self._issued.pop(nonce, None)
+        return issued is not None and time.monotonic() - issued < NONCE_TTL_S
 
 
 def settings_digest(settings: Settings) -> str:
@@ -191,15 +235,39 @@ class WarmDriver:
                 f"{self.settings.bootstrap_servers}): start it with the client's "
                 "PLATFORM_* environment"
             )
-        folder = self.settings.pipelines_dir.resolve()
-        if not Path(request.pipeline).resolve().is_relative_to(folder):
-            raise ConfigError(
-                f"the warm driver runs only pipelines under {folder} "
-                f"({ENV_PREFIX}PIPELINES_DIR), not {request.pipeline}"
-            )
-        if file_sha256(request.pipeline) != request.pipeline_sha256:
+        path, data = self._read_pipeline(request.pipeline)
+        if hashlib.sha256(data).hexdigest() != request.pipeline_sha256:
             raise ConfigError(f"{request.pipeline} changed while the run was sent: send it again")
-        return load_pipeline(request.pipeline, self.settings.pipelines_dir)
+        try:
+            text = data.decode()
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{path}: not UTF-8 text: {exc}") from None
+        return pipeline_from_text(path, text)
+
+    def _read_pipeline(self, given: str) -> tuple[Path, bytes]:
+        """The file at ``given``, resolved once and read once, if it is under the
+        pipelines folder: the file opened is checked (by its descriptor), so a
+        symlink swapped in after the check is not followed."""
+        folder = self.settings.pipelines_dir.resolve()
+        refusal = ConfigError(
+            f"the warm driver runs only pipelines under {folder} "
+            f"({ENV_PREFIX}PIPELINES_DIR), not {given}"
+        )
+        path = Path(given).resolve()
+        if not path.is_relative_to(folder):
+            raise refusal
+        try:
+            descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError as exc:
+            raise ConfigError(f"cannot read pipeline file {path}: {exc.strerror}") from None
+        with os.fdopen(descriptor, "rb") as handle:
+            opened = Path(os.readlink(f"/proc/self/fd/{descriptor}"))
+            if not opened.is_relative_to(folder):
+                raise refusal
+            data = handle.read(MAX_PIPELINE_BYTES + 1)
+        if len(data) > MAX_PIPELINE_BYTES:
+            raise ConfigError(f"{path} is larger than {MAX_PIPELINE_BYTES} bytes")
+        return path, data
 
     def _session(self, application_id: str) -> tuple[SparkSession, threading.Lock]:
         from jobs.streaming.spark import register_sources
@@ -240,6 +308,8 @@ class WarmDriver:
 
 
 def _handler(driver: WarmDriver, token: str) -> type[BaseHTTPRequestHandler]:
+    challenges = Challenges()
+
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, format: str, *args: Any) -> None:
             log.info("%s %s", self.address_string(), format % args)
@@ -258,22 +328,33 @@ def _handler(driver: WarmDriver, token: str) -> type[BaseHTTPRequestHandler]:
         def _refuse(self, status: int, message: str) -> None:
             self._reply(status, {"ok": False, "code": 2, "error": message})
 
-        def _authorized(self) -> bool:
-            given = self.headers.get("Authorization", "")
-            return hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
+        def _authorized(self, body: bytes) -> bool:
+            scheme, _, rest = self.headers.get("Authorization", "").partition(" ")
+            nonce, _, given = rest.partition(" ")
+            if scheme != MAC_SCHEME or not challenges.redeem(nonce):
+                return False
+            wanted = mac(token, "client", nonce, hashlib.sha256(body).hexdigest())
+            return hmac.compare_digest(given.encode(), wanted.encode())
 
         def do_GET(self) -> None:
-            if self.path != HEALTH_PATH:
-                self._refuse(404, f"no such path {self.path}")
+            url = urllib.parse.urlsplit(self.path)
+            if url.path == HEALTH_PATH:
+                self._reply(200, {"ok": True, "code": driver.code})
                 return
-            self._reply(200, {"ok": True, "code": driver.code})
+            if url.path != CHALLENGE_PATH:
+                self._refuse(404, f"no such path {url.path}")
+                return
+            client = urllib.parse.parse_qs(url.query).get("client", [""])[0]
+            if not NONCE.match(client):
+                self._refuse(400, "client must be a hex nonce of 32 to 128 digits")
+                return
+            nonce = challenges.issue()
+            proof = mac(token, "driver", client, nonce)
+            self._reply(200, {"ok": True, "nonce": nonce, "proof": proof})
 
         def do_POST(self) -> None:
             if self.path != RUN_PATH:
                 self._refuse(404, f"no such path {self.path}")
-                return
-            if not self._authorized():
-                self._refuse(401, "missing or wrong token")
                 return
             if self.headers.get("Content-Type") != "application/json":
                 self._refuse(415, "the request must be application/json")
@@ -282,13 +363,16 @@ def _handler(driver: WarmDriver, token: str) -> type[BaseHTTPRequestHandler]:
             if not (length.isascii() and length.isdigit()) or int(length) > MAX_BODY:
                 self._refuse(413, "body missing or too large")
                 return
+            self.connection.settimeout(READ_TIMEOUT_S)
+            body = self.rfile.read(int(length))
+            self.connection.settimeout(None)
+            if not self._authorized(body):
+                self._refuse(401, "missing or wrong token")
+                return
             if not driver.slots.acquire(blocking=False):
                 self._refuse(503, f"the warm driver is busy with {MAX_RUNS} runs: try again")
                 return
             try:
-                self.connection.settimeout(READ_TIMEOUT_S)
-                body = self.rfile.read(int(length))
-                self.connection.settimeout(None)
                 request = RunRequest.parse(body)
                 log.info("run of %s requested", request.pipeline)
                 answer = {"ok": True, "summary": driver.run(request)}
@@ -348,6 +432,32 @@ def serve(settings: Settings, port: int) -> int:
     return 0
 
 
+def _verified_nonce(opener: urllib.request.OpenerDirector, url: str, token: str) -> str:
+    """The driver's one-time nonce, once it has proved it holds the token."""
+    client = secrets.token_hex(32)
+    try:
+        with opener.open(f"{url}{CHALLENGE_PATH}?client={client}", timeout=30) as response:
+            answer = json.loads(response.read(MAX_BODY))
+        nonce, proof = str(answer["nonce"]), str(answer["proof"])
+    except urllib.error.HTTPError as exc:
+        raise PlatformError(f"{url} did not answer as a warm driver (HTTP {exc.code})") from exc
+    except urllib.error.URLError as exc:
+        raise PlatformError(
+            f"no warm driver answers at {url} ({exc.reason}); start one with python -m jobs "
+            "serve, or unset PLATFORM_DRIVER_URL to run in this process"
+        ) from exc
+    except (OSError, http.client.HTTPException, ValueError, KeyError, TypeError) as exc:
+        raise PlatformError(f"{url} did not answer as a warm driver ({exc!r})") from exc
+    if not NONCE.match(nonce) or not hmac.compare_digest(
+        proof.encode(), mac(token, "driver", client, nonce).encode()
+    ):
+        raise ConfigError(
+            f"the server at {url} did not prove it holds the warm driver's token (a wrong "
+            f"{TOKEN_ENV}, or another server on the port): nothing was sent to it"
+        )
+    return nonce
+
+
 def run_remote(settings: Settings, pipeline: Pipeline) -> Any:
     """Send an available-now run of ``pipeline`` to the warm driver; its summary."""
     from jobs.streaming.spark import package_digest
@@ -366,12 +476,16 @@ def run_remote(settings: Settings, pipeline: Pipeline) -> Any:
         "settings": settings_digest(settings),
     }
     token = client_token(settings, settings.driver_url, os.environ.get(TOKEN_ENV))
-    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
-    request = urllib.request.Request(
-        settings.driver_url + RUN_PATH, data=json.dumps(body).encode(), headers=headers
-    )
-    # Never through a proxy: the request (and its token) stays on loopback.
+    # Never through a proxy: the request stays on loopback.
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    nonce = _verified_nonce(opener, settings.driver_url, token)
+    data = json.dumps(body).encode()
+    signature = mac(token, "client", nonce, hashlib.sha256(data).hexdigest())
+    headers = {
+        "Content-Type": "application/json",
+        "Authorization": f"{MAC_SCHEME} {nonce} {signature}",
+    }
+    request = urllib.request.Request(settings.driver_url + RUN_PATH, data=data, headers=headers)
     try:
         with opener.open(request) as response:  # a run takes as long as it takes
             raw = response.read()

@@ -54,6 +54,7 @@ _topic_ids = itertools.count()
 # worker idle (ordered by their measured time under two workers, longest first;
 # the cluster test, whose executors load both cores, before the fencing tests).
 SLOW_FIRST = (
+    "test_replicated_cluster.py",
     "test_crash_restart.py",
     "test_cluster.py",
     "test_chaos.py",
@@ -77,12 +78,36 @@ SLOW_FIRST = (
     "test_distributed_writes.py",
     "test_delta_engines.py",
     "test_fuzz_records.py",
+    "test_monitoring_group.py",
 )
+
+
+# A test that starts a server (the broker, Spark, Airflow, a browser) is an
+# integration test; ``make unit`` runs the others.
+SERVER_FIXTURES = {"broker", "spark", "settings", "kafka_config", "new_topic"}
+SERVER_FILES = {"test_stream_dag_run.py"}  # runs a DAG's tasks: Spark
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(SLOW_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FIRST)))  # stable
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        in_folder = item.path.parent.name in ("integration", "ui")
+        if in_folder or fixtures & SERVER_FIXTURES or item.path.name in SERVER_FILES:
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """Under CI a skip is a failure that says why: a test whose server could not be
+    installed or started must not pass the run unseen."""
+    outcome = yield
+    report = outcome.get_result()
+    if os.environ.get("CI") and report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = f"skipped under CI (CI is set), which counts as a failure: {reason}"
 
 
 @pytest.fixture(scope="session")

@@ -13,12 +13,18 @@ from jobs.settings import ENV_NAMES, ENV_PREFIX, REPO_ROOT
 
 COMPOSE: dict[str, Any] = yaml.safe_load((REPO_ROOT / "docker-compose.yml").read_text())
 SERVICES: dict[str, Any] = COMPOSE["services"]
+# The README and the docs, where a user looks.
+DOCS = "\n".join(
+    p.read_text() for p in [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
+)
 PINNED = re.compile(r"^[\w./-]+:v?\d+(\.\d+)+[\w.-]*$")
 
 
 def test_the_stack_has_every_component() -> None:
     assert {
-        "kafka",
+        "kafka-1",
+        "kafka-2",
+        "kafka-3",
         "spark-master",
         "spark-worker",
         "postgres",
@@ -28,7 +34,63 @@ def test_the_stack_has_every_component() -> None:
         "airflow-triggerer",
     } <= set(SERVICES)
     assert "KRaft" in (REPO_ROOT / "docker-compose.yml").read_text()
-    assert SERVICES["kafka"]["environment"]["KAFKA_PROCESS_ROLES"] == "broker,controller"
+    assert SERVICES["kafka-1"]["environment"]["KAFKA_PROCESS_ROLES"] == "broker,controller"
+
+
+KAFKA_NODES = ("kafka-1", "kafka-2", "kafka-3")
+
+
+def test_kafka_is_three_nodes_that_keep_every_record_on_three_replicas() -> None:
+    nodes = [SERVICES[n]["environment"] for n in KAFKA_NODES]
+    assert sorted(int(e["KAFKA_NODE_ID"]) for e in nodes) == [1, 2, 3]
+    voters = {e["KAFKA_CONTROLLER_QUORUM_VOTERS"] for e in nodes}
+    assert voters == {"1@kafka-1:9093,2@kafka-2:9093,3@kafka-3:9093"}
+    assert len({e["CLUSTER_ID"] for e in nodes}) == 1
+    for name, env in zip(KAFKA_NODES, nodes, strict=True):
+        assert env["KAFKA_ADVERTISED_LISTENERS"].startswith(f"PLAINTEXT://{name}:9092,")
+        assert int(env["KAFKA_DEFAULT_REPLICATION_FACTOR"]) == 3
+        assert int(env["KAFKA_MIN_INSYNC_REPLICAS"]) == 2
+        assert int(env["KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR"]) == 3
+        assert int(env["KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR"]) == 3
+        assert int(env["KAFKA_TRANSACTION_STATE_LOG_MIN_ISR"]) == 2
+        assert env["KAFKA_UNCLEAN_LEADER_ELECTION_ENABLE"] == "false"
+    servers = SERVICES["airflow-scheduler"]["environment"]["PLATFORM_BOOTSTRAP_SERVERS"]
+    assert servers == ",".join(f"{n}:9092" for n in KAFKA_NODES)
+    # The first Airflow service waits for the three (the others wait for it).
+    assert set(KAFKA_NODES) <= set(SERVICES["airflow-api-server"]["depends_on"])
+
+
+def _pinned(requirement: str) -> str:
+    for line in (REPO_ROOT / "requirements.txt").read_text().splitlines():
+        if line.split("==")[0].strip().lower() == requirement:
+            return line.split("==")[1].strip()
+    raise AssertionError(f"{requirement} is not pinned in requirements.txt")
+
+
+def _dockerfile(service: str) -> str:
+    build = SERVICES[service]["build"]
+    return (REPO_ROOT / build["context"] / build["dockerfile"]).read_text()
+
+
+def test_the_images_run_the_versions_the_tests_run() -> None:
+    """Kafka (the broker jars the tests start), Spark (pyspark), Airflow and Python:
+    the stack is what the suite tests, not an older neighbour."""
+    pom = (REPO_ROOT / "include" / "jvm" / "kafka" / "pom.xml").read_text()
+    kafka = re.search(r"<artifactId>kafka_2\.13</artifactId>\s*<version>([^<]+)</version>", pom)
+    assert kafka is not None
+    for name in KAFKA_NODES:
+        assert SERVICES[name]["image"] == f"apache/kafka:{kafka.group(1)}", name
+    airflow = re.findall(r"^FROM\s+(\S+)", _dockerfile("airflow-scheduler"), re.MULTILINE)[-1]
+    assert airflow == f"apache/airflow:{_pinned('apache-airflow')}-python3.11"
+    spark = _dockerfile("spark-master")
+    # The Spark image installs pyspark under the constraints, which pin the same version.
+    assert "-c /tmp/platform/constraints.txt" in spark
+    constraints = (REPO_ROOT / "constraints.txt").read_text()
+    assert f"pyspark=={_pinned('pyspark')}" in constraints.splitlines()
+    python = re.findall(r"^FROM\s+python:(\d+\.\d+)", spark, re.MULTILINE)
+    assert python == ["3.11"]
+    project = (REPO_ROOT / "pyproject.toml").read_text()
+    assert 'python_version = "3.11"' in project
 
 
 @pytest.mark.parametrize("name", sorted(SERVICES))
@@ -104,7 +166,7 @@ def test_published_ports_listen_on_loopback_unless_opened() -> None:
     loopback = re.compile(r"^\$\{PLATFORM_BIND_ADDRESS:-127\.0\.0\.1\}:\d+:\d+$")
     for name, mapping in published_ports():
         assert loopback.match(mapping), f"{name}: {mapping!r} is published on every interface"
-    assert "PLATFORM_BIND_ADDRESS" in (REPO_ROOT / "README.md").read_text()
+    assert "PLATFORM_BIND_ADDRESS" in DOCS
 
 
 def test_the_spark_uis_cannot_kill_jobs() -> None:
@@ -137,7 +199,7 @@ def test_the_warehouse_volume_is_writable_from_both_images() -> None:
 
 def test_compose_file_is_where_readme_says() -> None:
     assert Path(REPO_ROOT / "docker-compose.yml").is_file()
-    assert "docker-compose.yml" in (REPO_ROOT / "README.md").read_text()
+    assert "docker-compose.yml" in DOCS
 
 
 def test_driver_and_executors_agree_on_python_and_spark() -> None:

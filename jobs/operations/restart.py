@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from jobs import kafka_admin
+from jobs import kafka_admin, monitoring_group
 from jobs import resolved as resolution
 from jobs.coverage import Boundary, Coverage, spelled
 from jobs.cut import (
@@ -395,6 +395,10 @@ def apply_plan(
         audit_row(
             pipeline, plan.operation, new, {**details, "phase": "done", "result": result}, *offsets
         ),
+    )
+    config = kafka_admin.client_config(settings.bootstrap_servers, settings.kafka_client)
+    monitoring_group.commit(
+        kafka_admin.admin(config), pipeline.application_id, cut.starting_offsets
     )
     return result
 

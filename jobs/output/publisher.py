@@ -129,6 +129,7 @@ class OutputPublisher:
             {
                 **self.config,
                 "transactional.id": transactional_id(self.app),
+                "acks": "all",  # as transactions require: every in-sync replica
                 "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
                 "linger.ms": 5,
             }

@@ -44,7 +44,7 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
-from jobs import kafka_admin
+from jobs import kafka_admin, monitoring_group
 from jobs.coverage import History
 from jobs.cut import recorded_definition
 from jobs.delta import layout as tables
@@ -178,6 +178,7 @@ class BatchCommitter:
         self.bootstrap_servers = bootstrap_servers
         self.kafka_client = kafka_client
         self.consumer_config = kafka_admin.client_config(bootstrap_servers, kafka_client)
+        self.group_admin = kafka_admin.admin(self.consumer_config)  # monitoring_group.py
         self.results: list[BatchResult] = []
         self.aggregate_schema = resolved.aggregate_schema
         self.changelog_schema = resolved.changelog_schema
@@ -330,6 +331,7 @@ class BatchCommitter:
         maybe_crash("after_ledger", batch_id)
         self._publish()
         self.positions = offsets.end_offsets
+        monitoring_group.commit(self.group_admin, self.pipeline.application_id, self.positions)
         self.metrics.batch_committed(
             self.pipeline.application_id,
             self.pipeline.version,

@@ -94,3 +94,137 @@ def test_the_driver_runs_only_pipelines_of_its_folder(tmp_path) -> None:  # type
     inside.write_text(outside.read_text())
     request = RunRequest(str(inside), file_sha256(inside), package_digest(), driver.settings_digest)
     assert driver.check(request).application_id == "user_clicks"
+
+
+def test_a_symlink_is_followed_once_and_only_into_the_folder(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The file checked is the file hashed and loaded: a link out of the folder is
+    refused, a link inside it runs its target (the resolved path)."""
+    from jobs.service import RunRequest, WarmDriver, file_sha256
+    from jobs.streaming.spark import package_digest
+
+    folder = tmp_path / "pipelines"
+    folder.mkdir()
+    settings = replace(load_settings(), warehouse=tmp_path / "w", pipelines_dir=folder)
+    driver = WarmDriver(None, settings)  # type: ignore[arg-type]
+    text = (load_settings().pipelines_dir / "user_clicks.yaml").read_text()
+    outside = tmp_path / "elsewhere.yaml"
+    outside.write_text(text)
+    link = folder / "user_clicks.yaml"
+    link.symlink_to(outside)
+    request = RunRequest(str(link), file_sha256(link), package_digest(), driver.settings_digest)
+    with pytest.raises(ConfigError, match="only pipelines under"):
+        driver.check(request)
+    link.unlink()
+    target = folder / "real.yaml"
+    target.write_text(text)
+    link.symlink_to(target)
+    loaded = driver.check(request)
+    assert loaded.source_path == target and loaded.application_id == "user_clicks"
+
+
+class _Recorder:
+    """Whatever reaches a server on the driver's port: request lines, headers, bodies."""
+
+    def __init__(self) -> None:
+        self.seen: list[bytes] = []
+
+
+def _serve(handler: type) -> tuple[object, int]:  # (server, port)
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, server.server_address[1]
+
+
+def test_another_server_on_the_port_never_gets_the_token(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from http.server import BaseHTTPRequestHandler
+
+    from jobs.pipeline import load_pipeline
+    from jobs.service import run_remote
+
+    recorder = _Recorder()
+
+    class Impostor(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def _answer(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else b""
+            recorder.seen.append(self.requestline.encode() + bytes(self.headers) + body)
+            data = json.dumps({"ok": True, "nonce": "ab" * 32, "proof": "00" * 32}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_GET = do_POST = _answer
+
+    server, port = _serve(Impostor)
+    try:
+        secret = "the-drivers-secret-token-0123456789"
+        monkeypatch.setenv("PLATFORM_DRIVER_TOKEN", secret)
+        settings = replace(load_settings(), driver_url=f"http://127.0.0.1:{port}")
+        pipeline = load_pipeline("user_clicks", settings.pipelines_dir)
+        with pytest.raises(ConfigError, match="did not prove it holds the warm driver's token"):
+            run_remote(settings, pipeline)
+    finally:
+        server.shutdown()  # type: ignore[attr-defined]
+    assert recorder.seen, "the client asked the server for a challenge"
+    assert all(secret.encode() not in seen for seen in recorder.seen)
+    assert all(not seen.startswith(b"POST") for seen in recorder.seen)  # no run request
+
+
+def test_a_run_request_is_good_once_and_only_with_the_token() -> None:
+    import hashlib
+    import threading
+    import urllib.error
+    import urllib.request
+
+    from jobs.service import CHALLENGE_PATH, MAC_SCHEME, RUN_PATH, _handler, mac
+
+    class Driver:  # what the handler asks of a driver, without Spark
+        code = "c0de"
+        slots = threading.BoundedSemaphore(1)
+
+        def run(self, request: RunRequest) -> dict[str, str]:
+            return {"ran": request.pipeline}
+
+    token = "t" * 40
+    server, port = _serve(_handler(Driver(), token))  # type: ignore[arg-type]
+    url = f"http://127.0.0.1:{port}"
+
+    def challenge() -> str:
+        client = "ab" * 16
+        with urllib.request.urlopen(f"{url}{CHALLENGE_PATH}?client={client}") as response:
+            answer = json.loads(response.read())
+        assert answer["proof"] == mac(token, "driver", client, answer["nonce"])
+        return str(answer["nonce"])
+
+    def post(nonce: str, signed_with: str) -> int:
+        body = json.dumps(GOOD).encode()
+        signature = mac(signed_with, "client", nonce, hashlib.sha256(body).hexdigest())
+        request = urllib.request.Request(
+            url + RUN_PATH,
+            data=body,
+            headers={
+                "Content-Type": "application/json",
+                "Authorization": f"{MAC_SCHEME} {nonce} {signature}",
+            },
+        )
+        try:
+            with urllib.request.urlopen(request) as response:
+                return int(response.status)
+        except urllib.error.HTTPError as exc:
+            return int(exc.code)
+
+    try:
+        assert post(challenge(), "wrong token") == 401
+        nonce = challenge()
+        assert post(nonce, token) == 200
+        assert post(nonce, token) == 401  # a recorded request cannot be sent again
+        assert post("cd" * 32, token) == 401  # a nonce the driver never issued
+    finally:
+        server.shutdown()  # type: ignore[attr-defined]

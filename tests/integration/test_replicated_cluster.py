@@ -1,0 +1,222 @@
+"""A replicated cluster, as users run Kafka: three KRaft nodes, every topic with three
+replicas and two in sync to take a write (``python -m jobs broker start --nodes 3``).
+
+A continuous stream reads a 4-partition topic under a live producer and publishes
+to an output topic. In a seeded random order, the leader of a partition is
+SIGKILLed mid-batch, so is the node that coordinates the output topic's
+transactions, another partition's leader, and the stream itself; each node comes
+back a while later. Then a scheduled run catches up while another leader is
+killed under it. No operation is run. The state must be exact against plain
+Python, every dead letter there once, the ledger's ranges must tile every
+partition, and the output topic read ``read_committed`` must carry every state
+change once.
+"""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from deltalake import DeltaTable
+
+from jobs import broker as embedded
+from jobs import kafka_admin
+from jobs.output.publisher import transactional_id
+from jobs.settings import REPO_ROOT
+from tests.conftest import jobs_args, pipeline_file, run_in_process
+from tests.expected import clicks_per_window, state_as_counter
+from tests.live import (
+    LiveProducer,
+    assert_ledger_tiles,
+    kill,
+    ledger_batches,
+    start_stream,
+    wait_for_batches,
+)
+from tests.output_topic import (
+    assert_published_like_the_changelog,
+    last_values,
+    read_output,
+    state_table,
+    with_output,
+)
+
+pytestmark = pytest.mark.integration
+PARTITIONS = 4
+TRANSACTION_PARTITIONS = 4  # transaction.state.log.num.partitions (jobs/broker.py)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[embedded.ClusterInfo]:
+    data_dir = tmp_path / "cluster"
+    info = embedded.start_cluster(data_dir, 3)
+    try:
+        yield info
+    finally:
+        embedded.stop_cluster(data_dir)
+
+
+def java_hash(text: str) -> int:
+    """Java's ``String.hashCode`` (how Kafka places a transactional id)."""
+    value = 0
+    for char in text:
+        value = (31 * value + ord(char)) & 0xFFFFFFFF
+    return value - (1 << 32) if value >= 1 << 31 else value
+
+
+def leader(config: dict[str, str], topic: str, partition: int) -> int:
+    meta = kafka_admin.admin(config).list_topics(topic=topic, timeout=30).topics[topic]
+    return int(meta.partitions[partition].leader)
+
+
+def coordinator(config: dict[str, str], application_id: str) -> int:
+    """The node coordinating the output publisher's transactions."""
+    code = java_hash(transactional_id(application_id))
+    partition = (0 if code == -(1 << 31) else abs(code)) % TRANSACTION_PARTITIONS
+    return leader(config, "__transaction_state", partition)
+
+
+def wait_for_leader(config: dict[str, str], topic: str, partitions: int, gone: int) -> None:
+    """Until every partition has a leader other than the dead node ``gone``."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        leaders = {leader(config, topic, p) for p in range(partitions)}
+        if gone not in leaders and min(leaders) >= 0:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"node {gone} still leads a partition of {topic}")
+
+
+def test_leader_and_coordinator_failover_keep_every_record_exactly_once(  # type: ignore[no-untyped-def]
+    spark, cluster, tmp_path
+) -> None:
+    data_dir, servers = cluster.data_dir, cluster.bootstrap_servers
+    config = kafka_admin.client_config(servers)
+    topic, output = "clicks", "clicks_out"
+    kafka_admin.create_topic(kafka_admin.admin(config), topic, PARTITIONS, {"retention.ms": "-1"})
+    described = kafka_admin.admin(config).list_topics(topic=topic, timeout=30).topics[topic]
+    assert all(len(p.replicas) == 3 for p in described.partitions.values())
+    path = with_output(
+        pipeline_file(tmp_path, "user_clicks", topic, max_offsets_per_trigger=700), output, 2
+    )
+    data = yaml.safe_load(path.read_text())
+    data["trigger"] = {"mode": "continuous", "interval": "1 second"}
+    path.write_text(yaml.safe_dump(data))
+    warehouse = tmp_path / "warehouse"
+    rng = random.Random(20261126)
+    killed: list[str] = []
+
+    def node_dies(node: int, what: str) -> None:
+        time.sleep(rng.uniform(0.2, 1.2))  # into the next batch
+        embedded.kill_node(data_dir, node)
+        killed.append(f"{what}: node {node}")
+
+    producer = LiveProducer(config, topic)
+    producer.start()
+    stream = start_stream(path, servers, warehouse)
+    try:
+        wait_for_batches(warehouse, 0, timeout=180)
+        events = ["leader", "coordinator", "leader", "stream"]
+        rng.shuffle(events)
+        for event in events:
+            done = len(ledger_batches(warehouse))
+            if event == "stream":
+                time.sleep(rng.uniform(0.2, 1.5))
+                kill(stream)
+                killed.append("stream")
+                stream = start_stream(path, servers, warehouse)
+                wait_for_batches(warehouse, done + 1, timeout=180)
+                continue
+            node = (
+                coordinator(config, "user_clicks")
+                if event == "coordinator"
+                else leader(config, topic, rng.randrange(PARTITIONS))
+            )
+            node_dies(node, event)
+            wait_for_leader(config, topic, PARTITIONS, node)
+            wait_for_batches(warehouse, done + 2, timeout=180)  # on two nodes
+            embedded.start_node(data_dir, node)
+        kill(stream)
+    finally:
+        producer.stopped.set()
+        producer.join(60)
+        if stream.poll() is None:
+            kill(stream)
+    assert producer.error is None, producer.error
+    assert stream.returncode is not None
+
+    # A scheduled run catches up the backlog while another leader dies under it.
+    backlog = [b'{"user_id": "u%d", "timestamp": %d}' % (i % 40, time.time()) for i in range(3000)]
+    kafka_admin.produce_all(config, topic, ((None, v, None) for v in backlog))
+    command = jobs_args(path, servers, warehouse, "run", "--trigger", "available-now", "--quiet")
+    outcome: dict[str, Any] = {}
+    runner = threading.Thread(target=lambda: outcome.update(done=run_in_process(spark, command)))
+    done = len(ledger_batches(warehouse))
+    runner.start()
+    wait_for_batches(warehouse, done, timeout=180)
+    node = leader(config, topic, rng.randrange(PARTITIONS))
+    node_dies(node, "leader under the scheduled run")
+    runner.join(300)
+    embedded.start_node(data_dir, node)
+    caught_up = outcome["done"]
+    if caught_up.returncode != 0:  # a scheduler's retry: no operation
+        killed.append(f"scheduled run retried after: {caught_up.stderr.strip()[-300:]}")
+        caught_up = run_in_process(spark, command)
+    assert caught_up.returncode == 0, caught_up.stderr[-3000:]
+    print("killed:", killed)
+
+    values = producer.values + backlog
+    marks = kafka_admin.watermarks(config, [(topic, p) for p in range(PARTITIONS)])
+    assert sum(high for _low, high in marks.values()) == len(values)  # acks=all: none lost
+    expected, dead, late = clicks_per_window([list(values)])
+    assert late == 0
+    root = warehouse / "user_clicks"
+    state = DeltaTable(str(root / "state")).to_pyarrow_table().to_pylist()
+    assert state_as_counter(state, "clicks") == expected
+    letters = DeltaTable(str(root / "dead_letter")).to_pyarrow_table().to_pylist()
+    assert len(letters) == dead
+    assert len({(r["partition"], r["offset"]) for r in letters}) == dead
+    assert_ledger_tiles(
+        ledger_batches(warehouse), topic, {p: marks[(topic, p)][1] for p in range(PARTITIONS)}
+    )
+    records = read_output(config, output)
+    assert_published_like_the_changelog(records, warehouse)
+    assert last_values(records) == state_table(warehouse)
+
+
+def test_the_cluster_from_the_command_line(tmp_path: Path) -> None:
+    """``broker start --nodes 3``, ``status`` and ``stop`` cover every node."""
+    data_dir = tmp_path / "cli-cluster"
+
+    def broker(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "jobs", "broker", *args, "--data-dir", str(data_dir)],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+
+    started = broker("start", "--nodes", "3")
+    try:
+        assert started.returncode == 0, started.stderr
+        assert sum(line.startswith("node ") for line in started.stdout.splitlines()) == 3
+        nodes = embedded.cluster_status(data_dir)
+        assert sorted(nodes) == [1, 2, 3] and all(nodes.values())
+        status = broker("status")
+        assert status.returncode == 0 and status.stdout.count("running") == 3
+        embedded.kill_node(data_dir, 2)
+        degraded = broker("status")
+        assert degraded.returncode == 1 and "node 2: not running" in degraded.stdout
+    finally:
+        stopped = broker("stop")
+    assert stopped.returncode == 0 and "2 of 3 nodes stopped" in stopped.stdout
+    assert not any(embedded.cluster_status(data_dir).values())
