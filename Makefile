@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt constraints.txt | sha1sum | cut -c1-12)
 # JVM jars (Spark's Kafka source, the embedded Apache Kafka broker), pinned in
 # include/jvm/ and resolved once with mvn; nothing resolves at run time.
-POMS := include/jvm/pom.xml include/jvm/spark/pom.xml include/jvm/kafka/pom.xml
+POMS := include/jvm/pom.xml include/jvm/spark/pom.xml include/jvm/kafka/pom.xml include/jvm/kafka-tools/pom.xml
 JARS := .jvm
 JARS_STAMP := $(JARS)/.resolved-$(shell cat $(POMS) | sha1sum | cut -c1-12)
 # The platform's own JVM classes (include/jvm/sources), compiled against pyspark's jars.
@@ -27,7 +27,7 @@ $(STAMP): requirements.txt constraints.txt
 $(JARS_STAMP): $(POMS)
 	@command -v java >/dev/null || { echo "error: java not found: install a Java 17+ JDK (Debian: apt-get install openjdk-17-jdk-headless)"; exit 1; }
 	@command -v mvn >/dev/null || { echo "error: mvn not found: install Apache Maven 3.8+ (Debian: apt-get install maven)"; exit 1; }
-	rm -rf $(JARS)/spark $(JARS)/kafka
+	rm -rf $(JARS)/spark $(JARS)/kafka $(JARS)/kafka-tools
 	mvn -q -B -f include/jvm/pom.xml -Djars.dir=$(CURDIR)/$(JARS) package
 	rm -f $(JARS)/.resolved-* && touch $(JARS_STAMP)
 

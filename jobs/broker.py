@@ -33,7 +33,7 @@ from pathlib import Path
 import psutil
 
 from jobs.errors import BrokerError
-from jobs.jars import broker_classpath
+from jobs.jars import broker_classpath, tools_classpath
 from jobs.kafka_settings import jaas_quoted
 from jobs.settings import REPO_ROOT
 
@@ -214,10 +214,11 @@ def _java() -> str:
     return java
 
 
-def java_command(main: str, *args: str) -> list[str]:
-    """A command line running ``main`` of Kafka's jars (the broker, or one of
-    Kafka's own tools, e.g. ``org.apache.kafka.tools.consumer.group.ConsumerGroupCommand``)."""
-    classpath = os.pathsep.join(str(jar) for jar in broker_classpath())
+def java_command(main: str, *args: str, tool: bool = False) -> list[str]:
+    """A command line running ``main`` of the broker's jars, or with ``tool`` of
+    Kafka's tools' (``org.apache.kafka.tools.consumer.group.ConsumerGroupCommand``)."""
+    jars = tools_classpath() if tool else broker_classpath()
+    classpath = os.pathsep.join(str(jar) for jar in jars)
     return [
         _java(),
         *JVM_OPTIONS,
@@ -344,14 +345,24 @@ def stop(data_dir: Path, timeout_s: float = 30.0) -> bool:
     if info is None:
         return False
     os.kill(info.pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and _alive(info.pid):
-        time.sleep(0.1)
-    if _alive(info.pid):
-        os.kill(info.pid, signal.SIGKILL)
-        while _alive(info.pid):
-            time.sleep(0.05)
+    _ended([info.pid], timeout_s)
     return True
+
+
+def _ended(pids: list[int], timeout_s: float) -> None:
+    """Wait for ``pids`` to end; SIGKILL what is left after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.1)
+    for pid in pids:
+        if _alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while any(_alive(p) for p in pids):
+        if time.monotonic() > deadline:
+            raise BrokerError(f"broker process(es) {pids} did not end after SIGKILL")
+        time.sleep(0.05)
 
 
 @dataclass(frozen=True)
@@ -390,43 +401,44 @@ def start_cluster(data_dir: Path, nodes: int = 3, timeout_s: float = 90.0) -> Cl
             "use another --data-dir"
         )
     if cluster is None:
-        cluster = {"cluster_id": _cluster_id(), "nodes": nodes}
+        # The quorum's addresses are the cluster's for good: chosen once, recorded.
+        first = find_free_port(run=2 * nodes)
+        cluster = {
+            "cluster_id": _cluster_id(),
+            "nodes": nodes,
+            "ports": {str(n): [first + n - 1, first + nodes + n - 1] for n in range(1, nodes + 1)},
+        }
         (data_dir / CLUSTER_FILE).write_text(json.dumps(cluster))
-    ports = _node_ports(data_dir, nodes)
+    ports = {int(n): (int(p[0]), int(p[1])) for n, p in dict(cluster["ports"]).items()}  # type: ignore[call-overload]
     quorum = {n: controller for n, (_port, controller) in ports.items()}
     launched: list[_Launched] = []
     running: dict[int, BrokerInfo] = {}
-    for n, (port, controller) in ports.items():
-        found = status(node_dir(data_dir, n))
-        if found is not None:
-            running[n] = found
-            continue
-        where = node_dir(data_dir, n)
-        where.mkdir(parents=True, exist_ok=True)
-        properties = where / PROPERTIES_FILE
-        properties.write_text(server_properties(where, port, controller, None, n, quorum))
-        _format_storage(where, properties, str(cluster["cluster_id"]))
-        launched.append(_launch(where, port, controller))
     try:
+        for n, (port, controller) in sorted(ports.items()):
+            found = status(node_dir(data_dir, n))
+            if found is not None:
+                running[n] = found
+                continue
+            if not port_is_free(port) or not port_is_free(controller):
+                raise BrokerError(
+                    f"node {n}'s ports {port}/{controller} are taken: free them, or use "
+                    "another --data-dir"
+                )
+            where = node_dir(data_dir, n)
+            where.mkdir(parents=True, exist_ok=True)
+            properties = where / PROPERTIES_FILE
+            properties.write_text(server_properties(where, port, controller, None, n, quorum))
+            _format_storage(where, properties, str(cluster["cluster_id"]))
+            launched.append(_launch(where, port, controller))
         for one in launched:
-            info = _await_ready(one, timeout_s)
-            running[int(one.data_dir.name.split("-")[1])] = info
-    except BrokerError:
-        for one in launched:
+            running[int(one.data_dir.name.split("-")[1])] = _await_ready(one, timeout_s)
+    except BaseException:
+        for one in launched:  # none of a half-started cluster stays behind
             with contextlib.suppress(ProcessLookupError):
                 one.proc.kill()
+            one.proc.wait()
         raise
     return ClusterInfo(data_dir, dict(sorted(running.items())))
-
-
-def _node_ports(data_dir: Path, nodes: int) -> dict[int, tuple[int, int]]:
-    """Node id -> (port, controller port): the ones recorded (the quorum's addresses
-    must not change), or a fresh run of free ports."""
-    recorded = {n: _state(node_dir(data_dir, n)) for n in range(1, nodes + 1)}
-    if all(r is not None for r in recorded.values()):
-        return {n: (r["port"], r["controller_port"]) for n, r in recorded.items() if r}
-    first = find_free_port(run=2 * nodes)
-    return {n: (first + n - 1, first + nodes + n - 1) for n in range(1, nodes + 1)}
 
 
 def cluster_status(data_dir: Path) -> dict[int, BrokerInfo | None]:
@@ -456,11 +468,15 @@ def kill_node(data_dir: Path, node_id: int) -> bool:
     if info is None:
         return False
     os.kill(info.pid, signal.SIGKILL)
-    while _alive(info.pid):
-        time.sleep(0.05)
+    _ended([info.pid], 0)
     return True
 
 
-def stop_cluster(data_dir: Path) -> int:
-    """Stop every node cleanly; how many ran."""
-    return sum(stop(node_dir(data_dir, n)) for n in cluster_status(data_dir))
+def stop_cluster(data_dir: Path, timeout_s: float = 60.0) -> int:
+    """Stop every node with SIGTERM at once (a node stopped last and alone could not
+    get its controlled shutdown from a quorum); how many ran."""
+    running = [info for info in cluster_status(data_dir).values() if info is not None]
+    for info in running:
+        os.kill(info.pid, signal.SIGTERM)
+    _ended([info.pid for info in running], timeout_s)
+    return len(running)

@@ -49,3 +49,8 @@ def spark_jars() -> list[Path]:
 def broker_classpath() -> list[Path]:
     """The embedded broker's classpath (its own JVM, apart from Spark's)."""
     return _jars("kafka")
+
+
+def tools_classpath() -> list[Path]:
+    """Kafka's own command-line tools (``kafka-consumer-groups``, ...)."""
+    return _jars("kafka-tools")

@@ -38,6 +38,7 @@ import os
 import re
 import secrets
 import signal
+import stat
 import threading
 import time
 import urllib.error
@@ -63,9 +64,8 @@ RUN_PATH = "/v1/run"
 HEALTH_PATH = "/v1/health"
 CHALLENGE_PATH = "/v1/challenge"
 MAC_SCHEME = "Platform-MAC"
-NONCE = re.compile(r"^[0-9a-f]{32,128}$")
+NONCE = re.compile(r"[0-9a-f]{32,128}")
 NONCE_TTL_S = 60.0
-MAX_NONCES = 1024  # outstanding challenges; the oldest go first
 MAX_PIPELINE_BYTES = 1 << 20
 TOKEN_ENV = ENV_PREFIX + "DRIVER_TOKEN"
 MAX_BODY = 16 * 1024
@@ -127,27 +127,36 @@ def mac(token: str, *parts: str) -> str:
 
 
 class Challenges:
-    """The nonces this driver handed out, each good for one request within
-    ``NONCE_TTL_S`` (a recorded request cannot be sent again)."""
+    """The driver's one-time nonces. A nonce carries its time and its own MAC under
+    the token, so handing them out keeps no state (anyone may ask for one; no
+    number of askers can push a client's nonce out); one that a request used is
+    remembered until it expires, so a recorded request cannot be sent again."""
 
-    def __init__(self) -> None:
-        self._issued: dict[str, float] = {}
+    def __init__(self, token: str) -> None:
+        self._token = token
+        self._used: dict[str, float] = {}
         self._guard = threading.Lock()
 
     def issue(self) -> str:
-        nonce = secrets.token_hex(32)
-        now = time.monotonic()
-        with self._guard:
-            self._issued = {n: t for n, t in self._issued.items() if now - t < NONCE_TTL_S}
-            while len(self._issued) >= MAX_NONCES:
-                del self._issued[next(iter(self._issued))]
-            self._issued[nonce] = now
-        return nonce
+        stamp, salt = f"{int(time.time() * 1000):012x}", secrets.token_hex(16)
+        return stamp + salt + mac(self._token, "nonce", stamp, salt)[:32]
 
     def redeem(self, nonce: str) -> bool:
+        """Whether ``nonce`` is one of ours, fresh and not used before (it is now)."""
+        if len(nonce) != 76 or not NONCE.fullmatch(nonce):
+            return False
+        stamp, salt, tag = nonce[:12], nonce[12:44], nonce[44:]
+        if not hmac.compare_digest(tag, mac(self._token, "nonce", stamp, salt)[:32]):
+            return False
+        now = time.time()
+        if not 0 <= now - int(stamp, 16) / 1000 < NONCE_TTL_S:
+            return False
         with self._guard:
-            issued = self._issued.pop(nonce, None)
-        return issued is not None and time.monotonic() - issued < NONCE_TTL_S
+            self._used = {n: t for n, t in self._used.items() if now - t < NONCE_TTL_S}
+            if nonce in self._used:
+                return False
+            self._used[nonce] = now
+        return True
 
 
 def settings_digest(settings: Settings) -> str:
@@ -257,14 +266,22 @@ class WarmDriver:
         if not path.is_relative_to(folder):
             raise refusal
         try:
-            descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            # Non-blocking: a FIFO put there must not hold a run slot forever.
+            descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError as exc:
             raise ConfigError(f"cannot read pipeline file {path}: {exc.strerror}") from None
         with os.fdopen(descriptor, "rb") as handle:
-            opened = Path(os.readlink(f"/proc/self/fd/{descriptor}"))
+            if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+                raise ConfigError(f"{path} is not a regular file")
+            # Linux names the file a descriptor holds; elsewhere the resolved path stands.
+            proc = Path(f"/proc/self/fd/{descriptor}")
+            opened = Path(os.readlink(proc)) if proc.is_symlink() else path
             if not opened.is_relative_to(folder):
                 raise refusal
-            data = handle.read(MAX_PIPELINE_BYTES + 1)
+            try:
+                data = handle.read(MAX_PIPELINE_BYTES + 1)
+            except OSError as exc:
+                raise ConfigError(f"cannot read pipeline file {path}: {exc.strerror}") from None
         if len(data) > MAX_PIPELINE_BYTES:
             raise ConfigError(f"{path} is larger than {MAX_PIPELINE_BYTES} bytes")
         return path, data
@@ -308,9 +325,11 @@ class WarmDriver:
 
 
 def _handler(driver: WarmDriver, token: str) -> type[BaseHTTPRequestHandler]:
-    challenges = Challenges()
+    challenges = Challenges(token)
 
     class Handler(BaseHTTPRequestHandler):
+        timeout = READ_TIMEOUT_S  # a client that sends too slowly holds no thread for long
+
         def log_message(self, format: str, *args: Any) -> None:
             log.info("%s %s", self.address_string(), format % args)
 
@@ -345,7 +364,7 @@ def _handler(driver: WarmDriver, token: str) -> type[BaseHTTPRequestHandler]:
                 self._refuse(404, f"no such path {url.path}")
                 return
             client = urllib.parse.parse_qs(url.query).get("client", [""])[0]
-            if not NONCE.match(client):
+            if not NONCE.fullmatch(client):
                 self._refuse(400, "client must be a hex nonce of 32 to 128 digits")
                 return
             nonce = challenges.issue()
@@ -448,7 +467,7 @@ def _verified_nonce(opener: urllib.request.OpenerDirector, url: str, token: str)
         ) from exc
     except (OSError, http.client.HTTPException, ValueError, KeyError, TypeError) as exc:
         raise PlatformError(f"{url} did not answer as a warm driver ({exc!r})") from exc
-    if not NONCE.match(nonce) or not hmac.compare_digest(
+    if not NONCE.fullmatch(nonce) or not hmac.compare_digest(
         proof.encode(), mac(token, "driver", client, nonce).encode()
     ):
         raise ConfigError(

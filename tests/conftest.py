@@ -92,10 +92,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(SLOW_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FIRST)))  # stable
     for item in items:
-        fixtures = set(getattr(item, "fixturenames", ()))
         in_folder = item.path.parent.name in ("integration", "ui")
-        if in_folder or fixtures & SERVER_FIXTURES or item.path.name in SERVER_FILES:
+        if in_folder or _uses_a_server(item) or item.path.name in SERVER_FILES:
             item.add_marker(pytest.mark.integration)
+
+
+def _uses_a_server(item: pytest.Item) -> bool:
+    """Whether the test uses this module's server fixtures (a test module may define
+    a fixture of the same name, e.g. ``settings``, that starts none)."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    return any(
+        definitions[-1].func.__module__ == __name__
+        for name, definitions in info.name2fixturedefs.items()
+        if name in SERVER_FIXTURES and definitions
+    )
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -104,7 +116,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     installed or started must not pass the run unseen."""
     outcome = yield
     report = outcome.get_result()
-    if os.environ.get("CI") and report.skipped and not hasattr(report, "wasxfail"):
+    under_ci = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+    if under_ci and report.skipped and not hasattr(report, "wasxfail"):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
         report.outcome = "failed"
         report.longrepr = f"skipped under CI (CI is set), which counts as a failure: {reason}"

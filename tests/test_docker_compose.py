@@ -54,6 +54,9 @@ def test_kafka_is_three_nodes_that_keep_every_record_on_three_replicas() -> None
         assert int(env["KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR"]) == 3
         assert int(env["KAFKA_TRANSACTION_STATE_LOG_MIN_ISR"]) == 2
         assert env["KAFKA_UNCLEAN_LEADER_ELECTION_ENABLE"] == "false"
+        # The data is on the node's volume, not in the container.
+        mounts = {v.split(":")[1]: v.split(":")[0] for v in SERVICES[name]["volumes"]}
+        assert mounts.get(env["KAFKA_LOG_DIRS"]) == f"{name}-data"
     servers = SERVICES["airflow-scheduler"]["environment"]["PLATFORM_BOOTSTRAP_SERVERS"]
     assert servers == ",".join(f"{n}:9092" for n in KAFKA_NODES)
     # The first Airflow service waits for the three (the others wait for it).

@@ -44,7 +44,7 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
-from jobs import kafka_admin, monitoring_group
+from jobs import kafka_admin
 from jobs.coverage import History
 from jobs.cut import recorded_definition
 from jobs.delta import layout as tables
@@ -57,6 +57,7 @@ from jobs.kafka_source import offsets as kafka_offsets
 from jobs.kafka_source import spark_kafka
 from jobs.ledger import snapshot
 from jobs.metrics import METRICS, Metrics
+from jobs.monitoring_group import MonitoringGroup
 from jobs.operations.audit import append_audit, audit_row
 from jobs.output.publisher import OutputPublisher
 from jobs.resolved import Resolved
@@ -178,7 +179,7 @@ class BatchCommitter:
         self.bootstrap_servers = bootstrap_servers
         self.kafka_client = kafka_client
         self.consumer_config = kafka_admin.client_config(bootstrap_servers, kafka_client)
-        self.group_admin = kafka_admin.admin(self.consumer_config)  # monitoring_group.py
+        self.monitoring = MonitoringGroup(self.consumer_config, pipeline.application_id)
         self.results: list[BatchResult] = []
         self.aggregate_schema = resolved.aggregate_schema
         self.changelog_schema = resolved.changelog_schema
@@ -331,7 +332,7 @@ class BatchCommitter:
         maybe_crash("after_ledger", batch_id)
         self._publish()
         self.positions = offsets.end_offsets
-        monitoring_group.commit(self.group_admin, self.pipeline.application_id, self.positions)
+        self.monitoring.commit(self.positions)  # Kafka's lag tools (never waits)
         self.metrics.batch_committed(
             self.pipeline.application_id,
             self.pipeline.version,
@@ -353,6 +354,10 @@ class BatchCommitter:
             time.monotonic() - started,
         )
         self.results.append(BatchResult(batch_id, False, ledger))
+
+    def close(self) -> None:
+        """At the run's end: the last batch's offsets reach the monitoring group."""
+        self.monitoring.close()
 
     def _publish(self) -> None:
         """The state versions not yet in the output topic (this batch's, and any a

@@ -356,6 +356,7 @@ def _stream(
         committer.check_watermark_drops(running.recentProgress)
         finished = True
     finally:
+        committer.close()
         if progress is not None:  # an unfinished run's bar is not filled up
             progress.__exit__(None if finished else RuntimeError, None, None)
         for sig, handler in previous.items():

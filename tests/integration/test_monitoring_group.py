@@ -21,7 +21,7 @@ def described(servers: str, group: str, topic: str) -> dict[int, tuple[int, int,
     """``topic``'s partition -> (current offset, log end offset, lag), as Kafka's tool
     prints them (the group may hold other topics: earlier tests' applications)."""
     command = embedded.java_command(
-        TOOL, "--bootstrap-server", servers, "--describe", "--group", group
+        TOOL, "--bootstrap-server", servers, "--describe", "--group", group, tool=True
     )
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

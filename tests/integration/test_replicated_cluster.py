@@ -51,7 +51,6 @@ from tests.output_topic import (
 
 pytestmark = pytest.mark.integration
 PARTITIONS = 4
-TRANSACTION_PARTITIONS = 4  # transaction.state.log.num.partitions (jobs/broker.py)
 
 
 @pytest.fixture
@@ -78,10 +77,24 @@ def leader(config: dict[str, str], topic: str, partition: int) -> int:
 
 
 def coordinator(config: dict[str, str], application_id: str) -> int:
-    """The node coordinating the output publisher's transactions."""
+    """The node coordinating the output publisher's transactions (Kafka places a
+    transactional id by ``Utils.abs(id.hashCode()) % partitions`` of its log)."""
+    log = "__transaction_state"
+    count = len(kafka_admin.admin(config).list_topics(topic=log, timeout=30).topics[log].partitions)
     code = java_hash(transactional_id(application_id))
-    partition = (0 if code == -(1 << 31) else abs(code)) % TRANSACTION_PARTITIONS
-    return leader(config, "__transaction_state", partition)
+    return leader(config, log, (0 if code == -(1 << 31) else abs(code)) % count)
+
+
+def wait_until_replicated(config: dict[str, str]) -> None:
+    """Until every partition of every topic has its three replicas in sync again (a
+    restarted node catches up before the next one dies)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        topics = kafka_admin.admin(config).list_topics(timeout=30).topics.values()
+        if all(len(p.isrs) == 3 for t in topics for p in t.partitions.values()):
+            return
+        time.sleep(0.5)
+    raise AssertionError("the cluster did not get every replica back in sync in 120 s")
 
 
 def wait_for_leader(config: dict[str, str], topic: str, partitions: int, gone: int) -> None:
@@ -144,6 +157,7 @@ def test_leader_and_coordinator_failover_keep_every_record_exactly_once(  # type
             wait_for_leader(config, topic, PARTITIONS, node)
             wait_for_batches(warehouse, done + 2, timeout=180)  # on two nodes
             embedded.start_node(data_dir, node)
+            wait_until_replicated(config)
         kill(stream)
     finally:
         producer.stopped.set()
@@ -151,20 +165,28 @@ def test_leader_and_coordinator_failover_keep_every_record_exactly_once(  # type
         if stream.poll() is None:
             kill(stream)
     assert producer.error is None, producer.error
-    assert stream.returncode is not None
 
     # A scheduled run catches up the backlog while another leader dies under it.
     backlog = [b'{"user_id": "u%d", "timestamp": %d}' % (i % 40, time.time()) for i in range(3000)]
     kafka_admin.produce_all(config, topic, ((None, v, None) for v in backlog))
     command = jobs_args(path, servers, warehouse, "run", "--trigger", "available-now", "--quiet")
     outcome: dict[str, Any] = {}
-    runner = threading.Thread(target=lambda: outcome.update(done=run_in_process(spark, command)))
+
+    def scheduled_run() -> None:
+        try:
+            outcome["done"] = run_in_process(spark, command)
+        except BaseException as exc:  # reported below
+            outcome["error"] = exc
+
+    runner = threading.Thread(target=scheduled_run)
     done = len(ledger_batches(warehouse))
     runner.start()
     wait_for_batches(warehouse, done, timeout=180)
     node = leader(config, topic, rng.randrange(PARTITIONS))
     node_dies(node, "leader under the scheduled run")
     runner.join(300)
+    assert not runner.is_alive(), "the scheduled run did not end in 300 s"
+    assert "error" not in outcome, outcome.get("error")
     embedded.start_node(data_dir, node)
     caught_up = outcome["done"]
     if caught_up.returncode != 0:  # a scheduler's retry: no operation

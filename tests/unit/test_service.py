@@ -172,6 +172,7 @@ def test_another_server_on_the_port_never_gets_the_token(tmp_path, monkeypatch) 
             run_remote(settings, pipeline)
     finally:
         server.shutdown()  # type: ignore[attr-defined]
+        server.server_close()  # type: ignore[attr-defined]
     assert recorder.seen, "the client asked the server for a challenge"
     assert all(secret.encode() not in seen for seen in recorder.seen)
     assert all(not seen.startswith(b"POST") for seen in recorder.seen)  # no run request
@@ -195,10 +196,11 @@ def test_a_run_request_is_good_once_and_only_with_the_token() -> None:
     token = "t" * 40
     server, port = _serve(_handler(Driver(), token))  # type: ignore[arg-type]
     url = f"http://127.0.0.1:{port}"
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback only
 
     def challenge() -> str:
         client = "ab" * 16
-        with urllib.request.urlopen(f"{url}{CHALLENGE_PATH}?client={client}") as response:
+        with opener.open(f"{url}{CHALLENGE_PATH}?client={client}") as response:
             answer = json.loads(response.read())
         assert answer["proof"] == mac(token, "driver", client, answer["nonce"])
         return str(answer["nonce"])
@@ -215,7 +217,7 @@ def test_a_run_request_is_good_once_and_only_with_the_token() -> None:
             },
         )
         try:
-            with urllib.request.urlopen(request) as response:
+            with opener.open(request) as response:
                 return int(response.status)
         except urllib.error.HTTPError as exc:
             return int(exc.code)
@@ -225,6 +227,23 @@ def test_a_run_request_is_good_once_and_only_with_the_token() -> None:
         nonce = challenge()
         assert post(nonce, token) == 200
         assert post(nonce, token) == 401  # a recorded request cannot be sent again
-        assert post("cd" * 32, token) == 401  # a nonce the driver never issued
+        assert post("cd" * 38, token) == 401  # a nonce the driver never issued
     finally:
         server.shutdown()  # type: ignore[attr-defined]
+        server.server_close()  # type: ignore[attr-defined]
+
+
+def test_no_number_of_askers_pushes_a_client_s_nonce_out() -> None:
+    """Challenges keep no state per asker: a flood of them leaves a client's nonce
+    good (once), and a nonce made without the token is refused."""
+    from jobs.service import Challenges
+
+    challenges = Challenges("t" * 40)
+    mine = challenges.issue()
+    for _ in range(5000):
+        challenges.issue()
+    assert challenges.redeem(mine)
+    assert not challenges.redeem(mine)
+    forged = Challenges("another token").issue()
+    assert not challenges.redeem(forged)
+    assert not challenges.redeem(mine[:-1] + ("0" if mine[-1] != "0" else "1"))
