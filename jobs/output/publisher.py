@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,6 +50,7 @@ from jobs.resolved import Resolved
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 TIMEOUT_S = 30.0
+STUCK_GRACE_S = 5.0
 # Kafka's default ceiling (transaction.max.timeout.ms): a snapshot or a correction
 # of millions of rows is one transaction and must fit in it.
 TRANSACTION_TIMEOUT_MS = 900_000
@@ -125,22 +127,7 @@ class OutputPublisher:
         so an untrusted bookmark is not an error (the snapshot is the repair)."""
         self._ensure_topic()
         self.table_id = str(DeltaTable(str(self.state)).metadata().id)
-        self.producer = Producer(
-            {
-                **self.config,
-                "transactional.id": transactional_id(self.app),
-                "acks": "all",  # as transactions require: every in-sync replica
-                "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
-                "linger.ms": 5,
-            }
-        )
-        try:
-            # Aborts what a killed publisher left open; fences older producers.
-            self.producer.init_transactions(TIMEOUT_S)
-        except KafkaException as exc:
-            raise OutputError(
-                f"cannot start publishing to output topic {self.output.topic!r}: {exc}"
-            ) from exc
+        self.producer = self._new_producer()
         self.consumer = bookmark.group_consumer(self.config, self.app)
         if republish:
             self.bookmark = None
@@ -155,6 +142,25 @@ class OutputPublisher:
                 self.output.topic,
                 self.bookmark.next_version,
             )
+
+    def _new_producer(self) -> Producer:
+        producer = Producer(
+            {
+                **self.config,
+                "transactional.id": transactional_id(self.app),
+                "acks": "all",  # as transactions require: every in-sync replica
+                "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
+                "linger.ms": 5,
+            }
+        )
+        try:
+            # Aborts what a killed publisher left open; fences older producers.
+            producer.init_transactions(TIMEOUT_S)
+        except KafkaException as exc:
+            raise OutputError(
+                f"cannot start publishing to output topic {self.output.topic!r}: {exc}"
+            ) from exc
+        return producer
 
     def close(self) -> None:
         if self.consumer is not None:
@@ -267,7 +273,7 @@ class OutputPublisher:
         epoch = current_epoch(self.layout)
         return self._transaction(snapshot(self.resolved, self.state, version, epoch))
 
-    def _transaction(self, changes: VersionChanges) -> Published:
+    def _transaction(self, changes: VersionChanges, retried: bool = False) -> Published:
         """``changes`` and the bookmark past them in one transaction. (Crash tests
         aim their faults at the batch whose changes these are.)"""
         producer = self.producer
@@ -287,13 +293,31 @@ class OutputPublisher:
             self._produce(producer, changes)
             producer.flush(TIMEOUT_S)
             maybe_crash("during_output", changes.batch_id)
-            producer.send_offsets_to_transaction(
-                [TopicPartition(self.output.topic, 0, mark.next_version, mark.metadata())],
-                self.consumer.consumer_group_metadata(),
-                TIMEOUT_S,
-            )
+            group = self.consumer.consumer_group_metadata()
+            bookmarked = [TopicPartition(self.output.topic, 0, mark.next_version, mark.metadata())]
+            _bounded(lambda: producer.send_offsets_to_transaction(bookmarked, group, TIMEOUT_S))
             stage = "committing"
             producer.commit_transaction(TIMEOUT_S)
+        except _Stuck:
+            # librdkafka can wait for a group coordinator that moved to another node
+            # past its own timeout (librdkafka issues 5456, 5511). A new producer
+            # fences the stuck one, whose transaction the coordinator aborts; its
+            # thread is left behind. The version is published again, once.
+            log.warning(
+                "%s: the transaction of state version %d did not answer in %.0f s; a new "
+                "producer takes over",
+                self.app,
+                changes.version,
+                TIMEOUT_S,
+            )
+            self.producer = self._new_producer()
+            if retried:
+                raise OutputError(
+                    f"could not publish state version {changes.version} of {self.app} to "
+                    f"{self.output.topic!r}: Kafka's group coordinator did not answer twice "
+                    "(nothing of it is visible; the next run publishes it)"
+                ) from None
+            return self._transaction(changes, retried=True)
         except KafkaException as exc:
             self._failed(producer, exc, changes, stage)
         except BaseException:
@@ -357,6 +381,31 @@ class OutputPublisher:
             f"could not publish state version {version} of {app} to {topic!r} (nothing of "
             f"it is visible; the next run publishes it): {exc}"
         ) from exc
+
+
+class _Stuck(Exception):
+    """A librdkafka call did not return within its own timeout."""
+
+
+def _bounded(call: Callable[[], object]) -> None:
+    """``call`` (given ``TIMEOUT_S`` itself), or ``_Stuck`` if it has not returned a
+    few seconds after that: it runs in a daemon thread that may be left behind."""
+    done = threading.Event()
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as exc:  # raised in the caller's thread
+            failed.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="output-transaction", daemon=True).start()
+    if not done.wait(TIMEOUT_S + STUCK_GRACE_S):
+        raise _Stuck()
+    if failed:
+        raise failed[0]
 
 
 def open_publisher(

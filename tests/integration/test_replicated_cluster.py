@@ -14,7 +14,9 @@ change once.
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 import subprocess
 import sys
 import threading
@@ -132,11 +134,21 @@ def test_leader_and_coordinator_failover_keep_every_record_exactly_once(  # type
         embedded.kill_node(data_dir, node)
         killed.append(f"{what}: node {node}")
 
+    def batches_after(stream: subprocess.Popen[str], more_than: int) -> None:
+        """Until the ledger has more than ``more_than`` batches; else the stream's log."""
+        try:
+            wait_for_batches(warehouse, more_than, timeout=180)
+        except AssertionError:
+            if stream.poll() is None:
+                os.killpg(stream.pid, signal.SIGKILL)
+            _out, err = stream.communicate(timeout=60)
+            raise AssertionError(f"after {killed}: {err[-6000:]}") from None
+
     producer = LiveProducer(config, topic)
     producer.start()
     stream = start_stream(path, servers, warehouse)
     try:
-        wait_for_batches(warehouse, 0, timeout=180)
+        batches_after(stream, 0)
         events = ["leader", "coordinator", "leader", "stream"]
         rng.shuffle(events)
         for event in events:
@@ -146,7 +158,7 @@ def test_leader_and_coordinator_failover_keep_every_record_exactly_once(  # type
                 kill(stream)
                 killed.append("stream")
                 stream = start_stream(path, servers, warehouse)
-                wait_for_batches(warehouse, done + 1, timeout=180)
+                batches_after(stream, done + 1)
                 continue
             node = (
                 coordinator(config, "user_clicks")
@@ -155,7 +167,7 @@ def test_leader_and_coordinator_failover_keep_every_record_exactly_once(  # type
             )
             node_dies(node, event)
             wait_for_leader(config, topic, PARTITIONS, node)
-            wait_for_batches(warehouse, done + 2, timeout=180)  # on two nodes
+            batches_after(stream, done + 2)  # on two nodes
             embedded.start_node(data_dir, node)
             wait_until_replicated(config)
         kill(stream)
