@@ -49,10 +49,10 @@ sys.path.insert(0, str(REPO_ROOT / "plugins"))
 QUICK_JIT = "-XX:TieredStopAtLevel=1"
 os.environ.setdefault(JVM_OPTIONS_ENV, QUICK_JIT)
 _topic_ids = itertools.count()
-# ``make test`` runs three workers (the tests wait on JVMs and brokers more than
-# they compute), a test file each at a time (``--dist loadfile``): the slowest
-# files go first so that no long file starts last with the other workers idle
-# (ordered by their measured time, longest first;
+# ``make test`` runs two workers (three took longer: the machine's two cores are
+# the limit), a test file each at a time (``--dist loadfile``): the slowest files
+# go first so that no long file starts last with the other worker idle (ordered
+# by their measured time, longest first;
 # the cluster test, whose executors load both cores, before the fencing tests).
 SLOW_FIRST = (
     "test_replicated_cluster.py",

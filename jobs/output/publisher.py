@@ -51,6 +51,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 TIMEOUT_S = 30.0
 STUCK_GRACE_S = 5.0
+STUCK_ATTEMPTS = 3
 # Kafka's default ceiling (transaction.max.timeout.ms): a snapshot or a correction
 # of millions of rows is one transaction and must fit in it.
 TRANSACTION_TIMEOUT_MS = 900_000
@@ -273,7 +274,7 @@ class OutputPublisher:
         epoch = current_epoch(self.layout)
         return self._transaction(snapshot(self.resolved, self.state, version, epoch))
 
-    def _transaction(self, changes: VersionChanges, retried: bool = False) -> Published:
+    def _transaction(self, changes: VersionChanges, attempt: int = 1) -> Published:
         """``changes`` and the bookmark past them in one transaction. (Crash tests
         aim their faults at the batch whose changes these are.)"""
         producer = self.producer
@@ -311,13 +312,13 @@ class OutputPublisher:
                 TIMEOUT_S,
             )
             self.producer = self._new_producer()
-            if retried:
+            if attempt >= STUCK_ATTEMPTS:
                 raise OutputError(
                     f"could not publish state version {changes.version} of {self.app} to "
-                    f"{self.output.topic!r}: Kafka's group coordinator did not answer twice "
-                    "(nothing of it is visible; the next run publishes it)"
+                    f"{self.output.topic!r}: Kafka's group coordinator did not answer "
+                    f"{attempt} times (nothing of it is visible; the next run publishes it)"
                 ) from None
-            return self._transaction(changes, retried=True)
+            return self._transaction(changes, attempt + 1)
         except KafkaException as exc:
             self._failed(producer, exc, changes, stage)
         except BaseException:

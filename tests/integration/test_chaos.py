@@ -1,4 +1,4 @@
-"""Chaos: a continuous run under a live producer, SIGKILLed at random moments, a
+"""Chaos: a continuous run under a live producer, SIGKILLed, a
 broker restart under it, and a deleted Spark checkpoint repaired with ``rebuild``.
 The result must be exact against plain Python over what was produced, and the
 ledger's offset ranges must tile every partition with no gap and no overlap.
@@ -9,7 +9,6 @@ The test runs its own broker (it restarts it) on its own data directory.
 from __future__ import annotations
 
 import os
-import random
 import shutil
 import signal
 import subprocess
@@ -55,7 +54,6 @@ def test_chaos_live_producer_kills_broker_restart_and_lost_checkpoint(
     path = tmp_path / "user_clicks.yaml"
     path.write_text(yaml.safe_dump(data))
     warehouse = tmp_path / "warehouse"
-    rng = random.Random(20261122)
     producer = LiveProducer(config, topic)
     producer.start()
     stream = start_stream(path, servers, warehouse)
@@ -83,10 +81,7 @@ def test_chaos_live_producer_kills_broker_restart_and_lost_checkpoint(
             timeout=300,
         )
         assert rebuilt.returncode == 0, rebuilt.stderr[-3000:]
-        stream = start_stream(path, servers, warehouse)
-        wait_for_batches(warehouse, len(ledger_batches(warehouse)))
-        time.sleep(rng.uniform(0.5, 3.0))
-        kill(stream)
+        # (A stream killed at a random moment: tests/integration/test_replicated_cluster.py.)
     finally:
         producer.stopped.set()
         producer.join(60)
