@@ -19,6 +19,7 @@ from deltalake import DeltaTable
 from jobs import kafka_admin
 from jobs.settings import REPO_ROOT
 from tests.conftest import jobs_args
+from tests.expected import clicks_per_window, state_as_counter
 
 
 class LiveProducer(threading.Thread):
@@ -127,3 +128,16 @@ def assert_ledger_tiles(batches: list[dict[str, Any]], topic: str, highs: dict[i
             position[part] = int(end[str(part)])
         assert batch["records_in"] == batch["aggregated"] + batch["dead_lettered"]
     assert position == highs
+
+
+def assert_exact_clicks(warehouse: Path, values: list[bytes]) -> None:
+    """``user_clicks``'s state equals plain Python's count of ``values`` (none of
+    them late), and every record that is no click is a dead letter, once."""
+    expected, dead, late = clicks_per_window([list(values)])
+    assert late == 0
+    root = warehouse / "user_clicks"
+    state = DeltaTable(str(root / "state")).to_pyarrow_table().to_pylist()
+    assert state_as_counter(state, "clicks") == expected
+    letters = DeltaTable(str(root / "dead_letter")).to_pyarrow_table().to_pylist()
+    assert len(letters) == dead
+    assert len({(r["partition"], r["offset"]) for r in letters}) == dead

@@ -27,16 +27,15 @@ from typing import Any
 
 import pytest
 import yaml
-from deltalake import DeltaTable
 
 from jobs import broker as embedded
 from jobs import kafka_admin
 from jobs.output.publisher import transactional_id
 from jobs.settings import REPO_ROOT
 from tests.conftest import jobs_args, pipeline_file, run_in_process
-from tests.expected import clicks_per_window, state_as_counter
 from tests.live import (
     LiveProducer,
+    assert_exact_clicks,
     assert_ledger_tiles,
     kill,
     ledger_batches,
@@ -232,14 +231,7 @@ def test_leader_and_coordinator_failover_keep_every_record_exactly_once(  # type
     values = producer.values + backlog
     marks = kafka_admin.watermarks(config, [(topic, p) for p in range(PARTITIONS)])
     assert sum(high for _low, high in marks.values()) == len(values)  # acks=all: none lost
-    expected, dead, late = clicks_per_window([list(values)])
-    assert late == 0
-    root = warehouse / "user_clicks"
-    state = DeltaTable(str(root / "state")).to_pyarrow_table().to_pylist()
-    assert state_as_counter(state, "clicks") == expected
-    letters = DeltaTable(str(root / "dead_letter")).to_pyarrow_table().to_pylist()
-    assert len(letters) == dead
-    assert len({(r["partition"], r["offset"]) for r in letters}) == dead
+    assert_exact_clicks(warehouse, values)
     assert_ledger_tiles(
         ledger_batches(warehouse), topic, {p: marks[(topic, p)][1] for p in range(PARTITIONS)}
     )
