@@ -165,20 +165,28 @@ def create_topic(
 
 
 def _await_metadata(client: AdminClient, topic: str) -> None:
-    """Wait until the broker's metadata shows the topic with its partitions.
-    CreateTopics returns once the controller committed the topic; a broker serves
-    it a moment later (KRaft propagates metadata asynchronously), and a client
-    that asks in between is told the topic does not exist."""
+    """Wait until metadata reads agree that the topic is served with a leader for
+    every partition. CreateTopics returns once the controller committed the topic;
+    each broker applies it a moment later (KRaft propagates metadata
+    asynchronously), and a read that lands on a broker behind says the topic does
+    not exist. The client picks the broker of each read, so the wait asks for
+    twice as many good reads in a row as there are brokers."""
     deadline = time.monotonic() + REQUEST_TIMEOUT_S
+    in_a_row = 0
     while True:
         try:
-            meta = client.list_topics(topic=topic, timeout=REQUEST_TIMEOUT_S).topics.get(topic)
+            metadata = client.list_topics(topic=topic, timeout=REQUEST_TIMEOUT_S)
         except KafkaException as exc:
             serve_callbacks(client)
             raise SourceError(f"cannot read the metadata of topic {topic!r}: {exc}") from exc
+        meta = metadata.topics.get(topic)
         partitions = meta.partitions if meta is not None and meta.error is None else {}
         if partitions and all(p.leader >= 0 for p in partitions.values()):
-            return
+            in_a_row += 1
+            if in_a_row >= 2 * max(1, len(metadata.brokers)):
+                return
+            continue
+        in_a_row = 0
         if time.monotonic() > deadline:
             raise SourceError(f"topic {topic!r} was created but the broker does not serve it yet")
         time.sleep(0.05)
