@@ -7,10 +7,13 @@ each committed batch the platform commits the batch's end offsets to the group
 from, so a rewind shows there too. Nothing reads the group back: a run starts from
 its cut and Spark's checkpoint, never from it.
 
-A commit never holds a batch up: it is sent and the batch goes on; offsets that
-arrive while one is in flight replace each other and go next (only the newest
-matters). A commit that fails is logged; the next one corrects the group. A
-secured cluster needs the ACL ``READ`` on group ``platform.<application_id>``.
+The commits are a consumer's (a group member that never joins: no subscription),
+sent asynchronously: a commit never holds a batch up, and one sent while the
+group's coordinator moves waits for the new one. (The admin API's offset commit
+is not used: when its coordinator's connection drops, librdkafka 2.16 aborts the
+whole process, librdkafka PR 5397.) A commit that fails is logged; the next one
+corrects the group. A secured cluster needs the ACL ``READ`` on group
+``platform.<application_id>``.
 """
 
 from __future__ import annotations
@@ -21,8 +24,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 PREFIX = "platform."
 TIMEOUT_S = 5.0
@@ -36,70 +38,64 @@ def group_id(application_id: str) -> str:
 
 
 class MonitoringGroup:
-    """Commits to one application's group, one request in flight at a time."""
+    """Commits to one application's group; ``close`` waits a moment for them."""
 
     def __init__(self, config: Mapping[str, Any], application_id: str) -> None:
         self.config = dict(config)
         self.group = group_id(application_id)
-        self._client: AdminClient | None = None
-        self._guard = threading.Condition()
-        self._queued: Offsets | None = None
-        self._in_flight = False
+        self._consumer: Consumer | None = None
+        self._pending = 0  # commits sent and not answered yet
 
     def commit(self, offsets: Offsets) -> None:
-        """Send ``offsets`` (after the one in flight, if any). Never raises."""
-        with self._guard:
-            self._queued = offsets
-            if not self._in_flight:
-                self._send()
-
-    def close(self, timeout_s: float = TIMEOUT_S) -> None:
-        """Wait (at most ``timeout_s``) for what was committed to reach Kafka."""
-        deadline = time.monotonic() + timeout_s
-        with self._guard:
-            while self._in_flight or self._queued is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    log.warning("%s: the last offsets did not reach Kafka in time", self.group)
-                    return
-                self._guard.wait(left)
-
-    def _send(self) -> None:  # holds the guard
-        offsets, self._queued = self._queued, None
-        if offsets is None:
+        """Send ``offsets``. Never raises, never waits."""
+        partitions = [
+            TopicPartition(topic, int(partition), int(offset))
+            for topic, parts in sorted(offsets.items())
+            for partition, offset in sorted(parts.items(), key=lambda p: int(p[0]))
+        ]
+        if not partitions:
             return
         try:
-            partitions = [
-                TopicPartition(topic, int(partition), int(offset))
-                for topic, parts in sorted(offsets.items())
-                for partition, offset in sorted(parts.items(), key=lambda p: int(p[0]))
-            ]
-            if not partitions:
-                return
-            if self._client is None:
-                self._client = AdminClient(self.config)
-            futures = self._client.alter_consumer_group_offsets(
-                [ConsumerGroupTopicPartitions(self.group, partitions)], request_timeout=TIMEOUT_S
-            )
+            consumer = self._open()
+            consumer.poll(0)  # the answers to earlier commits
+            consumer.commit(offsets=partitions, asynchronous=True)
+            self._pending += 1
         except Exception as exc:  # monitoring only: the batch or operation stands
             log.warning("could not commit offsets to group %s: %s", self.group, exc)
-            return
-        self._in_flight = True
-        for future in futures.values():
-            future.add_done_callback(self._done)
 
-    def _done(self, future: Any) -> None:
-        try:
-            result = future.result()
-            failed = [p for p in result.topic_partitions if p.error is not None]
-            if failed:
-                log.warning("group %s refused offsets: %s", self.group, failed[0].error)
-        except Exception as exc:
-            log.warning("could not commit offsets to group %s: %s", self.group, exc)
-        with self._guard:
-            self._in_flight = False
-            self._send()
-            self._guard.notify_all()
+    def close(self, timeout_s: float = TIMEOUT_S) -> None:
+        """Wait (at most ``timeout_s``) for the commits to reach Kafka, then let the
+        consumer go."""
+        consumer, self._consumer = self._consumer, None
+        if consumer is None:
+            return
+        deadline = time.monotonic() + timeout_s
+        while self._pending and time.monotonic() < deadline:
+            consumer.poll(0.1)
+        if self._pending:
+            log.warning("%s: the last offsets did not reach Kafka in time", self.group)
+        # A consumer's close waits for its unanswered commits (45 s and more while
+        # the group's coordinator has no quorum): it runs on a thread of its own,
+        # which alone holds the consumer, and a process that ends first ends it.
+        threading.Thread(target=consumer.close, name="monitoring-group", daemon=True).start()
+
+    def _open(self) -> Consumer:
+        if self._consumer is None:
+            self._consumer = Consumer(
+                {
+                    **self.config,
+                    "group.id": self.group,
+                    "enable.auto.commit": False,
+                    "on_commit": self._answered,
+                }
+            )
+        return self._consumer
+
+    def _answered(self, error: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        self._pending = max(0, self._pending - 1)
+        failed = [p.error for p in partitions if p.error is not None]
+        if error is not None or failed:
+            log.warning("group %s refused offsets: %s", self.group, error or failed[0])
 
 
 def commit_once(config: Mapping[str, Any], application_id: str, offsets: Offsets) -> None:

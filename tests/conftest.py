@@ -58,7 +58,6 @@ SLOW_FIRST = (
     "test_replicated_cluster.py",
     "test_crash_restart.py",
     "test_cluster.py",
-    "test_chaos.py",
     "test_operations.py",
     "test_interrupted_operations.py",
     "test_airflow_ui.py",

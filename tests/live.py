@@ -1,5 +1,5 @@
-"""A continuous run under a live producer, as the chaos tests drive it: the
-producer, the stream process, and the ledger read back."""
+"""A continuous run under a live producer, as the replicated cluster test drives
+it: the producer, the stream process, and the ledger read back."""
 
 from __future__ import annotations
 

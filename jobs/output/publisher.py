@@ -311,6 +311,7 @@ class OutputPublisher:
                 changes.version,
                 TIMEOUT_S,
             )
+            _ABANDONED.append(producer)
             self.producer = self._new_producer()
             if attempt >= STUCK_ATTEMPTS:
                 raise OutputError(
@@ -382,6 +383,11 @@ class OutputPublisher:
             f"could not publish state version {version} of {app} to {topic!r} (nothing of "
             f"it is visible; the next run publishes it): {exc}"
         ) from exc
+
+
+# Producers left with a call in flight stay referenced for the life of the
+# process: destroying one while librdkafka still serves its call aborts the process.
+_ABANDONED: list[Producer] = []
 
 
 class _Stuck(Exception):

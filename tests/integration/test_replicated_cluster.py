@@ -4,10 +4,12 @@ replicas and two in sync to take a write (``python -m jobs broker start --nodes 
 A continuous stream reads a 4-partition topic under a live producer and publishes
 to an output topic. In a seeded random order, the leader of a partition is
 SIGKILLed mid-batch, so is the node that coordinates the output topic's
-transactions, another partition's leader, and the stream itself; each node comes
-back a while later. Then a scheduled run catches up while another leader is
-killed under it. No operation is run. The state must be exact against plain
-Python, every dead letter there once, the ledger's ranges must tile every
+transactions, and so is the stream itself; each node comes back a while later.
+Then every node stops under the stream and the cluster restarts from its kept
+data, and the Spark checkpoint is lost while the stream is down (``rebuild``
+restores it from Delta). Last, a scheduled run catches up while another leader
+is killed under it. No other operation is run. The state must be exact against
+plain Python, every dead letter there once, the ledger's ranges must tile every
 partition, and the output topic read ``read_committed`` must carry every state
 change once.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -139,19 +142,23 @@ def test_leader_and_coordinator_failover_keep_every_record_exactly_once(  # type
     described = kafka_admin.admin(config).list_topics(topic=topic, timeout=30).topics[topic]
     assert all(len(p.replicas) == 3 for p in described.partitions.values())
     path = with_output(
-        pipeline_file(tmp_path, "user_clicks", topic, max_offsets_per_trigger=700), output, 2
+        pipeline_file(tmp_path, "user_clicks", topic, max_offsets_per_trigger=1500), output, 2
     )
     data = yaml.safe_load(path.read_text())
     data["trigger"] = {"mode": "continuous", "interval": "1 second"}
     path.write_text(yaml.safe_dump(data))
     warehouse = tmp_path / "warehouse"
     rng = random.Random(20261126)
-    killed: list[str] = []
+    started = time.monotonic()
+    timeline: list[str] = []  # what happened when: printed, and in a failure's message
+
+    def step(what: str) -> None:
+        timeline.append(f"{time.monotonic() - started:.0f}s {what}")
 
     def node_dies(node: int, what: str) -> None:
         time.sleep(rng.uniform(0.2, 1.2))  # into the next batch
         embedded.kill_node(data_dir, node)
-        killed.append(f"{what}: node {node}")
+        step(f"{what}: node {node}")
 
     def batches_after(stream: subprocess.Popen[str], more_than: int) -> None:
         """Until the ledger has more than ``more_than`` batches; else the stream's log."""
@@ -161,13 +168,14 @@ def test_leader_and_coordinator_failover_keep_every_record_exactly_once(  # type
             if stream.poll() is None:
                 os.killpg(stream.pid, signal.SIGKILL)
             _out, err = stream.communicate(timeout=60)
-            raise AssertionError(f"after {killed}: {err[-6000:]}") from None
+            raise AssertionError(f"after {timeline}: {err[-6000:]}") from None
 
     producer = LiveProducer(config, topic)
     producer.start()
     stream = start_stream(path, servers, warehouse)
     try:
         batches_after(stream, 0)
+        step("the stream's first batch")
         events = ["leader", "coordinator", "stream"]
         rng.shuffle(events)
         for event in events:
@@ -175,9 +183,10 @@ def test_leader_and_coordinator_failover_keep_every_record_exactly_once(  # type
             if event == "stream":
                 time.sleep(rng.uniform(0.2, 1.5))
                 kill(stream)
-                killed.append("stream")
+                step("stream")
                 stream = start_stream(path, servers, warehouse)
                 batches_after(stream, done + 1)
+                step("a batch of the restarted stream")
                 continue
             node = (
                 coordinator(config, "user_clicks")
@@ -188,10 +197,38 @@ def test_leader_and_coordinator_failover_keep_every_record_exactly_once(  # type
             degraded = broker_cli(data_dir, "status")  # names the dead node, exits 1
             assert degraded.returncode == 1 and f"node {node}: not running" in degraded.stdout
             wait_for_leader(config, topic, PARTITIONS, node)
+            step("a new leader for every partition")
             batches_after(stream, done + 2)  # on two nodes
+            step("two batches on two nodes")
             embedded.start_node(data_dir, node)
             wait_until_replicated(config)
+            step(f"node {node} back in sync")
+
+        # Every node stops under the stream and the cluster comes back from its kept
+        # data (same ports, same cluster id). A stream that gave up is restarted.
+        done = len(ledger_batches(warehouse))
+        producer.pause()
+        stopped = broker_cli(data_dir, "stop")
+        assert stopped.returncode == 0 and "3 of 3 nodes stopped" in stopped.stdout
+        time.sleep(2)
+        restarted = broker_cli(data_dir, "start", "--nodes", "3")
+        assert restarted.returncode == 0, restarted.stderr
+        producer.resume()
+        step("every node")
+        if stream.poll() is not None:
+            step(f"stream exited {stream.returncode} in the outage")
+            stream = start_stream(path, servers, warehouse)
+        batches_after(stream, done + 1)
+        step("a batch after the outage")
+
+        # The Spark checkpoint is lost while the stream is down: rebuild from Delta.
         kill(stream)
+        shutil.rmtree(warehouse / "user_clicks" / "_checkpoints")
+        step("the checkpoint")
+        rebuild = jobs_args(path, servers, warehouse, "rebuild", "--reason", "checkpoint lost")
+        rebuilt = run_in_process(spark, rebuild)
+        assert rebuilt.returncode == 0, rebuilt.stderr[-3000:]
+        step("rebuilt")
     finally:
         producer.stopped.set()
         producer.join(60)
@@ -223,18 +260,19 @@ def test_leader_and_coordinator_failover_keep_every_record_exactly_once(  # type
     embedded.start_node(data_dir, node)
     caught_up = outcome["done"]
     if caught_up.returncode != 0:  # a scheduler's retry: no operation
-        killed.append(f"scheduled run retried after: {caught_up.stderr.strip()[-300:]}")
+        step(f"scheduled run retried after: {caught_up.stderr.strip()[-300:]}")
         caught_up = run_in_process(spark, command)
     assert caught_up.returncode == 0, caught_up.stderr[-3000:]
-    print("killed:", killed)
+    step("caught up")
+    print("\n".join(timeline))
 
     values = producer.values + backlog
     marks = kafka_admin.watermarks(config, [(topic, p) for p in range(PARTITIONS)])
     assert sum(high for _low, high in marks.values()) == len(values)  # acks=all: none lost
     assert_exact_clicks(warehouse, values)
-    assert_ledger_tiles(
-        ledger_batches(warehouse), topic, {p: marks[(topic, p)][1] for p in range(PARTITIONS)}
-    )
+    batches = ledger_batches(warehouse)
+    assert len({b["epoch"] for b in batches}) >= 2  # the rebuild started a new epoch
+    assert_ledger_tiles(batches, topic, {p: marks[(topic, p)][1] for p in range(PARTITIONS)})
     records = read_output(config, output)
     assert_published_like_the_changelog(records, warehouse)
     assert last_values(records) == state_table(warehouse)

@@ -70,3 +70,15 @@ def test_librdkafkas_mechanisms_alias_reaches_java_as_mechanism() -> None:
 def test_what_cannot_be_translated_is_refused(given: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         for_java(given)
+
+
+def test_sparks_source_gets_short_admin_timeouts_unless_the_user_sets_one() -> None:
+    from jobs.kafka_source.spark_kafka import source_options
+
+    plain = source_options("b:9092", {})
+    assert plain["kafka.default.api.timeout.ms"] == "15000"
+    assert plain["kafka.request.timeout.ms"] == "10000"
+    assert plain["kafka.isolation.level"] == "read_committed"
+    own = source_options("b:9092", {"request.timeout.ms": "40000"})
+    assert own["kafka.request.timeout.ms"] == "40000"
+    assert "kafka.default.api.timeout.ms" not in own  # Kafka's own default (60 s) >= 40 s
