@@ -30,9 +30,11 @@ from typing import Any
 
 import pytest
 import yaml
+from confluent_kafka import Consumer, TopicPartition
 
 from jobs import broker as embedded
 from jobs import kafka_admin
+from jobs.monitoring_group import group_id
 from jobs.output.publisher import transactional_id
 from jobs.settings import REPO_ROOT
 from tests.conftest import jobs_args, pipeline_file, run_in_process
@@ -67,11 +69,12 @@ def broker_cli(data_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[embedded.ClusterInfo]:
-    """Three nodes from the command line (``broker start --nodes 3``); ``stop`` ends
-    every node, including those the test restarted."""
-    data_dir = tmp_path / "cluster"
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[embedded.ClusterInfo]:
+    """Three nodes from the command line (``broker start --nodes 3``), shared by the
+    file's tests (each leaves every node running); ``stop`` ends every node,
+    including those the tests restarted."""
+    data_dir = tmp_path_factory.mktemp("replicated") / "cluster"
     started = broker_cli(data_dir, "start", "--nodes", "3")
     try:
         assert started.returncode == 0, started.stderr
@@ -101,11 +104,15 @@ def leader(config: dict[str, str], topic: str, partition: int) -> int:
 
 
 def coordinator(config: dict[str, str], application_id: str) -> int:
-    """The node coordinating the output publisher's transactions (Kafka places a
-    transactional id by ``Utils.abs(id.hashCode()) % partitions`` of its log)."""
-    log = "__transaction_state"
+    """The node coordinating the output publisher's transactions."""
+    return coordinator_of(config, "__transaction_state", transactional_id(application_id))
+
+
+def coordinator_of(config: dict[str, str], log: str, key: str) -> int:
+    """The node coordinating ``key`` (a transactional id or a group): Kafka places it
+    by ``Utils.abs(key.hashCode()) % partitions`` of its internal ``log``."""
     count = len(kafka_admin.admin(config).list_topics(topic=log, timeout=30).topics[log].partitions)
-    code = java_hash(transactional_id(application_id))
+    code = java_hash(key)
     return leader(config, log, (0 if code == -(1 << 31) else abs(code)) % count)
 
 
@@ -276,3 +283,55 @@ def test_leader_and_coordinator_failover_keep_every_record_exactly_once(  # type
     records = read_output(config, output)
     assert_published_like_the_changelog(records, warehouse)
     assert last_values(records) == state_table(warehouse)
+
+
+# Commits offsets to the monitoring group every 0.1 s until the file ``stop`` exists.
+COMMITTER = """
+import sys, time
+from pathlib import Path
+from jobs import kafka_admin
+from jobs.monitoring_group import MonitoringGroup
+group = MonitoringGroup(kafka_admin.client_config(sys.argv[1]), "monitored")
+offset = 0
+while not Path(sys.argv[2]).exists():
+    offset += 1
+    group.commit({"clicks": {"0": offset}})
+    time.sleep(0.1)
+group.close(60)
+print(offset)
+"""
+
+
+def test_monitoring_commits_survive_their_coordinator_dying(cluster, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The group's coordinator is SIGKILLed while commits are in flight. (With the
+    admin API's offset commit, librdkafka aborted the committing process here.)"""
+    config = kafka_admin.client_config(cluster.bootstrap_servers)
+    kafka_admin.create_topic(kafka_admin.admin(config), "clicks", PARTITIONS)  # kept if there
+    stop = tmp_path / "stop"
+    committer = subprocess.Popen(
+        [sys.executable, "-c", COMMITTER, cluster.bootstrap_servers, str(stop)],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(3)  # the first commits create the group's log
+        node = coordinator_of(config, "__consumer_offsets", group_id("monitored"))
+        embedded.kill_node(cluster.data_dir, node)
+        time.sleep(15)  # commits go on to the dead coordinator and past it
+        embedded.start_node(cluster.data_dir, node)
+        wait_until_replicated(config)
+        stop.touch()
+        out, err = committer.communicate(timeout=120)
+    finally:
+        if committer.poll() is None:
+            committer.kill()
+    assert committer.returncode == 0, err[-3000:]
+    last = int(out.strip())
+    reader = Consumer({**config, "group.id": group_id("monitored")})
+    try:
+        [committed] = reader.committed([TopicPartition("clicks", 0)], timeout=30)
+    finally:
+        reader.close()
+    assert committed.offset == last  # the newest commit reached the group
