@@ -287,14 +287,11 @@ class WarmDriver:
         return path, data
 
     def _session(self, application_id: str) -> tuple[SparkSession, threading.Lock]:
-        from jobs.streaming.spark import register_sources
-
         with self._guard:
             if application_id not in self._sessions:
                 # One session per application, reused: a session per run would leave
                 # a streaming listener behind each time.
                 session = self.spark.newSession()
-                register_sources(session)
                 self._sessions[application_id] = session
                 self._running[application_id] = threading.Lock()
             return self._sessions[application_id], self._running[application_id]

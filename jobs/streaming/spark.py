@@ -24,7 +24,6 @@ from jobs.jars import spark_jars
 from jobs.settings import REPO_ROOT, Settings
 from jobs.streaming import batch_watermark
 from jobs.streaming.jvm import driver_java_options
-from jobs.streaming.seed import HoldDataSource, SeedDataSource
 
 # Spark's own Kafka source (from the jars ``make setup`` resolved).
 KAFKA_PROVIDER = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
@@ -158,7 +157,6 @@ def get_spark(
     if submitted:
         check_jars(spark)
     ship_package(spark, archive)
-    register_sources(spark)
     if not master.startswith("local"):
         check_executors(spark, os.environ["PYSPARK_PYTHON"])
     return spark
@@ -286,13 +284,6 @@ def _first_reason(err: Exception) -> str:
         if "Cannot run program" in line or "PYTHON_VERSION_MISMATCH" in line or "Error" in line:
             return line[:300]
     return lines[0][:300] if lines else type(err).__name__
-
-
-def register_sources(spark: SparkSession) -> None:
-    """The platform's data sources, in ``spark`` (a new session needs them too).
-    After shipping: a registered source captures the Python includes it runs with."""
-    spark.dataSource.register(SeedDataSource)
-    spark.dataSource.register(HoldDataSource)
 
 
 def ship_package(spark: SparkSession, archive: Path) -> None:
