@@ -14,17 +14,22 @@ import pytest
 from deltalake import DeltaTable
 
 from include import local_spark
-from tests.conftest import pipeline_file, produce, run_jobs, run_with_fault
+from tests.conftest import QUICK_JIT, pipeline_file, produce, run_jobs, run_with_fault
 from tests.conftest import recent_clicks as clicks
 from tests.expected import clicks_per_window, state_as_counter
 
 pytestmark = pytest.mark.integration
 BAD = [b"not json", b'{"user_id": 7, "timestamp": 1}']
+# The executors' JVMs on the JIT's first tier, as every other JVM of the suite.
+QUICK_EXECUTORS = f"--conf spark.executor.extraJavaOptions='{QUICK_JIT}' pyspark-shell"
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_spark.Cluster]:
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.setenv("SPARK_DAEMON_JAVA_OPTS", QUICK_JIT)  # the master's and worker's
     started = local_spark.start(tmp_path_factory.mktemp("spark-cluster"), cores=2, memory="2g")
+    monkeypatch.undo()
     yield started
     local_spark.stop(started)
 
@@ -33,7 +38,11 @@ def test_user_clicks_on_a_standalone_cluster(  # type: ignore[no-untyped-def]
     cluster, broker, kafka_config, new_topic, settings, tmp_path
 ) -> None:
     # The executors' Python is the setting; nothing of the driver's path leaks to them.
-    env = {"PLATFORM_SPARK_MASTER": cluster.master_url, "PLATFORM_SPARK_PYTHON": sys.executable}
+    env = {
+        "PLATFORM_SPARK_MASTER": cluster.master_url,
+        "PLATFORM_SPARK_PYTHON": sys.executable,
+        "PYSPARK_SUBMIT_ARGS": QUICK_EXECUTORS,
+    }
     topic = new_topic(3)
     first = clicks(1800, 0) + BAD
     produce(kafka_config, topic, first)
@@ -94,7 +103,11 @@ def test_a_worker_python_that_cannot_run_the_tasks_is_one_error(  # type: ignore
     python.chmod(0o755)
     cases = {str(python): "has no module 'yaml'", str(tmp_path / "no-such-python"): "cannot run"}
     for worker_python, reason in cases.items():
-        env = {"PLATFORM_SPARK_MASTER": cluster.master_url, "PLATFORM_SPARK_PYTHON": worker_python}
+        env = {
+            "PLATFORM_SPARK_MASTER": cluster.master_url,
+            "PLATFORM_SPARK_PYTHON": worker_python,
+            "PYSPARK_SUBMIT_ARGS": QUICK_EXECUTORS,
+        }
         failed = run_jobs(pipeline, settings, "run", env=env)
         # The platform's line (Spark's JVM prints its start-up notices before it).
         errors = [line for line in failed.stderr.splitlines() if line.startswith("error:")]

@@ -4,15 +4,13 @@ points where a crash is most dangerous, rerun, and demand exact results."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 
 import pytest
 from deltalake import DeltaTable
 
 from jobs.settings import REPO_ROOT
-from tests.conftest import pipeline_file, produce, run_with_fault
+from tests.conftest import jobs_args, pipeline_file, produce, run_in_process, run_with_fault
 from tests.expected import clicks_per_window, state_as_counter
 from tests.output_topic import (
     assert_published_like_the_changelog,
@@ -88,15 +86,7 @@ def test_crash_and_restart_is_exact(
     assert sorted(d["value"] for d in dead_letters) == sorted(BAD)
     assert len(dead_letters) == dead
 
-    status = subprocess.run(
-        [sys.executable, "-m", "jobs", "status", "--pipeline", str(pipeline), "--json"]
-        + ["--bootstrap-servers", broker.bootstrap_servers]
-        + ["--warehouse", str(warehouse)],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    status = run_in_process(spark, jobs_args(pipeline, servers, warehouse, "status", "--json"))
     report = json.loads(status.stdout)
     assert report["problems"] == []
     assert all(p["lag"] == 0 for p in report["partitions"])
