@@ -125,7 +125,7 @@ def wait_until(what: str, check: Any, seconds: float = 300) -> Any:
         found = check()
         if found:
             return found
-        time.sleep(2)
+        time.sleep(1)
     raise AssertionError(f"timed out waiting for {what}")
 
 
@@ -270,7 +270,7 @@ def test_trigger_stream_user_clicks_from_the_ui(airflow: dict[str, Any]) -> None
             if states and states[0] in ("success", "failed"):
                 state = states[0]
                 break
-            time.sleep(3)
+            time.sleep(1)
         page.reload()
         page.wait_for_timeout(2000)
         page.screenshot(path=str(ARTIFACTS / "airflow-run-finished.png"))
