@@ -1,6 +1,7 @@
 """Local Airflow for trying the platform: ``airflow standalone``, offline, SQLite,
 on a loopback port, with the project's DAGs, plugins, Spark connection and
-platform settings.
+platform settings, and beside it a warm driver (``python -m jobs serve`` on
+``PLATFORM_DRIVER_PORT``) that the stream DAGs send their scheduled runs to.
 
     python -m include.local_airflow start [--port 8085]   # prints URL and login
     python -m include.local_airflow status
@@ -31,14 +32,17 @@ from jobs.settings import REPO_ROOT, load_settings
 HOME = load_settings().local_airflow_home
 STATE = HOME / "standalone.json"
 LOG = HOME / "standalone.log"
+DRIVER_LOG = HOME / "warm-driver.log"
 # URL-encoded, or the provider silently falls back to YARN (measured).
 SPARK_CONNECTION = "spark://local%5B2%5D?deploy-mode=client&spark-binary=spark-submit"
 
 
-def environment(port: int) -> dict[str, str]:
+def environment(port: int, driver_port: int) -> dict[str, str]:
     bin_dir = str(Path(sys.executable).parent)
     return {
         **os.environ,
+        # The tasks' runs go to the warm driver started beside Airflow.
+        "PLATFORM_DRIVER_URL": f"http://127.0.0.1:{driver_port}",
         "AIRFLOW_HOME": str(HOME),
         "AIRFLOW__CORE__DAGS_FOLDER": str(REPO_ROOT / "dags"),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO_ROOT / "plugins"),
@@ -60,22 +64,33 @@ def environment(port: int) -> dict[str, str]:
     }
 
 
+def _groups(info: dict[str, int]) -> list[int]:
+    """The process groups of a start: Airflow's and its warm driver's."""
+    return [info[key] for key in ("pgid", "driver_pgid") if key in info]
+
+
+def _alive(pgid: int) -> bool:
+    """Whether a process of the group still runs (a zombie that no one reaps, as
+    under a container's bare PID 1, does not)."""
+    for proc in psutil.process_iter(["pid", "status"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                return True
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return False
+
+
 def _running() -> dict[str, int] | None:
     if not STATE.exists():
         return None
     info: dict[str, int] = json.loads(STATE.read_text())
-    try:
-        os.killpg(info["pgid"], 0)
-    except ProcessLookupError:
-        return None
-    return info
+    return info if any(_alive(g) for g in _groups(info)) else None
 
 
-def _healthy(port: int) -> bool:
+def _answers(url: str) -> bool:
     try:
-        with urllib.request.urlopen(
-            f"http://127.0.0.1:{port}/api/v2/monitor/health", timeout=2
-        ) as r:
+        with urllib.request.urlopen(url, timeout=2) as r:
             return bool(r.status == 200)
     except OSError:
         return False
@@ -103,32 +118,56 @@ def start(port: int, timeout_s: float = 180.0) -> dict[str, int]:
     running = _running()
     if running is not None:
         return running
-    for p in (port, port + 1, port + 2):
+    driver_port = load_settings().driver_port
+    for p in (port, port + 1, port + 2, driver_port):
         if not port_is_free(p):
-            raise ConfigError(f"port {p} on 127.0.0.1 is in use; choose another with --port")
+            raise ConfigError(
+                f"port {p} on 127.0.0.1 is in use; choose another with --port "
+                "(PLATFORM_DRIVER_PORT for the warm driver's)"
+            )
     HOME.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    with open(LOG, "ab") as log:
-        proc = subprocess.Popen(
-            [str(Path(sys.executable).parent / "airflow"), "standalone"],
-            env=environment(port),
-            cwd=REPO_ROOT,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,  # its own process group: stop ends all of it
-        )
-    info = {"pgid": proc.pid, "port": port}
-    STATE.write_text(json.dumps(info))
+    env = environment(port, driver_port)
+    info = {"port": port, "driver_port": driver_port}
+    commands = {
+        "pgid": ([str(Path(sys.executable).parent / "airflow"), "standalone"], LOG),
+        "driver_pgid": (
+            [sys.executable, "-m", "jobs", "serve", "--port", str(driver_port)],
+            DRIVER_LOG,
+        ),
+    }
+    processes = {}
+    for key, (command, log_path) in commands.items():
+        with open(log_path, "ab") as log:
+            processes[key] = proc = subprocess.Popen(
+                command,
+                env=env,
+                cwd=REPO_ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # its own process group: stop ends all of it
+            )
+        info[key] = proc.pid
+        STATE.write_text(json.dumps(info))  # before the next start: stop finds it
+    checks = {
+        "Airflow": ("pgid", f"http://127.0.0.1:{port}/api/v2/monitor/health", LOG),
+        "the warm driver": ("driver_pgid", f"http://127.0.0.1:{driver_port}/v1/health", DRIVER_LOG),
+    }
     while time.monotonic() - started < timeout_s:
-        if proc.poll() is not None:
-            raise PlatformError(f"airflow standalone exited ({proc.returncode}); see {LOG}")
-        if _healthy(port):
+        for name, (key, _url, log_path) in checks.items():
+            code = processes[key].poll()
+            if code is not None:
+                stop()
+                raise PlatformError(f"{name} exited ({code}); see {log_path}")
+        if all(_answers(url) for _key, url, _log in checks.values()):
             info["seconds"] = int(time.monotonic() - started)
             return info
         time.sleep(1)
     stop()
-    raise PlatformError(f"Airflow was not healthy within {timeout_s:.0f} s; see {LOG}")
+    raise PlatformError(
+        f"Airflow or its warm driver was not up within {timeout_s:.0f} s; see {HOME}"
+    )
 
 
 def stop(timeout_s: float = 30.0) -> bool:
@@ -136,15 +175,15 @@ def stop(timeout_s: float = 30.0) -> bool:
     STATE.unlink(missing_ok=True)
     if info is None:
         return False
-    os.killpg(info["pgid"], signal.SIGTERM)
+    groups = [g for g in _groups(info) if _alive(g)]
+    for pgid in groups:
+        os.killpg(pgid, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(info["pgid"], 0)
-        except ProcessLookupError:
-            return True
+    while time.monotonic() < deadline and any(_alive(g) for g in groups):
         time.sleep(0.5)
-    os.killpg(info["pgid"], signal.SIGKILL)
+    for pgid in groups:
+        if _alive(pgid):
+            os.killpg(pgid, signal.SIGKILL)
     return True
 
 
@@ -158,11 +197,13 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"--port must be 1024-65533, got {args.port}")
         if args.action == "start":
             info = start(args.port)
-            rss = group_rss_mib(info["pgid"])
+            rss = sum(group_rss_mib(g) for g in _groups(info))
             print(
                 f"Airflow is up at http://127.0.0.1:{info['port']} (started in "
                 f"{info.get('seconds', 0)} s, {rss:,.0f} MiB)"
             )
+            driver = f"http://127.0.0.1:{info.get('driver_port')}"
+            print(f"scheduled runs go to the warm driver at {driver} (log: {DRIVER_LOG})")
             print(f"login: admin / {password()}   logs: {LOG}")
             print("stop it with: make airflow-stop")
         elif args.action == "stop":
@@ -172,9 +213,11 @@ def main(argv: list[str] | None = None) -> int:
             if running is None:
                 print("Airflow is not running")
                 return 1
+            rss = sum(group_rss_mib(g) for g in _groups(running))
             print(
-                f"Airflow is running at http://127.0.0.1:{running['port']} (process group "
-                f"{running['pgid']}, {group_rss_mib(running['pgid']):,.0f} MiB)"
+                f"Airflow is running at http://127.0.0.1:{running['port']}, its warm driver at "
+                f"http://127.0.0.1:{running.get('driver_port')} (process groups "
+                f"{', '.join(map(str, _groups(running)))}, {rss:,.0f} MiB)"
             )
     except PlatformError as exc:
         print(f"error: {exc}", file=sys.stderr)

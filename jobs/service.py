@@ -75,6 +75,12 @@ READ_TIMEOUT_S = 30.0
 FIELDS = ("pipeline", "pipeline_sha256", "code", "settings")
 
 
+class NoWarmDriver(PlatformError):
+    """Nothing was sent, or the driver refused the run before starting it: no warm
+    driver answers, or the one that does cannot take it (other code or settings,
+    all its slots busy). A caller that can run the job elsewhere does so."""
+
+
 class DriverError(PlatformError):
     """A run sent to the warm driver failed there (``exit_code``: the one a local
     run would have had)."""
@@ -296,10 +302,10 @@ class WarmDriver:
                 self._running[application_id] = threading.Lock()
             return self._sessions[application_id], self._running[application_id]
 
-    def run(self, request: RunRequest) -> dict[str, Any]:
+    def run(self, pipeline: Pipeline) -> dict[str, Any]:
+        """Run ``pipeline`` (as ``check`` returned it) in its application's session."""
         from jobs.streaming.run import run_pipeline
 
-        pipeline = self.check(request)
         session, running = self._session(pipeline.application_id)
         # The file lock decides between processes; this one between this driver's
         # threads (a lock file is per process on some file systems).
@@ -341,8 +347,9 @@ def _handler(driver: WarmDriver, token: str) -> type[BaseHTTPRequestHandler]:
             except OSError as exc:  # the client went away; the run's outcome stands
                 log.warning("could not answer the client (%s): %s", exc, body.get("error", "ok"))
 
-        def _refuse(self, status: int, message: str) -> None:
-            self._reply(status, {"ok": False, "code": 2, "error": message})
+        def _refuse(self, status: int, message: str, code: int = 2) -> None:
+            """An answer for a run that was not started (the client may run it elsewhere)."""
+            self._reply(status, {"ok": False, "code": code, "error": message, "started": False})
 
         def _authorized(self, body: bytes) -> bool:
             scheme, _, rest = self.headers.get("Authorization", "").partition(" ")
@@ -391,7 +398,14 @@ def _handler(driver: WarmDriver, token: str) -> type[BaseHTTPRequestHandler]:
             try:
                 request = RunRequest.parse(body)
                 log.info("run of %s requested", request.pipeline)
-                answer = {"ok": True, "summary": driver.run(request)}
+                pipeline = driver.check(request)
+            except Exception as exc:
+                driver.slots.release()
+                code, message = failure(exc)
+                self._refuse(422 if code == 2 else 500, message, code)
+                return
+            try:
+                answer = {"ok": True, "summary": driver.run(pipeline)}
             except Exception as exc:
                 code, message = failure(exc)
                 if code != 2:
@@ -456,34 +470,40 @@ def _verified_nonce(opener: urllib.request.OpenerDirector, url: str, token: str)
             answer = json.loads(response.read(MAX_BODY))
         nonce, proof = str(answer["nonce"]), str(answer["proof"])
     except urllib.error.HTTPError as exc:
-        raise PlatformError(f"{url} did not answer as a warm driver (HTTP {exc.code})") from exc
+        raise NoWarmDriver(f"{url} did not answer as a warm driver (HTTP {exc.code})") from exc
     except urllib.error.URLError as exc:
-        raise PlatformError(
+        raise NoWarmDriver(
             f"no warm driver answers at {url} ({exc.reason}); start one with python -m jobs "
             "serve, or unset PLATFORM_DRIVER_URL to run in this process"
         ) from exc
     except (OSError, http.client.HTTPException, ValueError, KeyError, TypeError) as exc:
-        raise PlatformError(f"{url} did not answer as a warm driver ({exc!r})") from exc
+        raise NoWarmDriver(f"{url} did not answer as a warm driver ({exc!r})") from exc
     if not NONCE.fullmatch(nonce) or not hmac.compare_digest(
         proof.encode(), mac(token, "driver", client, nonce).encode()
     ):
-        raise ConfigError(
+        raise NoWarmDriver(
             f"the server at {url} did not prove it holds the warm driver's token (a wrong "
             f"{TOKEN_ENV}, or another server on the port): nothing was sent to it"
         )
     return nonce
 
 
-def run_remote(settings: Settings, pipeline: Pipeline) -> Any:
-    """Send an available-now run of ``pipeline`` to the warm driver; its summary."""
+def run_remote(settings: Settings, pipeline: Pipeline, url: str | None = None) -> Any:
+    """Send an available-now run of ``pipeline`` to the warm driver at ``url``
+    (default ``PLATFORM_DRIVER_URL``); its summary. ``NoWarmDriver``: nothing ran."""
     from jobs.streaming.spark import package_digest
 
-    assert settings.driver_url is not None and pipeline.source_path is not None
+    url = url or settings.driver_url
+    assert url is not None and pipeline.source_path is not None
     if os.environ.get(faults.ENV):
-        raise ConfigError(
+        raise NoWarmDriver(
             f"{faults.ENV} applies to the process that runs the batch: set it on the warm "
             "driver, or unset PLATFORM_DRIVER_URL"
         )
+    try:
+        token = client_token(settings, url, os.environ.get(TOKEN_ENV))
+    except ConfigError as exc:
+        raise NoWarmDriver(str(exc)) from None
     path = pipeline.source_path.resolve()
     body = {
         "pipeline": str(path),
@@ -491,40 +511,40 @@ def run_remote(settings: Settings, pipeline: Pipeline) -> Any:
         "code": package_digest(),
         "settings": settings_digest(settings),
     }
-    token = client_token(settings, settings.driver_url, os.environ.get(TOKEN_ENV))
     # Never through a proxy: the request stays on loopback.
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    nonce = _verified_nonce(opener, settings.driver_url, token)
+    nonce = _verified_nonce(opener, url, token)
     data = json.dumps(body).encode()
     signature = mac(token, "client", nonce, hashlib.sha256(data).hexdigest())
     headers = {
         "Content-Type": "application/json",
         "Authorization": f"{MAC_SCHEME} {nonce} {signature}",
     }
-    request = urllib.request.Request(settings.driver_url + RUN_PATH, data=data, headers=headers)
+    request = urllib.request.Request(url + RUN_PATH, data=data, headers=headers)
     try:
         with opener.open(request) as response:  # a run takes as long as it takes
             raw = response.read()
     except urllib.error.HTTPError as exc:
         raw = exc.read()
     except urllib.error.URLError as exc:
+        # Answered the challenge a moment ago: whether the run started is unknown.
         raise PlatformError(
-            f"no warm driver answers at {settings.driver_url} ({exc.reason}); start one "
-            "with python -m jobs serve, or unset PLATFORM_DRIVER_URL to run in this process"
+            f"the warm driver at {url} went away ({exc.reason}); nothing of an unfinished "
+            "batch was committed: run again (it replays the batch)"
         ) from exc
     except (http.client.HTTPException, ConnectionError) as exc:
         raise PlatformError(
-            f"the warm driver at {settings.driver_url} ended during the run ({exc!r}); "
+            f"the warm driver at {url} ended during the run ({exc!r}); "
             "nothing of an unfinished batch was committed: run again (it replays the batch)"
         ) from exc
     try:
         answer = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PlatformError(
-            f"{settings.driver_url} did not answer as a warm driver: {raw[:200]!r}"
-        ) from exc
+        raise PlatformError(f"{url} did not answer as a warm driver: {raw[:200]!r}") from exc
     if not answer.get("ok"):
         code = int(answer.get("code", 2))
+        if answer.get("started") is False:
+            raise NoWarmDriver(f"the warm driver at {url} refused the run: {answer.get('error')}")
         where = " (the traceback is in the warm driver's log)" if code != 2 else ""
         raise DriverError(f"{answer.get('error')}{where}", code)
     return summary_from_json(answer["summary"])

@@ -40,9 +40,11 @@ class Settings:
     local_airflow_port: int
     kafka_client: dict[str, str] = field(default_factory=dict)
     # A warm driver (``python -m jobs serve``) that available-now runs are sent to,
-    # and the port ``serve`` listens on (loopback).
+    # and the port ``serve`` listens on (loopback). ``PLATFORM_DRIVER_URL=off``: the
+    # DAGs' operator never looks for one (unset: it tries this machine's port).
     driver_url: str | None = None
     driver_port: int = 18090
+    driver_off: bool = False
     # Prometheus: a continuous run serves /metrics on this port (None: off), bound
     # to this address; scheduled runs and operations push to this Pushgateway.
     metrics_port: int | None = None
@@ -50,6 +52,15 @@ class Settings:
     pushgateway_url: str | None = None
     # Airflow users who may approve a repair plan (empty: anyone who can see it).
     approvers: tuple[str, ...] = ()
+
+    @property
+    def scheduled_driver_url(self) -> str | None:
+        """Where Airflow sends an available-now run first: ``PLATFORM_DRIVER_URL``,
+        else a warm driver on this machine's ``PLATFORM_DRIVER_PORT``, if one runs
+        (None: ``off``). ``run`` by hand uses ``driver_url`` only."""
+        if self.driver_off:
+            return None
+        return self.driver_url or f"http://127.0.0.1:{self.driver_port}"
 
 
 # Every variable the platform reads (besides PLATFORM_KAFKA_*), for docs and checks.
@@ -81,6 +92,7 @@ ENV_NAMES = tuple(
 )
 # Loopback only: runs (and the token) never cross a network in clear text.
 DRIVER_URL = re.compile(r"^http://(127\.0\.0\.1|localhost|\[::1\]):\d{1,5}$")
+DRIVER_OFF = "off"
 
 
 def _env(name: str, default: str) -> str:
@@ -125,6 +137,7 @@ def load_settings() -> Settings:
         local_airflow_port=_port(_env("AIRFLOW_PORT", "8085"), "AIRFLOW_PORT"),
         kafka_client=kafka_client,
         driver_url=_driver_url(_env("DRIVER_URL", "").strip()),
+        driver_off=_env("DRIVER_URL", "").strip() == DRIVER_OFF,
         driver_port=_port(_env("DRIVER_PORT", "18090"), "DRIVER_PORT"),
         metrics_port=_optional_port(_env("METRICS_PORT", "").strip(), "METRICS_PORT"),
         metrics_address=_address(_env("METRICS_ADDRESS", "127.0.0.1").strip()),
@@ -174,10 +187,11 @@ def _pushgateway_url(raw: str) -> str | None:
 
 
 def _driver_url(raw: str) -> str | None:
-    if not raw:
+    if not raw or raw == DRIVER_OFF:
         return None
     if not DRIVER_URL.match(raw):
         raise ConfigError(
-            f"{ENV_PREFIX}DRIVER_URL must be http://127.0.0.1:PORT (loopback), got {raw!r}"
+            f"{ENV_PREFIX}DRIVER_URL must be http://127.0.0.1:PORT (loopback) or "
+            f"{DRIVER_OFF!r}, got {raw!r}"
         )
     return raw

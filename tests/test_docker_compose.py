@@ -145,6 +145,25 @@ def test_platform_environment_names_match_the_settings_module() -> None:
     assert "%3A%2F%2F" in airflow["AIRFLOW_CONN_SPARK_DEFAULT"]  # encoded, or it falls to YARN
 
 
+def test_scheduled_runs_go_to_the_warm_driver_in_the_scheduler_s_network() -> None:
+    """The driver listens on loopback only: it must share the network namespace of
+    the scheduler, where LocalExecutor runs the tasks that send it runs."""
+    driver = SERVICES["platform-driver"]
+    assert driver["network_mode"] == "service:airflow-scheduler"
+    port = re.fullmatch(r"python -m jobs serve --port (\d+)", driver["command"])
+    assert port is not None
+    url = SERVICES["airflow-scheduler"]["environment"]["PLATFORM_DRIVER_URL"]
+    assert url == f"http://127.0.0.1:{port.group(1)}"
+    assert f"127.0.0.1:{port.group(1)}/v1/health" in driver["healthcheck"]["test"][1]
+    # Same settings as the tasks (the driver refuses a client with others) and the
+    # same warehouse volume, where it writes its token.
+    for key, value in SERVICES["airflow-scheduler"]["environment"].items():
+        if key.startswith(ENV_PREFIX):
+            assert driver["environment"][key] == value, key
+    assert "warehouse:/data/warehouse" in driver["volumes"]
+    assert "ports" not in driver  # nothing published: runs never cross a network
+
+
 def test_no_secrets_in_the_file() -> None:
     text = (REPO_ROOT / "docker-compose.yml").read_text()
     assert "${POSTGRES_PASSWORD:?" in text and "${AIRFLOW_JWT_SECRET:?" in text

@@ -1,7 +1,8 @@
 """Submitting ``python -m jobs ...`` through Spark: the same command a user runs by
-hand with ``spark-submit`` on a worker; or, with ``PLATFORM_DRIVER_URL`` set, an
-available-now run sent to the warm driver (``jobs/service.py``), with no JVM
-started for it."""
+hand with ``spark-submit`` on a worker. An available-now ``run`` goes first to the
+warm driver (``jobs/service.py``; ``PLATFORM_DRIVER_URL``, else one on this
+machine's ``PLATFORM_DRIVER_PORT``), with no JVM started for it; when none takes
+it, the task says why in its log and uses spark-submit."""
 
 from __future__ import annotations
 
@@ -75,13 +76,21 @@ class PlatformJobOperator(SparkSubmitOperator):
                 *self.arguments_from_context(context),
             ]
         settings = load_settings()
-        if self.goes_to_warm_driver(settings):
-            return self._run_on_warm_driver(settings)
+        url = self.warm_driver_url(settings)
+        if url is not None:
+            from jobs.service import NoWarmDriver
+
+            try:
+                return self._run_on_warm_driver(settings, url)
+            except NoWarmDriver as exc:
+                self.log.warning("not on a warm driver, with spark-submit instead: %s", exc)
         dag_run = context.get("dag_run")
         user = getattr(dag_run, "triggering_user_name", None) or "scheduler"
         self.env_vars = {
             **platform_environment(),
             "PLATFORM_TRIGGERED_BY": user,
+            # Decided here: the job runs in the process spark-submit starts.
+            "PLATFORM_DRIVER_URL": "",
             **(self.env_vars or {}),
         }
         # spark-submit starts the driver's JVM, so its options are given here: the
@@ -94,22 +103,25 @@ class PlatformJobOperator(SparkSubmitOperator):
         self.jars = self.jars or ",".join(str(jar) for jar in spark_jars())
         return super().execute(context)
 
-    def goes_to_warm_driver(self, settings: Settings) -> bool:
-        """A ``run`` whose trigger is available-now, with a warm driver configured."""
+    def warm_driver_url(self, settings: Settings) -> str | None:
+        """Where this task goes first: a ``run`` whose trigger is available-now goes
+        to the warm driver (``Settings.scheduled_driver_url``); anything else, and
+        a run no warm driver takes, goes to spark-submit."""
         args = list(self.application_args or [])
-        if not settings.driver_url or args[:2] != ["run", "--pipeline"]:
-            return False
+        url = settings.scheduled_driver_url
+        if url is None or args[:2] != ["run", "--pipeline"]:
+            return None
         if "--trigger" in args:
             trigger = str(args[args.index("--trigger") + 1])
         else:
             trigger = str(load_pipeline(args[2], settings.pipelines_dir).trigger_mode)
-        return trigger == "available-now"
+        return url if trigger == "available-now" else None
 
-    def _run_on_warm_driver(self, settings: Settings) -> dict[str, Any]:
+    def _run_on_warm_driver(self, settings: Settings, url: str) -> dict[str, Any]:
         from jobs.service import run_remote
 
         pipeline = load_pipeline(list(self.application_args or [])[2], settings.pipelines_dir)
-        summary = run_remote(settings, pipeline)
+        summary = run_remote(settings, pipeline, url)
         committed = [b for b in summary.batches if not b.skipped]
         self.log.info(
             "%s: %d batches committed, %d records, epoch %d, %.1f s on the warm driver %s",
@@ -118,7 +130,7 @@ class PlatformJobOperator(SparkSubmitOperator):
             summary.records_in,
             summary.epoch,
             summary.seconds,
-            settings.driver_url,
+            url,
         )
         return {"batches": len(committed), "records_in": summary.records_in}
 

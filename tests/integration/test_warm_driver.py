@@ -107,7 +107,7 @@ def test_runs_on_a_warm_driver_are_exact(  # type: ignore[no-untyped-def]
             pipeline=str(path),
             arguments=["--trigger", "available-now", "--quiet"],
         )
-        assert operator.goes_to_warm_driver(load_settings())
+        assert operator.warm_driver_url(load_settings()) == url
         assert operator.execute({"params": {}})["records_in"] == len(second)
         assert state() == clicks_per_window([first + second])[0]
 

@@ -60,10 +60,12 @@ def airflow(broker, kafka_config, new_topic, tmp_path: Path) -> Iterator[dict[st
     pipelines = tmp_path / "pipelines"
     pipeline_file(pipelines, "user_clicks", topic)
     port = find_free_port(12000, 13000, run=3)
+    driver_port = find_free_port(13000, 14000)
     env = {
         **os.environ,
         "PLATFORM_AIRFLOW_HOME": str(tmp_path / "airflow"),
         "PLATFORM_AIRFLOW_PORT": str(port),
+        "PLATFORM_DRIVER_PORT": str(driver_port),
         "PLATFORM_BOOTSTRAP_SERVERS": broker.bootstrap_servers,
         "PLATFORM_WAREHOUSE": str(tmp_path / "warehouse"),
         "PLATFORM_PIPELINES_DIR": str(pipelines),
@@ -79,6 +81,7 @@ def airflow(broker, kafka_config, new_topic, tmp_path: Path) -> Iterator[dict[st
     try:
         yield {
             "port": port,
+            "driver_port": driver_port,
             "password": password,
             "values": values,
             "warehouse": tmp_path / "warehouse",
@@ -149,7 +152,7 @@ def stream_runs_settled(airflow: dict[str, Any]) -> bool:
 
 
 def run_report(airflow: dict[str, Any], dag_id: str, run_id: str) -> str:
-    """For a failed run: every task's state and the tail of each of its log files."""
+    """Every task's state and the tail of each of its log files."""
     try:
         lines = [f"{dag_id} {run_id}: {task_states(airflow, dag_id, run_id)}"]
     except OSError as error:
@@ -260,21 +263,25 @@ def test_trigger_stream_user_clicks_from_the_ui(airflow: dict[str, Any]) -> None
         dialog.get_by_role("button", name="Trigger").click()
 
         deadline = time.monotonic() + 300
-        state = None
+        state = run_id = None
         while time.monotonic() < deadline:
             runs = api(
                 airflow["port"], airflow["password"], "/api/v2/dags/stream_user_clicks/dagRuns"
             )
             # Unpausing may also start a scheduled run: follow the one we triggered.
-            states = [r["state"] for r in runs["dag_runs"] if r["run_type"] == "manual"]
-            if states and states[0] in ("success", "failed"):
-                state = states[0]
+            manual = [r for r in runs["dag_runs"] if r["run_type"] == "manual"]
+            if manual and manual[0]["state"] in ("success", "failed"):
+                state, run_id = manual[0]["state"], manual[0]["dag_run_id"]
                 break
             time.sleep(1)
         page.reload()
         page.wait_for_timeout(2000)
         page.screenshot(path=str(ARTIFACTS / "airflow-run-finished.png"))
-        assert state == "success"
+        assert state == "success", run_report(airflow, "stream_user_clicks", str(run_id))
+        # The run went to the warm driver `make airflow` started (no spark-submit).
+        report = run_report(airflow, "stream_user_clicks", str(run_id))
+        assert f"on the warm driver http://127.0.0.1:{airflow['driver_port']}" in report, report
+        assert "with spark-submit instead" not in report
         expected, _dead, _late = clicks_per_window([airflow["values"]])
         table = DeltaTable(str(airflow["warehouse"] / "user_clicks" / "state")).to_pyarrow_table()
         assert state_as_counter(table.to_pylist(), "clicks") == expected

@@ -142,7 +142,7 @@ def test_another_server_on_the_port_never_gets_the_token(tmp_path, monkeypatch) 
     from http.server import BaseHTTPRequestHandler
 
     from jobs.pipeline import load_pipeline
-    from jobs.service import run_remote
+    from jobs.service import NoWarmDriver, run_remote
 
     recorder = _Recorder()
 
@@ -168,7 +168,7 @@ def test_another_server_on_the_port_never_gets_the_token(tmp_path, monkeypatch) 
         monkeypatch.setenv("PLATFORM_DRIVER_TOKEN", secret)
         settings = replace(load_settings(), driver_url=f"http://127.0.0.1:{port}")
         pipeline = load_pipeline("user_clicks", settings.pipelines_dir)
-        with pytest.raises(ConfigError, match="did not prove it holds the warm driver's token"):
+        with pytest.raises(NoWarmDriver, match="did not prove it holds the warm driver's token"):
             run_remote(settings, pipeline)
     finally:
         server.shutdown()  # type: ignore[attr-defined]
@@ -190,8 +190,11 @@ def test_a_run_request_is_good_once_and_only_with_the_token() -> None:
         code = "c0de"
         slots = threading.BoundedSemaphore(1)
 
-        def run(self, request: RunRequest) -> dict[str, str]:
-            return {"ran": request.pipeline}
+        def check(self, request: RunRequest) -> str:
+            return request.pipeline
+
+        def run(self, pipeline: str) -> dict[str, str]:
+            return {"ran": pipeline}
 
     token = "t" * 40
     server, port = _serve(_handler(Driver(), token))  # type: ignore[arg-type]
