@@ -2,7 +2,10 @@
 stages from the event log (wall, task time, JVM CPU, GC). Task time beyond JVM CPU
 is waiting (the broker serves the fetches on the same cores) and Python workers.
 
-    .venv/bin/python -m benchmarks.batch_profile [--events 1000000] [--runs 2]
+    .venv/bin/python -m benchmarks.batch_profile [--events 1000000] [--runs 2] [--pin-broker]
+
+``--pin-broker`` keeps the broker's threads on the last core (``taskset``) and Spark
+on the others: what the batch waits for is then the broker, not a shared core.
 
 One session runs ``runs`` + 1 available-now runs, each into a fresh warehouse; the
 first (JIT cold) is left out. Writes its section of docs/benchmarks.md. Not a test.
@@ -15,6 +18,7 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -80,8 +84,16 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument(
+        "--pin-broker", action="store_true", help="the broker on the last core, Spark on the rest"
+    )
     args = parser.parse_args()
     with scratch_broker("bench-profile-") as (work, info):
+        if args.pin_broker:
+            last = max(os.sched_getaffinity(0))
+            subprocess.run(["taskset", "-a", "-cp", str(last), str(info.pid)], check=True)
+            # Spark's JVM is started by this process below and inherits the rest.
+            os.sched_setaffinity(0, os.sched_getaffinity(0) - {last})
         config = kafka_admin.client_config(info.bootstrap_servers)
         kafka_admin.create_topic(kafka_admin.admin(config), TOPIC, PARTITIONS)
         now = int(time.time())
@@ -124,15 +136,22 @@ def render(
     walls: list[float],
 ) -> str:
     lines = [
-        "## Profile: where a warm 1M-event batch's CPU goes",
+        "## Profile: where a warm 1M-event batch's CPU goes"
+        + (", the broker on its own core" if args.pin_broker else ""),
         "",
         f"Command: `.venv/bin/python -m benchmarks.batch_profile --events {args.events} "
-        f"--runs {args.runs}`",
+        f"--runs {args.runs}{' --pin-broker' if args.pin_broker else ''}`",
         "",
         f"Machine: {machine()}. `user_clicks` over {args.events:,} events (4 partitions, "
         "10,000 users, one hour, one batch), run available-now in a warm session into a "
         f"fresh warehouse; median of {len(runs)} runs (a first, JIT-cold run left out). "
-        f"Whole run: {statistics.median(walls):.1f} s wall.",
+        f"Whole run: {statistics.median(walls):.1f} s wall "
+        f"({args.events / statistics.median(walls):,.0f} events/s)"
+        + (
+            "; the broker pinned to the last core, Spark to the other (`taskset`)."
+            if args.pin_broker
+            else "; the broker and Spark share the cores."
+        ),
         "",
         "Spark's stages (event log). Task time is the tasks' wall summed over 2 cores; "
         "JVM CPU is the task threads' CPU only: a Python worker's CPU is not in it.",
