@@ -18,41 +18,23 @@ the old epoch's.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
-from pyspark.sql.types import StructType
 
 from jobs.errors import ConsistencyError
-from jobs.kafka_source import spark_kafka
 from jobs.resolved import Resolved
 from jobs.snapshot import RECORDS, contribution
 
-FORMAT = "platform_seed"
-HOLD_FORMAT = "platform_hold"
-# Marks a session (its Python object) that has the sources registered.
-REGISTERED = "_platform_seed_sources"
-
-
-def register_sources(spark: SparkSession) -> None:
-    """The two sources, in ``spark``, when a run first reads a seed (registering costs
-    a cold process 1.3 s, and most runs read none). After the package is shipped: a
-    registered source captures the Python includes it runs with."""
-    if not getattr(spark, REGISTERED, False):
-        spark.dataSource.register(SeedDataSource)
-        spark.dataSource.register(HoldDataSource)
-        setattr(spark, REGISTERED, True)
+# The JVM sources (include/jvm/sources/platform/streaming/SeedSources.java): no
+# Python process starts for them; offsets as the Python sources before them wrote.
+FORMAT = "platform.streaming.SeedSources$Seed"
+HOLD_FORMAT = "platform.streaming.SeedSources$Hold"
 
 
 def seed_stream(spark: SparkSession, resolved: Resolved, path: Path) -> DataFrame:
-    register_sources(spark)
+    """A one-shot stream of the snapshot's rows (the epoch's first batch)."""
     return (
         spark.readStream.format(FORMAT)
         .option("path", str(path))
@@ -65,7 +47,6 @@ def hold_stream(spark: SparkSession, starting_offsets_json: str) -> DataFrame:
     """Kafka's stand-in while the seed is absorbed: no records, and the cut's offsets
     in the shape of Spark's Kafka source, which resumes from them (same checkpoint,
     same position in the query) once the seed batches are committed."""
-    register_sources(spark)
     return (
         spark.readStream.format(HOLD_FORMAT).option("startingOffsets", starting_offsets_json).load()
     )
@@ -138,75 +119,3 @@ def verify_seeded_state(
             "the stream does not resume"
         )
     return int(got_rows)
-
-
-class SeedDataSource(DataSource):
-    """A one-shot stream of the rows in one Parquet file (the epoch's first batch)."""
-
-    @classmethod
-    def name(cls) -> str:
-        return FORMAT
-
-    def schema(self) -> str:
-        return str(self.options["schema"])
-
-    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return SeedStreamReader(str(self.options["path"]))
-
-
-class SeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def initialOffset(self) -> dict[str, Any]:
-        return {"seeded": 0}
-
-    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
-        return {"seeded": 1}
-
-    def prepareForTriggerAvailableNow(self) -> None:
-        """Everything is available from the start."""
-
-    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
-        if start.get("seeded") == 0 and end.get("seeded") == 1:
-            return [InputPartition(self.path)]
-        return []
-
-    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        yield from pq.ParquetFile(partition.value).iter_batches()
-
-
-class HoldDataSource(DataSource):
-    """A stream that stays at its starting offsets (driver only: no partitions)."""
-
-    @classmethod
-    def name(cls) -> str:
-        return HOLD_FORMAT
-
-    def schema(self) -> str:
-        return spark_kafka.COLUMNS
-
-    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        import json
-
-        return HoldStreamReader(json.loads(str(self.options["startingOffsets"])))
-
-
-class HoldStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    def __init__(self, offsets: dict[str, Any]) -> None:
-        self.offsets = offsets
-
-    def initialOffset(self) -> dict[str, Any]:
-        return self.offsets
-
-    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
-        return start
-
-    def prepareForTriggerAvailableNow(self) -> None:
-        """Nothing becomes available."""
-
-    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
-        return []
-
-    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        return iter(())

@@ -1,8 +1,8 @@
 """The SparkSession every job uses: RocksDB state with changelog checkpointing,
-Spark's Kafka source, Delta Lake (delta-spark) and the platform's own JVM source
-(the batch watermark) on the classpath, the platform's small Python sources
-registered (seed, hold: seeded epochs only), and the ``jobs`` package shipped to
-the executors so the same job runs on ``local[N]`` and on any cluster manager."""
+Spark's Kafka source, Delta Lake (delta-spark) and the platform's own JVM sources
+(the batch watermark, pinned Delta versions, a seeded epoch's seed and hold) on the
+classpath, and the ``jobs`` package shipped to the executors so the same job runs
+on ``local[N]`` and on any cluster manager."""
 
 from __future__ import annotations
 

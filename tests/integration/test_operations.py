@@ -110,6 +110,15 @@ def test_rebuild_after_the_checkpoint_is_lost(
     summary = run_pipeline(spark, pipeline, settings)
     assert summary.epoch == 1
     assert_state(settings, first, second)
+    # The seed batch's offsets (Kafka held at the cut, the seed read) are written as
+    # the Python sources before the JVM ones wrote them: their checkpoints resume.
+    checkpoint = settings.warehouse / "user_clicks" / "_checkpoints" / "epoch=1"
+    held, seeded = (checkpoint / "offsets" / "0").read_text().splitlines()[2:4]
+    assert seeded == json.dumps({"seeded": 1})
+    ledger = DeltaTable(str(settings.warehouse / "user_clicks" / "_ledger")).to_pyarrow_table()
+    epoch_0 = [r for r in ledger.to_pylist() if r["entry_type"] == "batch" and r["epoch"] == 0]
+    last = max(epoch_0, key=lambda r: r["batch_id"])
+    assert json.loads(held) == json.loads(last["end_offsets"])  # the cut's offsets
     details = [json.loads(b.ledger["details"]) for b in summary.batches]
     windows = len(clicks_per_window([first])[0])
     assert details[0]["seed_rows"] == windows
