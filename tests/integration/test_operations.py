@@ -123,6 +123,7 @@ def test_rebuild_after_the_checkpoint_is_lost(
     windows = len(clicks_per_window([first])[0])
     assert details[0]["seed_rows"] == windows
     assert details[1]["seed_verified_rows"] == windows  # checked before batch 1's records
+    assert_the_seed_check_sees_a_difference(spark, pipeline, checkpoint, tmp_path)
     entries = audits(settings, "rebuild")
     assert [(e["details"]["dry_run"], e["details"].get("phase")) for e in entries] == [
         (True, None),
@@ -135,6 +136,39 @@ def test_rebuild_after_the_checkpoint_is_lost(
     assert done["details"]["who"]
     assert done["details"]["result"]["seeded_rows"] == windows
     assert application_status(pipeline, settings).problems == []
+
+
+def assert_the_seed_check_sees_a_difference(spark, pipeline, checkpoint: Path, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The check of Spark's state against the snapshot (the seed batch's state, batch
+    0) passes on the snapshot and names the rows of one that differs."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from jobs.snapshot import contribution
+    from jobs.streaming.records import resolve
+    from jobs.streaming.seed import verify_seeded_state
+
+    resolved = resolve(spark, pipeline)
+    seed = checkpoint.parent / "epoch=1.seed.parquet"
+    rows = pq.read_table(seed)
+    assert verify_seeded_state(spark, resolved, checkpoint, seed) == rows.num_rows
+    # One row's count changed, another row twice: both are named.
+    column = contribution(pipeline.aggregations[0])
+    changed = rows.column(column).to_pylist()
+    changed[0] += 1
+    field = rows.schema.field(column)
+    at = rows.schema.get_field_index(column)
+    altered = rows.set_column(at, field, pa.array(changed, field.type))
+    altered = pa.concat_tables([altered, rows.slice(1, 1)])
+    wrong = tmp_path / "wrong.seed.parquet"
+    pq.write_table(altered, wrong)
+    with pytest.raises(ConsistencyError, match="differs from the Delta snapshot") as found:
+        verify_seeded_state(spark, resolved, checkpoint, wrong)
+    message = str(found.value)
+    assert f"({rows.num_rows} rows)" in message  # Spark's
+    assert f"({rows.num_rows + 1} rows)" in message  # the altered snapshot's
+    first = rows.slice(0, 1).to_pylist()[0]
+    assert repr(first["user_id"]) in message and "not in Spark" in message
 
 
 def test_rebuild_from_source(spark, settings, kafka_config, new_topic, tmp_path) -> None:  # type: ignore[no-untyped-def]
