@@ -2,11 +2,10 @@ package platform.streaming;
 
 import java.util.List;
 import java.util.Map;
-import java.util.Set;
+import java.util.function.Supplier;
 import java.util.regex.Matcher;
 import java.util.regex.Pattern;
 import org.apache.spark.sql.SparkSession;
-import org.apache.spark.sql.connector.catalog.SupportsRead;
 import org.apache.spark.sql.connector.catalog.Table;
 import org.apache.spark.sql.connector.catalog.TableCapability;
 import org.apache.spark.sql.connector.catalog.TableProvider;
@@ -14,8 +13,6 @@ import org.apache.spark.sql.connector.expressions.Transform;
 import org.apache.spark.sql.connector.read.Batch;
 import org.apache.spark.sql.connector.read.InputPartition;
 import org.apache.spark.sql.connector.read.PartitionReaderFactory;
-import org.apache.spark.sql.connector.read.Scan;
-import org.apache.spark.sql.connector.read.ScanBuilder;
 import org.apache.spark.sql.connector.read.streaming.MicroBatchStream;
 import org.apache.spark.sql.connector.read.streaming.Offset;
 import org.apache.spark.sql.connector.read.streaming.ReadLimit;
@@ -64,39 +61,14 @@ public final class SeedSources {
     }
   }
 
-  /** A stream table: its scan and stream are built from the options alone. */
-  private abstract static class StreamTable implements SupportsRead, ScanBuilder, Scan {
-    private final StructType schema;
-
-    StreamTable(StructType schema) {
-      this.schema = schema;
-    }
-
-    @Override
-    @SuppressWarnings("deprecation")
-    public StructType schema() {
-      return schema;
-    }
-
-    @Override
-    public Set<TableCapability> capabilities() {
-      return Set.of(TableCapability.MICRO_BATCH_READ);
-    }
-
-    @Override
-    public ScanBuilder newScanBuilder(CaseInsensitiveStringMap options) {
-      return this;
-    }
-
-    @Override
-    public Scan build() {
-      return this;
-    }
-
-    @Override
-    public StructType readSchema() {
-      return schema;
-    }
+  /** A stream table: its scan is itself and its stream is made by {@code stream}. */
+  static Table streamTable(String name, StructType schema, Supplier<MicroBatchStream> stream) {
+    return new SelfScannedTable(name, schema, TableCapability.MICRO_BATCH_READ) {
+      @Override
+      public MicroBatchStream toMicroBatchStream(String checkpointLocation) {
+        return stream.get();
+      }
+    };
   }
 
   /** A stream that plans nothing itself: only the one-shot and the held one below. */
@@ -137,17 +109,7 @@ public final class SeedSources {
       CaseInsensitiveStringMap options = new CaseInsensitiveStringMap(properties);
       String path = required(options, "path");
       SparkSession spark = SparkSession.active();
-      return new StreamTable(schema) {
-        @Override
-        public String name() {
-          return "platform_seed";
-        }
-
-        @Override
-        public MicroBatchStream toMicroBatchStream(String checkpointLocation) {
-          return new SeedStream(spark, path, schema);
-        }
-      };
+      return streamTable("platform_seed", schema, () -> new SeedStream(spark, path, schema));
     }
 
     static boolean seeded(Offset offset) {
@@ -220,38 +182,37 @@ public final class SeedSources {
     @Override
     public Table getTable(StructType schema, Transform[] partitioning, Map<String, String> properties) {
       String offsets = required(new CaseInsensitiveStringMap(properties), "startingOffsets");
-      return new StreamTable(KAFKA_COLUMNS) {
-        @Override
-        public String name() {
-          return "platform_hold";
-        }
+      return streamTable("platform_hold", KAFKA_COLUMNS, () -> new HoldStream(offsets));
+    }
+  }
 
-        @Override
-        public MicroBatchStream toMicroBatchStream(String checkpointLocation) {
-          return new FixedStream() {
-            @Override
-            public Offset initialOffset() {
-              return new TextOffset(offsets);
-            }
+  /** Stays at its starting offsets (the Kafka offsets JSON) and plans nothing. */
+  private static final class HoldStream extends FixedStream {
+    private final String offsets;
 
-            @Override
-            public Offset latestOffset(Offset start, ReadLimit limit) {
-              return start; // nothing ever becomes available
-            }
+    HoldStream(String offsets) {
+      this.offsets = offsets;
+    }
 
-            @Override
-            public InputPartition[] planInputPartitions(Offset start, Offset end) {
-              return new InputPartition[0];
-            }
+    @Override
+    public Offset initialOffset() {
+      return new TextOffset(offsets);
+    }
 
-            @Override
-            public PartitionReaderFactory createReaderFactory() {
-              return partition -> {
-                throw new UnsupportedOperationException("the hold plans no partition");
-              };
-            }
-          };
-        }
+    @Override
+    public Offset latestOffset(Offset start, ReadLimit limit) {
+      return start; // nothing ever becomes available
+    }
+
+    @Override
+    public InputPartition[] planInputPartitions(Offset start, Offset end) {
+      return new InputPartition[0];
+    }
+
+    @Override
+    public PartitionReaderFactory createReaderFactory() {
+      return partition -> {
+        throw new UnsupportedOperationException("the hold plans no partition");
       };
     }
   }
