@@ -147,7 +147,10 @@ def render(args: argparse.Namespace, results: dict[int, dict[str, float]]) -> st
         f"each batch: 1,000 movements of random existing SKUs; median of {args.batches}.",
         "",
         "A scheduled run (`available-now`, one batch per run) loads Spark's RocksDB state "
-        "from the checkpoint first; a continuous run keeps it loaded between batches.",
+        "from the snapshot the run before it left in the checkpoint; a continuous run keeps "
+        "it loaded between batches. The first scheduled run after the continuous one (the "
+        "max column) replays the continuous run's changelog files, which it left without a "
+        "snapshot.",
         "",
         "| state rows | scheduled: batch p50 s | max s | Spark s | state merge s | other s | "
         "run p50 s | continuous: batch p50 s | max s | build s |",

@@ -43,6 +43,7 @@ from jobs.settings import Settings
 from jobs.streaming import dimensions, offset_log, query, records
 from jobs.streaming.batch import BatchCommitter, BatchResult, refuse_unrepaired_drops
 from jobs.streaming.seed import seed_stream
+from jobs.streaming.spark import state_stores_for
 
 
 @dataclass
@@ -295,8 +296,10 @@ def _stream(
         )
 
     if seed_path is not None and not (checkpoint / SEEDED_MARK).exists():
+        state_stores_for(spark, short=True)
         absorb_seed(writer(hold=True), checkpoint, pipeline.window is not None)
     mode = trigger or pipeline.trigger_mode
+    state_stores_for(spark, short=mode == "available-now")
     if mode == "available-now":
         running = writer(hold=False).trigger(availableNow=True).start()
     else:

@@ -39,6 +39,16 @@ DELTA_CONF = {
     # small (maintain checkpoints them); 50 tasks cost ~1 s per table read on 2 cores.
     "spark.databricks.delta.snapshotPartitions": "2",
 }
+# How a query's RocksDB stores end (``state_stores_for``). Spark uploads a snapshot
+# of a store only in a maintenance pass (every 60 s), which a query that stops after
+# a batch or two never sees: it left changelog files only, and every later run
+# replayed every one since the epoch began (2M rows: Spark 3.0 s -> 1.7 s a run).
+UNLOAD_ON_COMMIT = "spark.sql.streaming.stateStore.unloadOnCommit"
+SNAPSHOT_EVERY = "spark.sql.streaming.stateStore.minDeltasForSnapshot"
+# Each task snapshots, uploads and closes its store / Spark's defaults: the stores stay
+# loaded between batches and snapshot every 10 (each snapshot costs ~20 ms at commit).
+SHORT_QUERY_STATE = {UNLOAD_ON_COMMIT: "true", SNAPSHOT_EVERY: "1"}
+LONG_QUERY_STATE = {UNLOAD_ON_COMMIT: "false", SNAPSHOT_EVERY: "10"}
 PACKAGE = REPO_ROOT / "jobs"
 # Cluster Python default: a worker's interpreter is not at the driver's path.
 CLUSTER_PYTHON = "python3"
@@ -52,6 +62,14 @@ log = logging.getLogger(__name__)
 # and the lock that runs its commands one at a time.
 _host: SparkSession | None = None
 _host_commands = threading.Lock()
+
+
+def state_stores_for(spark: SparkSession, short: bool) -> None:
+    """Set how the next query's state stores end: a ``short`` query (available-now,
+    the seed) leaves a snapshot of every store at each commit, so the next run loads
+    it instead of replaying history; a continuous one keeps its stores loaded."""
+    for key, value in (SHORT_QUERY_STATE if short else LONG_QUERY_STATE).items():
+        spark.conf.set(key, value)
 
 
 def executor_python(master: str, configured: str | None) -> str:
