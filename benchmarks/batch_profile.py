@@ -8,7 +8,9 @@ is waiting (the broker serves the fetches on the same cores) and Python workers.
 on the others: what the batch waits for is then the broker, not a shared core.
 
 One session runs ``runs`` + 1 available-now runs, each into a fresh warehouse; the
-first (JIT cold) is left out. Writes its section of docs/benchmarks.md. Not a test.
+first (JIT cold) is left out of the stages' medians. Each run's CPU is split by
+thread role (Spark's tasks, the JIT compiler, GC, Python, the broker). Writes its
+section of docs/benchmarks.md. Not a test.
 """
 
 from __future__ import annotations
@@ -45,9 +47,37 @@ STAGE_ROLES = [
 ]
 
 
+# The JVM's threads by the name the kernel keeps (15 characters).
+THREAD_ROLES = [
+    ("Executor task", "Spark tasks"),
+    ("C2 CompilerThre", "JIT compiler"),
+    ("C1 CompilerThre", "JIT compiler"),
+    ("GC Thread", "GC"),
+    ("G1 ", "GC"),
+]
+CPU_COLUMNS = ["Spark tasks", "JIT compiler", "GC", "JVM, other", "Python", "broker"]
+
+
 def cpu_seconds(process: psutil.Process) -> float:
     times = process.cpu_times()
     return float(times.user + times.system)
+
+
+def thread_cpu(jvm: int, broker_pid: int) -> dict[str, float]:
+    """CPU seconds so far of the processes a run uses, the JVM's split by thread
+    role (``/proc/<pid>/task/*/comm``); Python is this process and the JVM's workers."""
+    groups: dict[str, float] = defaultdict(float)
+    for thread in psutil.Process(jvm).threads():
+        try:
+            name = Path(f"/proc/{jvm}/task/{thread.id}/comm").read_text()
+        except OSError:  # ended since the listing
+            continue
+        role = next((r for prefix, r in THREAD_ROLES if name.startswith(prefix)), "JVM, other")
+        groups[role] += thread.user_time + thread.system_time
+    workers = psutil.Process(jvm).children(recursive=True)
+    groups["Python"] = cpu_seconds(psutil.Process()) + sum(map(cpu_seconds, workers))
+    groups["broker"] = cpu_seconds(psutil.Process(broker_pid))
+    return groups
 
 
 def stages(event_log: Path) -> list[dict[str, Any]]:
@@ -113,18 +143,23 @@ def main() -> None:
 
         spark = get_spark()
         pipeline = load_pipeline("user_clicks", REPO_ROOT / "include" / "pipelines")
+        jvm = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()  # type: ignore[union-attr]
         windows: list[tuple[float, float]] = []
+        cpu: list[dict[str, float]] = []
         for round_ in range(args.runs + 1):
             os.environ["PLATFORM_WAREHOUSE"] = str(work / f"wh-{round_}")
+            before = thread_cpu(jvm, info.pid)
             started = time.time()
             run_pipeline(spark, pipeline, load_settings(), "available-now")
             windows.append((started, time.time()))
+            after = thread_cpu(jvm, info.pid)
+            cpu.append({k: after[k] - before.get(k, 0.0) for k in after})
             print("run", round_, round(windows[-1][1] - started, 2), flush=True)
             shutil.rmtree(work / f"wh-{round_}", ignore_errors=True)
         spark.stop()
         all_stages = stages(next(log_dir.iterdir()))
     runs = [[s for s in all_stages if start <= s["submitted"] <= end] for start, end in windows[1:]]
-    report = render(args, runs, [end - start for start, end in windows[1:]])
+    report = render(args, runs, [end - start for start, end in windows], cpu)
     print(report)
     if not args.no_write:
         write_section(report)
@@ -133,8 +168,10 @@ def main() -> None:
 def render(
     args: argparse.Namespace,
     runs: list[list[dict[str, Any]]],
-    walls: list[float],
+    all_walls: list[float],
+    cpu: list[dict[str, float]],
 ) -> str:
+    walls = all_walls[1:]
     lines = [
         "## Profile: where a warm 1M-event batch's CPU goes"
         + (", the broker on its own core" if args.pin_broker else ""),
@@ -170,6 +207,18 @@ def render(
             f"| {index + 1}. `{first['name']}`: {role} | {first['tasks']} | {p50('wall'):.2f} "
             f"| {p50('run'):.2f} | {p50('jvm_cpu'):.2f} | {p50('gc'):.2f} |"
         )
+    lines += [
+        "",
+        "CPU seconds of each run by who spent them (`/proc`, the JVM's threads by name; "
+        "Python is the driver process and Spark's Python workers), the JIT-cold first "
+        "run included: on a warm driver the JIT keeps compiling for several runs.",
+        "",
+        "| run | wall s | " + " | ".join(f"{c} s" for c in CPU_COLUMNS) + " | all s |",
+        "|---|---|" + "---|" * (len(CPU_COLUMNS) + 1),
+    ]
+    for index, (wall, used) in enumerate(zip(all_walls, cpu, strict=True)):
+        cells = " | ".join(f"{used.get(c, 0.0):.2f}" for c in CPU_COLUMNS)
+        lines.append(f"| {index + 1} | {wall:.2f} | {cells} | {sum(used.values()):.2f} |")
     return "\n".join(lines) + "\n"
 
 

@@ -36,6 +36,7 @@ from jobs import kafka_admin
 from jobs.broker import find_free_port
 from jobs.settings import REPO_ROOT
 
+MODES = "off,on,warm"
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO (\S+): (.*)$")
 
 
@@ -127,7 +128,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--no-write", action="store_true", help="print only")
     parser.add_argument(
-        "--modes", default="off,on,warm", help="comma list: off, on (CDS), warm (warm driver)"
+        "--modes", default=MODES, help="comma list: off, on (CDS), warm (warm driver)"
     )
     args = parser.parse_args()
     results: dict[str, list[dict[str, float]]] = {}
@@ -172,7 +173,7 @@ def render(args: argparse.Namespace, results: dict[str, list[dict[str, float]]])
         "## Cold path: a scheduled `available-now` run, Spark start-up included",
         "",
         f"Command: `.venv/bin/python -m benchmarks.cold_path --events {args.events} "
-        f"--runs {args.runs}`",
+        f"--runs {args.runs}" + (f" --modes {args.modes}" if args.modes != MODES else "") + "`",
         "",
         f"Machine: {machine()}. `python -m jobs run --pipeline user_clicks` in a new process "
         f"over {args.events:,} events (4 partitions, 10,000 users, one hour), from a fresh "
