@@ -18,6 +18,12 @@ EXIT_CRASH = 1  # anything else
 WRAPPED_ERROR = re.compile(r"jobs\.errors\.(\w+Error): (.+?)(?:\n|$| SQLSTATE)")
 # Spark's own errors start with their class: "[ARITHMETIC_OVERFLOW] long overflow. ..."
 SPARK_ERROR = re.compile(r"\[([A-Z][A-Z0-9_]+(?:\.[A-Z0-9_]+)*)\] ([^\n]{0,300})")
+# A stream's batch function that raised: Spark wraps the Python traceback in its
+# own message ([FOREACH_BATCH_USER_FUNCTION_ERROR]); the cause is the traceback's
+# exception line, and for a Java call that failed, the line after it.
+TRACEBACK = "Traceback (most recent call last):\n"
+JAVA_CALL_FAILED = "Py4JJavaError"
+SQLSTATE = re.compile(r"\s*SQLSTATE: \S+.*$")
 
 
 class PlatformError(Exception):
@@ -64,14 +70,35 @@ def failure(exc: BaseException) -> tuple[int, str]:
 
 def crash_summary(exc: BaseException) -> str:
     """One line for an unexpected failure: what failed and what happens next."""
-    text = str(exc)
+    cause = python_cause(str(exc))
+    text = cause or str(exc)
     spark = SPARK_ERROR.search(text)
     what = (
         f"Spark failed with [{spark.group(1)}] {spark.group(2).strip()}"
         if spark
-        else f"{type(exc).__name__}: {(text.strip().splitlines() or [''])[0][:300]}"
+        else cause[:300] or f"{type(exc).__name__}: {(text.strip().splitlines() or [''])[0][:300]}"
     )
     return (
         f"{what}; nothing of the unfinished batch or operation was committed (a run replays "
         "it; the traceback above has the details)"
     )
+
+
+def python_cause(text: str) -> str:
+    """The exception line of the last Python traceback inside ``text`` (its class
+    without the module), or "" when there is none."""
+    start = text.rfind(TRACEBACK)
+    if start < 0:
+        return ""
+    lines = text[start + len(TRACEBACK) :].splitlines()
+    at = next((i for i, line in enumerate(lines) if line and not line[0].isspace()), None)
+    if at is None:
+        return ""
+    cause = lines[at]
+    following = lines[at + 1] if at + 1 < len(lines) else ""
+    if JAVA_CALL_FAILED in cause and following.startswith(": "):
+        cause = following[2:]
+    name, colon, message = cause.partition(": ")
+    if " " not in name:  # a class name: keep its last part
+        cause = name.rsplit(".", 1)[-1] + colon + message
+    return SQLSTATE.sub("", cause).strip()

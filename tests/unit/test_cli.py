@@ -65,6 +65,56 @@ def test_an_unexpected_failure_ends_with_one_error_line() -> None:
     assert plain.startswith("KeyError: 'window_start';") and "\n" not in plain
 
 
+# A batch function's failure as Spark 4.2 reports it: the cause is the last line
+# of the Python traceback inside the message (shortened; the real one goes on with
+# the query's plans).
+FOREACH_BATCH_FAILURE = (
+    "[STREAM_FAILED] Query [id = 715f, runId = b5e9] terminated with exception: "
+    "[FOREACH_BATCH_USER_FUNCTION_ERROR] An error occurred in the user provided function in "
+    "foreach batch sink. Reason: An exception was raised by the Python Proxy. Return Message: "
+    "Traceback (most recent call last):\n"
+    '  File "/venv/py4j/clientserver.py", line 644, in _call_proxy\n'
+    "    return_value = getattr(self.pool[obj_id], method)(*params)\n"
+    "                   ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^\n"
+    '  File "/venv/pyspark/sql/utils.py", line 163, in call\n'
+    "    self.func(DataFrame(jdf, wrapped_session_jdf), batch_id)\n"
+    "{cause}\n"
+    " SQLSTATE: 39000 SQLSTATE: XXKST\n"
+    "=== Streaming Query ===\n"
+    "Identifier: [id = 715f, runId = b5e9]\n"
+    "Logical Plan:\n"
+    "~WriteToMicroBatchDataSourceV1 ForeachBatchSink, 715f, Append\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("cause", "expected"),
+    [
+        ("ValueError: boom: the real cause", "ValueError: boom: the real cause;"),
+        (
+            "pyspark.errors.exceptions.captured.SparkRuntimeException: [USER_RAISED_EXCEPTION] "
+            "kafka gone SQLSTATE: P0001",
+            "Spark failed with [USER_RAISED_EXCEPTION] kafka gone;",
+        ),
+        (
+            'pyspark.errors.exceptions.captured.NumberFormatException: For input string: "x"',
+            'NumberFormatException: For input string: "x";',
+        ),
+        (
+            "py4j.protocol.Py4JJavaError: An error occurred while calling o81.count.\n"
+            ": org.apache.kafka.common.errors.TimeoutException: Timeout of 60000ms expired",
+            "TimeoutException: Timeout of 60000ms expired;",
+        ),
+    ],
+)
+def test_a_failed_batch_function_is_reported_by_its_cause(cause: str, expected: str) -> None:
+    from jobs.errors import crash_summary
+
+    line = crash_summary(RuntimeError(FOREACH_BATCH_FAILURE.format(cause=cause)))
+    assert line.startswith(expected), line
+    assert "\n" not in line and "nothing of the unfinished batch" in line
+
+
 def test_a_crash_prints_the_traceback_then_one_error_line(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
     from jobs import cli, status
 
