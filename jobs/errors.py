@@ -14,8 +14,11 @@ import sys
 EXIT_ERROR = 2  # an expected failure: its message is the whole story
 EXIT_CRASH = 1  # anything else
 # An error raised inside a Spark task or the source comes back wrapped in Java and
-# Python tracebacks; this finds the platform's own one-line message in it.
-WRAPPED_ERROR = re.compile(r"jobs\.errors\.(\w+Error): (.+?)(?:\n|$| SQLSTATE)")
+# Python tracebacks; this finds the platform's own one-line message in it (the
+# JVM sources' user errors are ``platform.streaming.PlatformError``).
+WRAPPED_ERROR = re.compile(
+    r"(?:jobs\.errors\.\w+Error|platform\.streaming\.PlatformError): (.+?)(?:\n|$| SQLSTATE)"
+)
 # Spark's own errors start with their class: "[ARITHMETIC_OVERFLOW] long overflow. ..."
 SPARK_ERROR = re.compile(r"\[([A-Z][A-Z0-9_]+(?:\.[A-Z0-9_]+)*)\] ([^\n]{0,300})")
 # A stream's batch function that raised: Spark wraps the Python traceback in its
@@ -62,10 +65,18 @@ def failure(exc: BaseException) -> tuple[int, str]:
     refused = admin.login_refused() if admin is not None and kafka_error else None
     if isinstance(exc, PlatformError):
         return int(getattr(exc, "exit_code", EXIT_ERROR)), str(exc) + (refused or "")
-    found = WRAPPED_ERROR.search(str(exc))
+    found = WRAPPED_ERROR.search(str(exc)) or WRAPPED_ERROR.search(jvm_trace(exc))
     if found:
-        return EXIT_ERROR, found.group(2).strip()
+        return EXIT_ERROR, found.group(1).strip()
     return EXIT_CRASH, crash_summary(exc)
+
+
+def jvm_trace(exc: BaseException) -> str:
+    """The Java exception and its causes behind a pyspark error (kept as text when
+    pyspark converted it): where a JVM source's error is when Spark's message has
+    only the innermost message, not its class."""
+    trace = getattr(exc, "_stackTrace", None)
+    return trace if isinstance(trace, str) else ""
 
 
 def crash_summary(exc: BaseException) -> str:

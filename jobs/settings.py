@@ -52,6 +52,9 @@ class Settings:
     pushgateway_url: str | None = None
     # Airflow users who may approve a repair plan (empty: anyone who can see it).
     approvers: tuple[str, ...] = ()
+    # The largest enrichment table a run joins, as the JSON rows the driver keeps and
+    # every batch broadcasts (``PinnedDeltaSource``): past it a run stops with an error.
+    dimension_max_bytes: int = 64 * 2**20
 
     @property
     def scheduled_driver_url(self) -> str | None:
@@ -88,6 +91,7 @@ ENV_NAMES = tuple(
         "METRICS_ADDRESS",
         "PUSHGATEWAY_URL",
         "APPROVERS",
+        "DIMENSION_MAX_BYTES",
     )
 )
 # Loopback only: runs (and the token) never cross a network in clear text.
@@ -143,7 +147,22 @@ def load_settings() -> Settings:
         metrics_address=_address(_env("METRICS_ADDRESS", "127.0.0.1").strip()),
         pushgateway_url=_pushgateway_url(_env("PUSHGATEWAY_URL", "").strip()),
         approvers=_approvers(_env("APPROVERS", "")),
+        dimension_max_bytes=_size(_env("DIMENSION_MAX_BYTES", "64m"), "DIMENSION_MAX_BYTES"),
     )
+
+
+SIZE = re.compile(r"^(\d{1,12})([kmg]?)$")
+SIZE_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}
+
+
+def _size(raw: str, name: str) -> int:
+    """Bytes, as Spark writes sizes: ``65536``, ``64k``, ``64m``, ``1g``."""
+    found = SIZE.match(raw.strip().lower())
+    if not found or int(found.group(1)) == 0:
+        raise ConfigError(
+            f"{ENV_PREFIX}{name} must be a size in bytes, e.g. 67108864, 64m or 1g; got {raw!r}"
+        )
+    return int(found.group(1)) * SIZE_UNITS[found.group(2)]
 
 
 USER_NAME = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")

@@ -34,6 +34,7 @@ from jobs.kafka_source.offsets import Offsets
 from jobs.ledger import snapshot
 from jobs.pipeline import Pipeline
 from jobs.resolved import DimensionTable, Resolved
+from jobs.settings import load_settings
 
 FORMAT = "platform.streaming.PinnedDeltaSource"
 PREFIX = "_dim"
@@ -199,6 +200,7 @@ def _by_key(spark: SparkSession, resolved: Resolved, i: int, options: dict[str, 
         .option("path", table.path)
         .option("schema", table.row_type)
         .option("key", enrichment.table_key)
+        .option("maxBytes", str(load_settings().dimension_max_bytes))
         .options(**options)
         .load()
     )

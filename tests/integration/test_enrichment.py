@@ -17,7 +17,7 @@ import yaml
 from deltalake import DeltaTable, write_deltalake
 
 from jobs import kafka_admin
-from tests.conftest import run_jobs, run_with_fault
+from tests.conftest import jobs_args, run_in_process, run_jobs, run_with_fault
 
 pytestmark = pytest.mark.integration
 
@@ -251,6 +251,40 @@ def test_a_backfill_keeps_the_recorded_versions_or_takes_the_newest_after_a_fix(
     assert state(settings.warehouse) == after_fix
     checked = run_jobs(path, settings, "verify", spark=spark)
     assert checked.returncode == 0 and ", 0 differ" in checked.stdout, checked.stdout[-2000:]
+
+
+def test_a_table_past_the_size_limit_stops_the_run_and_nothing_is_written(  # type: ignore[no-untyped-def]
+    spark, broker, settings, tmp_path, kafka_config, new_topic, monkeypatch
+) -> None:
+    topic = new_topic(2)
+    dims = settings.warehouse / "dims" / "merchants"
+    # 300 rows with the same long category: its JSON rows (~330 KB) are far past
+    # 64 KiB, its Parquet file (one dictionary value) far under it.
+    wide = {f"w{i}": "x" * 1000 for i in range(300)}
+    write_merchants(dims, {**MERCHANTS, **wide})
+    path = pipeline_file(tmp_path, topic)
+    records = orders(1, 400)
+    produce(kafka_config, topic, records)
+    argv = jobs_args(path, broker.bootstrap_servers, settings.warehouse, "run", "--quiet")
+
+    for limit, measured in [("64k", "as JSON rows"), ("1k", "of data files")]:
+        monkeypatch.setenv("PLATFORM_DIMENSION_MAX_BYTES", limit)
+        stopped = run_in_process(spark, argv)
+        assert stopped.returncode == 2, stopped.stderr[-3000:]
+        line = stopped.stderr.strip().splitlines()[-1]
+        assert line.startswith(f"error: dimension table {dims} version 0 is over"), line
+        assert measured in line and "PLATFORM_DIMENSION_MAX_BYTES" in line, line
+        # Nothing of the batch: no state, no ledger batch, no dead letter.
+        for table in ("state", "dead_letter"):
+            folder = settings.warehouse / "merchant_sales" / table
+            assert not folder.exists() or DeltaTable(str(folder)).to_pyarrow_table().num_rows == 0
+        assert not ledger_batches(settings.warehouse)
+
+    # Raised (the default), the same records are counted once.
+    monkeypatch.delenv("PLATFORM_DIMENSION_MAX_BYTES")
+    assert run_in_process(spark, argv).returncode == 0
+    categories = {**MERCHANTS, **wide}
+    assert state(settings.warehouse) == expected([(records, categories)])
 
 
 @pytest.mark.parametrize(

@@ -115,6 +115,24 @@ def test_a_failed_batch_function_is_reported_by_its_cause(cause: str, expected: 
     assert "\n" not in line and "nothing of the unfinished batch" in line
 
 
+def test_a_jvm_source_error_is_an_expected_failure_by_its_message() -> None:
+    """Spark's message keeps only the innermost message of a failed batch's planning;
+    the class that says it is the platform's is in the Java trace pyspark keeps."""
+    from jobs.errors import EXIT_ERROR, failure
+
+    class Captured(Exception):  # as pyspark's StreamingQueryException keeps it
+        _stackTrace = (
+            "org.apache.spark.sql.streaming.StreamingQueryException: dimension table t\n"
+            "\tat org.apache.spark.sql.execution.streaming.StreamExecution.run\n"
+            "Caused by: platform.streaming.PlatformError: dimension table t version 3 is "
+            "over 70 MiB as JSON rows\n\tat platform.streaming.PinnedDeltaSource.readRows\n"
+        )
+
+    exc = Captured("[STREAM_FAILED] Query terminated with exception: dimension table t")
+    assert failure(exc) == (EXIT_ERROR, "dimension table t version 3 is over 70 MiB as JSON rows")
+    assert failure(Exception("dimension table t"))[0] != EXIT_ERROR
+
+
 def test_a_crash_prints_the_traceback_then_one_error_line(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
     from jobs import cli, status
 

@@ -92,3 +92,26 @@ def test_no_application_takes_the_dimension_tables_folder() -> None:
             },
             "dims.yaml",
         )
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [("65536", 65536), ("64k", 64 * 1024), ("64M", 64 * 1024 * 1024), ("1g", 1024**3)],
+)
+def test_the_dimension_size_limit_reads_as_spark_writes_sizes(  # type: ignore[no-untyped-def]
+    monkeypatch, raw: str, expected: int
+) -> None:
+    from jobs.settings import load_settings
+
+    monkeypatch.setenv("PLATFORM_DIMENSION_MAX_BYTES", raw)
+    assert load_settings().dimension_max_bytes == expected
+
+
+@pytest.mark.parametrize("raw", ["0", "-1", "64mb", "1.5g", "", "k"])
+def test_a_bad_dimension_size_limit_is_refused(monkeypatch, raw: str) -> None:  # type: ignore[no-untyped-def]
+    from jobs.errors import ConfigError
+    from jobs.settings import load_settings
+
+    monkeypatch.setenv("PLATFORM_DIMENSION_MAX_BYTES", raw)
+    with pytest.raises(ConfigError, match="PLATFORM_DIMENSION_MAX_BYTES must be a size"):
+        load_settings()

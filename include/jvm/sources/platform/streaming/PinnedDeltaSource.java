@@ -49,6 +49,8 @@ import org.apache.spark.unsafe.types.UTF8String;
 public final class PinnedDeltaSource implements TableProvider {
   public static final String VERSION = "_dim_version";
   public static final String ROW = "_dim_row";
+  /** The largest table read, as its JSON rows (PLATFORM_DIMENSION_MAX_BYTES). */
+  static final long DEFAULT_MAX_BYTES = 64L << 20;
   private static final StructType SCHEMA =
       new StructType()
           .add(VERSION, DataTypes.LongType, false)
@@ -74,7 +76,8 @@ public final class PinnedDeltaSource implements TableProvider {
         options.get("checkpoint"),
         options.getLong("version", -1L),
         options.get("schema"),
-        options.get("key"));
+        options.get("key"),
+        options.getLong("maxBytes", DEFAULT_MAX_BYTES));
   }
 
   /**
@@ -163,7 +166,7 @@ public final class PinnedDeltaSource implements TableProvider {
 
   /** The table at version as JSON rows, after checking its columns against the run's. */
   static List<String> rowsAt(
-      SparkSession spark, String path, long version, String schema, String key) {
+      SparkSession spark, String path, long version, String schema, String key, long maxBytes) {
     String id =
         String.join(
             "\n", path, Long.toString(version), Long.toString(commitTime(spark, path, version)),
@@ -172,25 +175,32 @@ public final class PinnedDeltaSource implements TableProvider {
     if (known != null) {
       return known;
     }
-    List<String> rows = readRows(spark, path, version, schema, key);
+    List<String> rows = readRows(spark, path, version, schema, key, maxBytes);
     ROWS.put(id, rows);
     return rows;
   }
 
   private static List<String> readRows(
-      SparkSession spark, String path, long version, String schema, String key) {
+      SparkSession spark, String path, long version, String schema, String key, long maxBytes) {
     Dataset<Row> table = spark.read().format("delta").option("versionAsOf", version).load(path);
+    // Its data files' size, from Delta's log (no job): rows as JSON are larger, so a
+    // table past the limit here is refused before the driver collects it.
+    java.math.BigInteger files =
+        table.queryExecution().optimizedPlan().stats().sizeInBytes().bigInteger();
+    if (files.compareTo(java.math.BigInteger.valueOf(maxBytes)) > 0) {
+      throw tooLarge(path, version, files.longValue(), "of data files", maxBytes);
+    }
     if (schema != null && !schema.isEmpty()) {
       StructType expected = (StructType) DataType.fromJson(schema);
       StructType found = table.schema();
       for (StructField field : expected.fields()) {
         boolean present = java.util.Arrays.asList(found.fieldNames()).contains(field.name());
         if (!present && field.name().equals(key)) {
-          throw new IllegalStateException(
+          throw new PlatformError(
               "dimension table " + path + " version " + version + " has no key column " + key);
         }
         if (present && !found.apply(field.name()).dataType().sameType(field.dataType())) {
-          throw new IllegalStateException(
+          throw new PlatformError(
               "dimension table "
                   + path
                   + " version "
@@ -231,8 +241,35 @@ public final class PinnedDeltaSource implements TableProvider {
       }
       json.append('"').append(quote.quoteAsString(entry.getKey())).append("\":[");
       json.append(String.join(",", entry.getValue())).append(']');
+      if (json.length() > maxBytes) {
+        throw tooLarge(path, version, json.length(), "as JSON rows", maxBytes);
+      }
     }
     return List.of(json.append('}').toString());
+  }
+
+  private static PlatformError tooLarge(
+      String path, long version, long size, String measured, long maxBytes) {
+    return new PlatformError(
+        "dimension table "
+            + path
+            + " version "
+            + version
+            + " is over "
+            + bytes(size)
+            + " "
+            + measured
+            + ", past the limit of "
+            + bytes(maxBytes)
+            + " for a table every batch joins from the driver's memory; nothing of the"
+            + " batch was written: make the table smaller, or raise"
+            + " PLATFORM_DIMENSION_MAX_BYTES (and PLATFORM_SPARK_DRIVER_MEMORY with it)");
+  }
+
+  private static String bytes(long size) {
+    return size >= 1L << 20
+        ? (size >> 20) + " MiB"
+        : size >= 1L << 10 ? (size >> 10) + " KiB" : size + " bytes";
   }
 
   /** Microseconds kept (Spark's default JSON format has milliseconds). */
@@ -263,7 +300,7 @@ public final class PinnedDeltaSource implements TableProvider {
       }
     }
     if (found < 0) {
-      throw new IllegalStateException(
+      throw new PlatformError(
           "dimension table "
               + path
               + " has no version committed at or before the batch's planned time ("
@@ -282,9 +319,12 @@ public final class PinnedDeltaSource implements TableProvider {
     private final long version;
     private final String schema;
     private final String key;
+    private final long maxBytes;
 
-    PinnedTable(String path, String checkpoint, long version, String schema, String key) {
+    PinnedTable(
+        String path, String checkpoint, long version, String schema, String key, long maxBytes) {
       super("platform_pinned_delta", SCHEMA);
+      this.maxBytes = maxBytes;
       this.path = path;
       this.checkpoint = checkpoint;
       this.version = version;
@@ -303,7 +343,7 @@ public final class PinnedDeltaSource implements TableProvider {
         }
         chosen = versionForBatch(spark, path, checkpoint);
       }
-      List<String> rows = rowsAt(spark, path, chosen, schema, key);
+      List<String> rows = rowsAt(spark, path, chosen, schema, key, maxBytes);
       return new InputPartition[] {new Rows(chosen, new ArrayList<>(rows))};
     }
 
