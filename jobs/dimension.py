@@ -8,7 +8,8 @@ DAG) reads the file with Spark, checks it, and commits it to
 a stream pins one version per batch, so an unchanged file adds none.
 
 Refused with one error, nothing written: a missing file, a line that does not
-parse into the columns, a null or repeated key, or a column whose type differs
+parse into the columns, a null or repeated key, rows past the streams' size
+limit (``PLATFORM_DIMENSION_MAX_BYTES``), or a column whose type differs
 from the table's (a stream reading the table would stop on it: give the changed
 table a new name instead). A field a line leaves out is NULL.
 """
@@ -33,6 +34,7 @@ from jobs.pipeline import (
     load_each,
     parse_columns,
 )
+from jobs.settings import load_settings, size_text
 
 log = logging.getLogger(__name__)
 CORRUPT = "_corrupt_record"
@@ -149,7 +151,11 @@ def read_checked(spark: SparkSession, dimension: Dimension, source: Path) -> Dat
 
 def _checked(rows: DataFrame, dimension: Dimension, where: str) -> DataFrame:
     key = F.col(f"`{dimension.key}`")
+    # About what a stream keeps of the table (``PinnedDeltaSource``: the rows as JSON
+    # by key); a table past the streams' limit is refused here, before it is written.
+    row_json = F.to_json(F.struct(*[F.col(f"`{c}`") for c in dimension.columns]))
     checks = rows.agg(
+        F.sum(F.octet_length(row_json) + F.octet_length(key.cast("string")) + 6).alias("bytes"),
         F.count(F.lit(1)).alias("rows"),
         F.count_if(F.col(CORRUPT).isNotNull()).alias("corrupt"),
         F.min(F.when(F.col(CORRUPT).isNotNull(), F.col(CORRUPT))).alias("example"),
@@ -165,6 +171,14 @@ def _checked(rows: DataFrame, dimension: Dimension, where: str) -> DataFrame:
         )
     if checks["null_keys"]:
         raise ConfigError(f"{where}: {checks['null_keys']} row(s) with no {dimension.key}")
+    limit = load_settings().dimension_max_bytes
+    if (checks["bytes"] or 0) > limit:
+        raise ConfigError(
+            f"{where}: its rows are about {size_text(checks['bytes'])} as JSON, past "
+            f"PLATFORM_DIMENSION_MAX_BYTES ({size_text(limit)}): a stream joining it "
+            "would stop. Nothing was written: make the file smaller, or raise the limit "
+            "(and PLATFORM_SPARK_DRIVER_MEMORY with it) where the loader and the streams run"
+        )
     if checks["keys"] != checks["rows"]:
         repeated = rows.groupBy(key.alias("k")).count().where("count > 1").orderBy("k").first()
         assert repeated is not None

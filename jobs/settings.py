@@ -155,6 +155,14 @@ SIZE = re.compile(r"^(\d{1,12})([kmg]?)$")
 SIZE_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}
 
 
+def size_text(size: int) -> str:
+    """``size`` bytes for a message: ``64 MiB``, ``4 KiB``, ``512 bytes``."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if size >= scale:
+            return f"{size / scale:.1f}".removesuffix(".0") + f" {unit}"
+    return f"{size} bytes"
+
+
 def _size(raw: str, name: str) -> int:
     """Bytes, as Spark writes sizes: ``65536``, ``64k``, ``64m``, ``1g``."""
     found = SIZE.match(raw.strip().lower())

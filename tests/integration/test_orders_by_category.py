@@ -170,3 +170,28 @@ def test_a_file_the_table_cannot_take_is_one_error_and_nothing_written(  # type:
     assert failed.stderr.startswith("error: dimension merchants: ") and message in failed.stderr
     assert failed.stderr.count("\n") == 1, failed.stderr
     assert not (settings.warehouse / "dims" / "merchants").exists()
+
+
+def test_a_file_past_the_streams_size_limit_is_refused_before_it_is_written(  # type: ignore[no-untyped-def]
+    spark, settings, monkeypatch
+) -> None:
+    source = settings.warehouse / "incoming" / "merchants.jsonl"
+    source.parent.mkdir(parents=True, exist_ok=True)
+    # 40 rows of about 230 bytes as JSON: 9 KiB, past a 4 KiB limit.
+    rows = [
+        json.dumps({"id": f"M-{i}", "name": "n" * 180, "category": "books", "region": "eu"})
+        for i in range(40)
+    ]
+    source.write_text("\n".join(rows) + "\n")
+    argv = ["dimension", "--dimension", "merchants", "--warehouse", str(settings.warehouse)]
+    monkeypatch.setenv("PLATFORM_DIMENSION_MAX_BYTES", "4k")
+    failed = run_in_process(spark, argv)
+    assert failed.returncode == 2, failed.stderr[-2000:]
+    assert failed.stderr.startswith("error: dimension merchants: ")
+    assert "past PLATFORM_DIMENSION_MAX_BYTES (4 KiB)" in failed.stderr, failed.stderr
+    assert failed.stderr.count("\n") == 1, failed.stderr
+    assert not (settings.warehouse / "dims" / "merchants").exists()
+    monkeypatch.delenv("PLATFORM_DIMENSION_MAX_BYTES")  # the default: loaded
+    assert run_in_process(spark, argv).returncode == 0
+    loaded = DeltaTable(str(settings.warehouse / "dims" / "merchants")).to_pyarrow_table()
+    assert loaded.num_rows == 40

@@ -115,3 +115,15 @@ def test_a_bad_dimension_size_limit_is_refused(monkeypatch, raw: str) -> None:  
     monkeypatch.setenv("PLATFORM_DIMENSION_MAX_BYTES", raw)
     with pytest.raises(ConfigError, match="PLATFORM_DIMENSION_MAX_BYTES must be a size"):
         load_settings()
+
+
+def test_sizes_read_in_messages_as_people_write_them() -> None:
+    from jobs.settings import size_text
+
+    assert [size_text(n) for n in (512, 4096, 1536, 64 * 2**20, 3 * 2**29)] == [
+        "512 bytes",
+        "4 KiB",
+        "1.5 KiB",
+        "64 MiB",
+        "1.5 GiB",
+    ]
