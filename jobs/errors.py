@@ -41,6 +41,17 @@ class SourceError(PlatformError):
     """The Kafka source cannot deliver the exact range it was asked for."""
 
 
+class KafkaUnavailableError(SourceError):
+    """Kafka did not answer in time (brokers down, no leader). ``while_running``: it
+    stopped a query that had reached Kafka, so a continuous run may wait for the
+    brokers and restart (``jobs/streaming/outage.py``); at a run's start it is
+    more likely a wrong address, and the run stops at once."""
+
+    def __init__(self, message: str, while_running: bool = False) -> None:
+        super().__init__(message)
+        self.while_running = while_running
+
+
 class BrokerError(PlatformError):
     """The embedded broker cannot be started, stopped or reached."""
 

@@ -20,9 +20,18 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from jobs import kafka_settings
-from jobs.errors import SourceError
+from jobs.errors import KafkaUnavailableError, SourceError
 
 REQUEST_TIMEOUT_S = 10.0
+# librdkafka's own codes for a cluster that did not answer.
+UNANSWERED_CODES = {
+    KafkaError._TIMED_OUT,
+    KafkaError._TRANSPORT,
+    KafkaError._ALL_BROKERS_DOWN,
+    KafkaError._WAIT_COORD,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+}
 LAG_TIMEOUT_S = 2.0  # per request of a metric's lag (see consumer_lag)
 
 
@@ -58,6 +67,17 @@ def _on_client_error(error: KafkaError) -> None:
     if error.code() == KafkaError._AUTHENTICATION:
         _refused_logins[:] = [error.str()]
     CLIENT_LOG.warning("Kafka client error: %s", error)
+
+
+def kafka_error(what: str, exc: KafkaException) -> SourceError:
+    """``what`` failed with ``exc``: a ``KafkaUnavailableError`` when the cluster did
+    not answer (a time-out, no connection, no leader: Kafka calls it retriable)."""
+    error = exc.args[0] if exc.args else None
+    retriable = isinstance(error, KafkaError) and (
+        error.retriable() or error.code() in UNANSWERED_CODES
+    )
+    kind = KafkaUnavailableError if retriable else SourceError
+    return kind(f"{what}: {exc}")
 
 
 def serve_callbacks(client: AdminClient | Consumer | Producer) -> None:
@@ -101,7 +121,7 @@ def topic_partitions(
         metadata = client.list_topics(timeout=REQUEST_TIMEOUT_S)
     except KafkaException as exc:
         serve_callbacks(client)
-        raise SourceError(f"cannot reach the Kafka broker at {servers}: {exc}") from exc
+        raise kafka_error(f"cannot reach the Kafka broker at {servers}", exc) from exc
     result: dict[str, list[int]] = {}
     for topic in wanted:
         meta = metadata.topics.get(topic)
@@ -125,7 +145,7 @@ def topic_ids(client: AdminClient, topics: Iterable[str]) -> dict[str, str]:
         found = {topic: str(future.result().topic_id) for topic, future in futures.items()}
     except KafkaException as exc:
         serve_callbacks(client)
-        raise SourceError(f"cannot describe topics {wanted}: {exc}") from exc
+        raise kafka_error(f"cannot describe topics {wanted}", exc) from exc
     return {t: i for t, i in found.items() if i and i != NO_TOPIC_ID and set(i) != {"A"}}
 
 
@@ -250,7 +270,7 @@ def partition_watermarks(
                 TopicPartition(topic, partition), timeout=timeout_s
             )
         except KafkaException as exc:
-            raise SourceError(f"cannot read offsets of {topic}[{partition}]: {exc}") from exc
+            raise kafka_error(f"cannot read offsets of {topic}[{partition}]", exc) from exc
         result[(topic, partition)] = (int(low), int(high))
     return result
 

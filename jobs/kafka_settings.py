@@ -40,6 +40,7 @@ JAVA_ONLY = frozenset(
         "ssl.trustmanager.algorithm",
         "ssl.secure.random.implementation",
         "security.providers",
+        "default.api.timeout.ms",  # the Java client's API calls (Spark's offset lookups)
     }
 )
 JAVA_ONLY_PREFIXES = ("ssl.truststore.", "ssl.keystore.", "sasl.login.", "sasl.kerberos.min.")

@@ -55,6 +55,9 @@ class Settings:
     # The largest enrichment table a run joins, as the JSON rows the driver keeps and
     # every batch broadcasts (``PinnedDeltaSource``): past it a run stops with an error.
     dimension_max_bytes: int = 64 * 2**20
+    # How long a continuous run waits for Kafka to answer again before it stops
+    # (``jobs/streaming/outage.py``; 0: it stops at once).
+    outage_wait_s: int = 300
 
     @property
     def scheduled_driver_url(self) -> str | None:
@@ -92,6 +95,7 @@ ENV_NAMES = tuple(
         "PUSHGATEWAY_URL",
         "APPROVERS",
         "DIMENSION_MAX_BYTES",
+        "OUTAGE_WAIT_SECONDS",
     )
 )
 # Loopback only: runs (and the token) never cross a network in clear text.
@@ -148,7 +152,14 @@ def load_settings() -> Settings:
         pushgateway_url=_pushgateway_url(_env("PUSHGATEWAY_URL", "").strip()),
         approvers=_approvers(_env("APPROVERS", "")),
         dimension_max_bytes=_size(_env("DIMENSION_MAX_BYTES", "64m"), "DIMENSION_MAX_BYTES"),
+        outage_wait_s=_seconds(_env("OUTAGE_WAIT_SECONDS", "300"), "OUTAGE_WAIT_SECONDS"),
     )
+
+
+def _seconds(raw: str, name: str) -> int:
+    if not raw.strip().isdigit() or int(raw) > 7 * 24 * 3600:
+        raise ConfigError(f"{ENV_PREFIX}{name} must be whole seconds 0-604800, got {raw!r}")
+    return int(raw)
 
 
 SIZE = re.compile(r"^(\d{1,12})([kmg]?)$")

@@ -10,11 +10,12 @@ topic, a vanished partition fail the read instead of silently shortening it).
 from __future__ import annotations
 
 import json
+import re
 
 from pyspark.sql import DataFrame, SparkSession
 
 from jobs import kafka_settings
-from jobs.errors import SourceError
+from jobs.errors import SQLSTATE, KafkaUnavailableError, SourceError, jvm_trace
 from jobs.kafka_source.offsets import Offsets, to_json_dict
 
 FORMAT = "kafka"
@@ -97,4 +98,39 @@ def data_loss_error(error: BaseException) -> SourceError | None:
     )
 
 
-__all__ = ["COLUMNS", "FORMAT", "data_loss_error", "read_range", "source_options"]
+# Kafka's client gave up waiting for the cluster: Spark's consumer in a task, or its
+# admin client planning a batch. Retriable in Kafka's terms: nothing is lost.
+# Spark's own time-out of a fetch (``kafkaConsumer.pollTimeoutMs``, 120 s by
+# default) is Java's TimeoutException with its own words.
+UNAVAILABLE = re.compile(
+    r"org\.apache\.kafka\.common\.errors\.(TimeoutException|DisconnectException|"
+    r"NetworkException|LeaderNotAvailableException|NotLeaderOrFollowerException): ([^\n]*)"
+    r"|java\.util\.concurrent\.(TimeoutException): (Cannot fetch record for offset [^\n]*)"
+)
+
+
+def unavailable_error(error: BaseException) -> KafkaUnavailableError | None:
+    """Spark's failure of a query because Kafka did not answer, as the platform's
+    error; None otherwise (records that are gone are ``data_loss_error``'s)."""
+    text = f"{error}\n{jvm_trace(error)}"
+    found = UNAVAILABLE.search(text)
+    if found is None or "failOnDataLoss" in text:
+        return None
+    kind, detail = found.group(1) or found.group(3), found.group(2) or found.group(4)
+    detail = SQLSTATE.sub("", detail).strip()[:300]
+    return KafkaUnavailableError(
+        f"Kafka did not answer ({kind}: {detail}); nothing of the batch is "
+        "committed, and the next run replays it (a continuous run first waits "
+        "PLATFORM_OUTAGE_WAIT_SECONDS for the brokers)",
+        while_running=True,
+    )
+
+
+__all__ = [
+    "COLUMNS",
+    "FORMAT",
+    "data_loss_error",
+    "read_range",
+    "source_options",
+    "unavailable_error",
+]

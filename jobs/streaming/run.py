@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
+from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.readwriter import DataStreamWriter
 
@@ -29,7 +30,7 @@ from jobs.cut import (
 from jobs.cut import starting_offsets as start_of
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
-from jobs.errors import ConsistencyError, FencedError, PlatformError
+from jobs.errors import ConsistencyError, FencedError, KafkaUnavailableError, PlatformError
 from jobs.kafka_source import offsets as plan
 from jobs.kafka_source import spark_kafka
 from jobs.ledger import current_epoch, unfinished_operation
@@ -42,6 +43,7 @@ from jobs.resolved import Resolved, store
 from jobs.settings import Settings
 from jobs.streaming import dimensions, offset_log, query, records
 from jobs.streaming.batch import BatchCommitter, BatchResult, refuse_unrepaired_drops
+from jobs.streaming.outage import OutageClock, wait_for_brokers
 from jobs.streaming.seed import seed_stream
 from jobs.streaming.spark import state_stores_for
 
@@ -157,9 +159,51 @@ def run_pipeline(
     trigger: str | None = None,
 ) -> RunSummary:
     """Run until the input available at start is processed (available-now), or until
-    stopped (continuous: SIGTERM/SIGINT stop it between batches)."""
+    stopped (continuous: SIGTERM/SIGINT stop it between batches). A continuous run
+    that Kafka stopped answering waits for the brokers and starts again
+    (``outage.py``)."""
     resolved = records.resolve(spark, pipeline, settings.warehouse)
     layout = AppLayout(settings.warehouse, pipeline.application_id)
+    mode = trigger or pipeline.trigger_mode
+    clock = OutageClock(settings.outage_wait_s if mode != "available-now" else 0)
+    while True:
+        ledger_before = _ledger_version(layout)
+        try:
+            return _run_once(spark, resolved, settings, layout, trigger)
+        except KafkaUnavailableError as exc:
+            progressed = _ledger_version(layout) != ledger_before
+            if not (exc.while_running or clock.began is not None):
+                raise  # at the run's start: more likely a wrong address than an outage
+            deadline = clock.deadline(time.monotonic(), progressed)
+            if deadline is None:
+                raise
+            log.warning(
+                "%s: %s. Waiting up to %.0f s for the brokers, then the run starts again "
+                "from its checkpoint",
+                pipeline.application_id,
+                exc,
+                deadline - time.monotonic(),
+            )
+            config = kafka_admin.client_config(settings.bootstrap_servers, settings.kafka_client)
+            if not wait_for_brokers(config, deadline):
+                raise
+            log.info("%s: Kafka answers again: the run starts again", pipeline.application_id)
+
+
+def _ledger_version(layout: AppLayout) -> int:
+    """The ledger's version (-1: none yet): it moves with every committed batch."""
+    path = layout.table(tables.LEDGER)
+    return DeltaTable(str(path)).version() if (path / "_delta_log").is_dir() else -1
+
+
+def _run_once(
+    spark: SparkSession,
+    resolved: Resolved,
+    settings: Settings,
+    layout: AppLayout,
+    trigger: str | None,
+) -> RunSummary:
+    pipeline = resolved.pipeline
     try:
         with application_lock(layout, f"run --trigger {trigger or pipeline.trigger_mode}"):
             return _run_locked(spark, resolved, settings, layout, trigger)
@@ -167,9 +211,10 @@ def run_pipeline(
         # From foreachBatch the fence arrives wrapped in Spark's exception.
         if isinstance(exc, FencedError) or f"jobs.errors.{FencedError.__name__}" in str(exc):
             METRICS.fenced_commit(pipeline.application_id, pipeline.version)
-        lost = None if isinstance(exc, PlatformError) else spark_kafka.data_loss_error(exc)
-        if lost is not None:
-            raise lost from exc
+        if not isinstance(exc, PlatformError):
+            known = spark_kafka.data_loss_error(exc) or spark_kafka.unavailable_error(exc)
+            if known is not None:
+                raise known from exc
         raise
     finally:
         # Scheduled runs report this way; a continuous one too when it ends (a fence

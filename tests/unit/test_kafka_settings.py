@@ -82,3 +82,18 @@ def test_sparks_source_gets_short_admin_timeouts_unless_the_user_sets_one() -> N
     own = source_options("b:9092", {"request.timeout.ms": "40000"})
     assert own["kafka.request.timeout.ms"] == "40000"
     assert "kafka.default.api.timeout.ms" not in own  # Kafka's own default (60 s) >= 40 s
+
+
+def test_the_sources_admin_timeout_reaches_java_only() -> None:
+    """librdkafka has no ``default.api.timeout.ms`` and refuses a client given one:
+    every command failed before it ran."""
+    from confluent_kafka.admin import AdminClient
+
+    from jobs.kafka_admin import client_config
+    from jobs.kafka_source.spark_kafka import source_options
+
+    given = {"default.api.timeout.ms": "3000", "request.timeout.ms": "2000"}
+    AdminClient(client_config("127.0.0.1:1", given))  # refused before the fix
+    options = source_options("b:9092", given)
+    assert options["kafka.default.api.timeout.ms"] == "3000"
+    assert options["kafka.request.timeout.ms"] == "2000"

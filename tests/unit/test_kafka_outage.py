@@ -1,0 +1,103 @@
+"""A Kafka cluster that stops answering under a run: Spark's failure is the
+platform's ``KafkaUnavailableError`` (one line, exit 2), and a continuous run's
+wait-and-restart budget (``outage.py``) follows a plain model of it."""
+
+from __future__ import annotations
+
+import pytest
+
+from jobs.errors import EXIT_ERROR, KafkaUnavailableError, failure
+from jobs.kafka_source.spark_kafka import data_loss_error, unavailable_error
+
+# Spark 4.2's failure when the only broker stopped during a batch (a continuous run
+# on the embedded broker, the broker stopped 5 s after the first batch).
+TASK_TIMEOUT = (
+    "[STREAM_FAILED] Query [id = 1c0e, runId = 5f2a] terminated with exception: "
+    "[FOREACH_BATCH_USER_FUNCTION_ERROR] An error occurred in the user provided function "
+    "in foreach batch sink. Reason: An exception was raised by the Python Proxy. Return "
+    "Message: Traceback (most recent call last):\n"
+    '  File "/venv/pyspark/sql/utils.py", line 163, in call\n'
+    "    self.func(DataFrame(jdf, wrapped_session_jdf), batch_id)\n"
+    "pyspark.errors.exceptions.captured.SparkException: Job aborted due to stage failure: "
+    "Task 0 in stage 19.0 failed 1 times, most recent failure: Lost task 0.0 in stage 19.0 "
+    "(TID 43) (localhost executor driver): org.apache.kafka.common.errors.TimeoutException: "
+    "Timeout of 15000ms expired before the position for partition clicks-2 could be "
+    "determined\n\tat org.apache.spark.sql.kafka010.consumer.KafkaDataConsumer.fetch\n"
+)
+# The driver's offset request, planning the next batch.
+PLANNING_TIMEOUT = (
+    "[STREAM_FAILED] Query [id = 1c0e, runId = 5f2a] terminated with exception: Timed out "
+    "waiting for a node assignment. Call: listOffsets(api=LIST_OFFSETS)\n"
+    "org.apache.kafka.common.errors.TimeoutException: Timed out waiting for a node "
+    "assignment. Call: listOffsets(api=LIST_OFFSETS)\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "detail"),
+    [
+        (TASK_TIMEOUT, "Timeout of 15000ms expired before the position for partition clicks-2"),
+        (PLANNING_TIMEOUT, "Timed out waiting for a node assignment. Call: listOffsets"),
+        (
+            "org.apache.spark.SparkException: Job aborted due to stage failure: Task 1 in "
+            "stage 7.0 failed 1 times, most recent failure: Lost task 1.0 in stage 7.0: "
+            "java.util.concurrent.TimeoutException: Cannot fetch record for offset 812 in "
+            "120000 milliseconds\n\tat org.apache.spark.sql.kafka010.consumer.Internal",
+            "Cannot fetch record for offset 812 in 120000 milliseconds",
+        ),
+    ],
+)
+def test_a_kafka_timeout_in_sparks_failure_is_kafka_unavailable(text: str, detail: str) -> None:
+    error = unavailable_error(RuntimeError(text))
+    assert isinstance(error, KafkaUnavailableError)
+    assert detail in str(error) and "\n" not in str(error)
+    assert "nothing of the batch is committed" in str(error)
+    code, line = failure(error)
+    assert code == EXIT_ERROR and line == str(error)
+
+
+def test_other_failures_are_not_kafka_unavailable() -> None:
+    assert unavailable_error(RuntimeError("[DIVIDE_BY_ZERO] Division by zero.")) is None
+    lost = (
+        "Cannot fetch offset 5 (GroupId: x, TopicPartition: clicks-0). Some data may have "
+        "been lost because they are not available in Kafka any more. failOnDataLoss ... "
+        "org.apache.kafka.common.errors.TimeoutException: whatever"
+    )
+    # Records that are gone are a loss to repair, never a wait for the brokers.
+    assert unavailable_error(RuntimeError(lost)) is None
+    assert data_loss_error(RuntimeError(lost)) is not None
+
+
+def test_the_wait_runs_from_the_outages_first_failure() -> None:
+    from jobs.streaming.outage import OutageClock
+
+    clock = OutageClock(300)
+    assert clock.deadline(1000.0, progressed=False) == 1300.0
+    # Failing again without a batch in between: the same outage, the same end.
+    assert clock.deadline(1100.0, progressed=False) == 1300.0
+    assert clock.deadline(1300.0, progressed=False) is None
+    # A committed batch in between: a new outage.
+    assert clock.deadline(1400.0, progressed=True) == 1700.0
+    assert OutageClock(0).deadline(5.0, progressed=True) is None
+
+
+def test_a_cluster_that_does_not_answer_is_unavailable_and_a_refusal_is_not() -> None:
+    from confluent_kafka import KafkaError, KafkaException
+
+    from jobs.errors import SourceError
+    from jobs.kafka_admin import kafka_error
+
+    down = kafka_error("cannot reach the Kafka broker", KafkaException(KafkaError(-195)))
+    assert isinstance(down, KafkaUnavailableError) and not down.while_running
+    denied = kafka_error("cannot describe", KafkaException(KafkaError(29)))  # authorization
+    assert type(denied) is SourceError
+
+
+@pytest.mark.parametrize("raw", ["-1", "1.5", "5m", "604801"])
+def test_a_bad_outage_wait_is_refused(monkeypatch, raw: str) -> None:  # type: ignore[no-untyped-def]
+    from jobs.errors import ConfigError
+    from jobs.settings import load_settings
+
+    monkeypatch.setenv("PLATFORM_OUTAGE_WAIT_SECONDS", raw)
+    with pytest.raises(ConfigError, match="PLATFORM_OUTAGE_WAIT_SECONDS must be whole seconds"):
+        load_settings()
