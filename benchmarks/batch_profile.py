@@ -65,17 +65,28 @@ def cpu_seconds(process: psutil.Process) -> float:
 
 def thread_cpu(jvm: int, broker_pid: int) -> dict[str, float]:
     """CPU seconds so far of the processes a run uses, the JVM's split by thread
-    role (``/proc/<pid>/task/*/comm``); Python is this process and the JVM's workers."""
+    role (``/proc/<pid>/task/*/comm``). The JVM's total counts threads that ended
+    too; what live named threads do not account for is "JVM, other". Python is this
+    process and the JVM's workers, ended ones included."""
     groups: dict[str, float] = defaultdict(float)
-    for thread in psutil.Process(jvm).threads():
+    process = psutil.Process(jvm)
+    for thread in process.threads():
         try:
             name = Path(f"/proc/{jvm}/task/{thread.id}/comm").read_text()
         except OSError:  # ended since the listing
             continue
-        role = next((r for prefix, r in THREAD_ROLES if name.startswith(prefix)), "JVM, other")
-        groups[role] += thread.user_time + thread.system_time
-    workers = psutil.Process(jvm).children(recursive=True)
-    groups["Python"] = cpu_seconds(psutil.Process()) + sum(map(cpu_seconds, workers))
+        role = next((r for prefix, r in THREAD_ROLES if name.startswith(prefix)), None)
+        if role is not None:
+            groups[role] += thread.user_time + thread.system_time
+    times = process.cpu_times()
+    groups["JVM, other"] = times.user + times.system - sum(groups.values())
+    workers = process.children(recursive=True)
+    groups["Python"] = (
+        cpu_seconds(psutil.Process())
+        + sum(map(cpu_seconds, workers))
+        + times.children_user
+        + times.children_system
+    )
     groups["broker"] = cpu_seconds(psutil.Process(broker_pid))
     return groups
 

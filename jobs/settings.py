@@ -157,12 +157,14 @@ def load_settings() -> Settings:
 
 
 def _seconds(raw: str, name: str) -> int:
-    if not raw.strip().isdigit() or int(raw) > 7 * 24 * 3600:
+    if not (raw.strip().isascii() and raw.strip().isdigit()) or int(raw) > 7 * 24 * 3600:
         raise ConfigError(f"{ENV_PREFIX}{name} must be whole seconds 0-604800, got {raw!r}")
     return int(raw)
 
 
-SIZE = re.compile(r"^(\d{1,12})([kmg]?)$")
+SIZE = re.compile(r"^(\d{1,12})([kmg]?)$", re.ASCII)
+# The table is one Java string on the driver: well under its 2 GiB bound.
+MAX_SIZE = 2**30
 SIZE_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}
 
 
@@ -177,11 +179,13 @@ def size_text(size: int) -> str:
 def _size(raw: str, name: str) -> int:
     """Bytes, as Spark writes sizes: ``65536``, ``64k``, ``64m``, ``1g``."""
     found = SIZE.match(raw.strip().lower())
-    if not found or int(found.group(1)) == 0:
+    size = int(found.group(1)) * SIZE_UNITS[found.group(2)] if found else 0
+    if not 0 < size <= MAX_SIZE:
         raise ConfigError(
-            f"{ENV_PREFIX}{name} must be a size in bytes, e.g. 67108864, 64m or 1g; got {raw!r}"
+            f"{ENV_PREFIX}{name} must be a size in bytes up to 1g, e.g. 67108864 or 64m; "
+            f"got {raw!r}"
         )
-    return int(found.group(1)) * SIZE_UNITS[found.group(2)]
+    return size
 
 
 USER_NAME = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")

@@ -15,7 +15,13 @@ import re
 from pyspark.sql import DataFrame, SparkSession
 
 from jobs import kafka_settings
-from jobs.errors import SQLSTATE, KafkaUnavailableError, SourceError, jvm_trace
+from jobs.errors import (
+    SQLSTATE,
+    WRAPPED_ERROR,
+    KafkaUnavailableError,
+    SourceError,
+    jvm_trace,
+)
 from jobs.kafka_source.offsets import Offsets, to_json_dict
 
 FORMAT = "kafka"
@@ -109,13 +115,23 @@ UNAVAILABLE = re.compile(
 )
 
 
+# The platform's own error raised inside foreachBatch (dead letters read back),
+# wrapped in Spark's: the query had reached Kafka.
+WRAPPED_UNAVAILABLE = re.compile(r"jobs\.errors\.KafkaUnavailableError: (.+?)(?:\n|$| SQLSTATE)")
+
+
+def wrapped_unavailable(error: BaseException) -> KafkaUnavailableError | None:
+    found = WRAPPED_UNAVAILABLE.search(f"{error}\n{jvm_trace(error)}")
+    return None if found is None else KafkaUnavailableError(found.group(1), while_running=True)
+
+
 def unavailable_error(error: BaseException) -> KafkaUnavailableError | None:
     """Spark's failure of a query because Kafka did not answer, as the platform's
     error; None otherwise (records that are gone are ``data_loss_error``'s)."""
     text = f"{error}\n{jvm_trace(error)}"
     found = UNAVAILABLE.search(text)
-    if found is None or "failOnDataLoss" in text:
-        return None
+    if found is None or "failOnDataLoss" in text or WRAPPED_ERROR.search(text):
+        return None  # records that are gone; the platform's own error, Kafka's inside
     kind, detail = found.group(1) or found.group(3), found.group(2) or found.group(4)
     detail = SQLSTATE.sub("", detail).strip()[:300]
     return KafkaUnavailableError(
@@ -133,4 +149,5 @@ __all__ = [
     "read_range",
     "source_options",
     "unavailable_error",
+    "wrapped_unavailable",
 ]

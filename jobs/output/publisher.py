@@ -37,7 +37,13 @@ from deltalake import DeltaTable
 
 from jobs import kafka_admin
 from jobs.delta.layout import AppLayout
-from jobs.errors import ConsistencyError, FencedError, OutputError, SourceError
+from jobs.errors import (
+    ConsistencyError,
+    FencedError,
+    KafkaUnavailableError,
+    OutputError,
+    SourceError,
+)
 from jobs.faults import maybe_crash
 from jobs.ledger import current_epoch
 from jobs.output import bookmark
@@ -158,9 +164,8 @@ class OutputPublisher:
             # Aborts what a killed publisher left open; fences older producers.
             producer.init_transactions(TIMEOUT_S)
         except KafkaException as exc:
-            raise OutputError(
-                f"cannot start publishing to output topic {self.output.topic!r}: {exc}"
-            ) from exc
+            what = f"cannot start publishing to output topic {self.output.topic!r}"
+            raise _unreached(what, exc) from exc
         return producer
 
     def close(self) -> None:
@@ -178,7 +183,7 @@ class OutputPublisher:
             metadata = client.list_topics(timeout=TIMEOUT_S)
         except KafkaException as exc:
             kafka_admin.serve_callbacks(client)
-            raise OutputError(f"cannot reach the Kafka broker for the output: {exc}") from exc
+            raise _unreached("cannot reach the Kafka broker for the output", exc) from exc
         found = metadata.topics.get(topic)
         try:
             if found is None or found.error is not None or not found.partitions:
@@ -190,6 +195,8 @@ class OutputPublisher:
                 )
             self.partitions = len(kafka_admin.topic_partitions(client, [topic])[topic])
             self.topic_id = kafka_admin.topic_ids(client, [topic]).get(topic)
+        except KafkaUnavailableError:
+            raise  # a continuous run waits for the brokers (jobs/streaming/outage.py)
         except SourceError as exc:
             raise OutputError(str(exc)) from exc
 
@@ -383,6 +390,13 @@ class OutputPublisher:
             f"could not publish state version {version} of {app} to {topic!r} (nothing of "
             f"it is visible; the next run publishes it): {exc}"
         ) from exc
+
+
+def _unreached(what: str, exc: KafkaException) -> OutputError | KafkaUnavailableError:
+    """``what`` failed: Kafka did not answer (a continuous run waits for it), or an
+    error of the output's own."""
+    error = kafka_admin.kafka_error(what, exc)
+    return error if isinstance(error, KafkaUnavailableError) else OutputError(str(error))
 
 
 # Producers left with a call in flight stay referenced for the life of the

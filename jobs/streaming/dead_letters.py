@@ -20,7 +20,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from jobs import kafka_admin
 from jobs.delta import layout as tables
-from jobs.errors import SourceError
+from jobs.errors import KafkaUnavailableError, SourceError
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ def _records_at(
             message = consumer.poll(0.5)
             if message is None:
                 if time.monotonic() > deadline:
-                    raise SourceError(
+                    raise KafkaUnavailableError(
                         f"dead letter {topic}[{partition}]@{offset} could not be read back "
                         f"within {STALL_TIMEOUT_S:.0f} s"
                     )

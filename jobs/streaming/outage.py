@@ -13,16 +13,21 @@ wait: Airflow's retries are their restart.
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from enum import Enum
+from typing import Any
 
 from confluent_kafka import KafkaException
 
 from jobs import kafka_admin
 
 log = logging.getLogger(__name__)
-# How often the brokers are asked whether they answer again.
+# How often the brokers are asked whether they answer again (and the longest a
+# request of it waits).
 PROBE_S = 2.0
 
 
@@ -43,18 +48,47 @@ class OutageClock:
         return end if now < end else None
 
 
-def wait_for_brokers(config: Mapping[str, str], deadline: float) -> bool:
-    """Whether the cluster answers a metadata request before ``deadline``
-    (monotonic seconds)."""
+class Answer(Enum):
+    LEADERS = "every partition of the topics has a leader again"
+    NONE = "no answer before the deadline"
+    STOPPED = "a stop was requested (SIGTERM, SIGINT)"
+
+
+def wait_for_brokers(config: Mapping[str, str], topics: Iterable[str], deadline: float) -> Answer:
+    """Ask the cluster for ``topics``' metadata every ``PROBE_S`` until each of their
+    partitions has a leader, the ``deadline`` (monotonic seconds) passes, or the
+    process is asked to stop."""
+    stop = threading.Event()
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, lambda _signum, _frame: stop.set())
     client = kafka_admin.admin(config)
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return False
-        try:
-            metadata = client.list_topics(timeout=max(0.5, min(5.0, remaining)))
-            if metadata.brokers:
-                return True
-        except KafkaException:
-            kafka_admin.serve_callbacks(client)
-        time.sleep(min(PROBE_S, max(0.0, deadline - time.monotonic())))
+    try:
+        # A pause first, also when the brokers answer at once: a restart that fails
+        # again at once does not spin.
+        while not stop.wait(min(PROBE_S, max(0.0, deadline - time.monotonic()))):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return Answer.NONE
+            try:
+                metadata = client.list_topics(timeout=max(0.5, min(PROBE_S, remaining)))
+                if _leaders(metadata, topics):
+                    return Answer.LEADERS
+            except KafkaException:
+                kafka_admin.serve_callbacks(client)
+        return Answer.STOPPED
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _leaders(metadata: Any, topics: Iterable[str]) -> bool:
+    found = [metadata.topics.get(topic) for topic in topics]
+    return all(
+        t is not None
+        and t.error is None
+        and t.partitions
+        and all(p.leader >= 0 for p in t.partitions.values())
+        for t in found
+    )

@@ -30,6 +30,7 @@ from jobs.cut import (
 from jobs.cut import starting_offsets as start_of
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
+from jobs.delta.writer import committed_batch
 from jobs.errors import ConsistencyError, FencedError, KafkaUnavailableError, PlatformError
 from jobs.kafka_source import offsets as plan
 from jobs.kafka_source import spark_kafka
@@ -43,7 +44,7 @@ from jobs.resolved import Resolved, store
 from jobs.settings import Settings
 from jobs.streaming import dimensions, offset_log, query, records
 from jobs.streaming.batch import BatchCommitter, BatchResult, refuse_unrepaired_drops
-from jobs.streaming.outage import OutageClock, wait_for_brokers
+from jobs.streaming.outage import Answer, OutageClock, wait_for_brokers
 from jobs.streaming.seed import seed_stream
 from jobs.streaming.spark import state_stores_for
 
@@ -167,14 +168,13 @@ def run_pipeline(
     mode = trigger or pipeline.trigger_mode
     clock = OutageClock(settings.outage_wait_s if mode != "available-now" else 0)
     while True:
-        ledger_before = _ledger_version(layout)
+        progress_before = _committed(layout)
         try:
             return _run_once(spark, resolved, settings, layout, trigger)
         except KafkaUnavailableError as exc:
-            progressed = _ledger_version(layout) != ledger_before
             if not (exc.while_running or clock.began is not None):
                 raise  # at the run's start: more likely a wrong address than an outage
-            deadline = clock.deadline(time.monotonic(), progressed)
+            deadline = clock.deadline(time.monotonic(), _committed(layout) != progress_before)
             if deadline is None:
                 raise
             log.warning(
@@ -185,15 +185,22 @@ def run_pipeline(
                 deadline - time.monotonic(),
             )
             config = kafka_admin.client_config(settings.bootstrap_servers, settings.kafka_client)
-            if not wait_for_brokers(config, deadline):
+            answer = wait_for_brokers(config, pipeline.topics, deadline)
+            if answer is Answer.STOPPED:
+                log.info("%s: stopped while waiting for Kafka", pipeline.application_id)
+                return RunSummary(pipeline.application_id, current_epoch(layout))
+            if answer is Answer.NONE:
                 raise
             log.info("%s: Kafka answers again: the run starts again", pipeline.application_id)
 
 
-def _ledger_version(layout: AppLayout) -> int:
-    """The ledger's version (-1: none yet): it moves with every committed batch."""
+def _committed(layout: AppLayout) -> tuple[int, int | None]:
+    """(epoch, its last committed batch): what moves only when a batch commits."""
     path = layout.table(tables.LEDGER)
-    return DeltaTable(str(path)).version() if (path / "_delta_log").is_dir() else -1
+    if not (path / "_delta_log").is_dir():
+        return (-1, None)
+    epoch = current_epoch(layout)
+    return epoch, committed_batch(DeltaTable(str(path)), layout.application_id, epoch)
 
 
 def _run_once(
@@ -212,7 +219,11 @@ def _run_once(
         if isinstance(exc, FencedError) or f"jobs.errors.{FencedError.__name__}" in str(exc):
             METRICS.fenced_commit(pipeline.application_id, pipeline.version)
         if not isinstance(exc, PlatformError):
-            known = spark_kafka.data_loss_error(exc) or spark_kafka.unavailable_error(exc)
+            known = (
+                spark_kafka.wrapped_unavailable(exc)
+                or spark_kafka.data_loss_error(exc)
+                or spark_kafka.unavailable_error(exc)
+            )
             if known is not None:
                 raise known from exc
         raise

@@ -107,7 +107,7 @@ def test_the_dimension_size_limit_reads_as_spark_writes_sizes(  # type: ignore[n
     assert load_settings().dimension_max_bytes == expected
 
 
-@pytest.mark.parametrize("raw", ["0", "-1", "64mb", "1.5g", "", "k"])
+@pytest.mark.parametrize("raw", ["0", "-1", "64mb", "1.5g", "", "k", "2g", "٣m"])
 def test_a_bad_dimension_size_limit_is_refused(monkeypatch, raw: str) -> None:  # type: ignore[no-untyped-def]
     from jobs.errors import ConfigError
     from jobs.settings import load_settings

@@ -93,7 +93,7 @@ def test_a_cluster_that_does_not_answer_is_unavailable_and_a_refusal_is_not() ->
     assert type(denied) is SourceError
 
 
-@pytest.mark.parametrize("raw", ["-1", "1.5", "5m", "604801"])
+@pytest.mark.parametrize("raw", ["-1", "1.5", "5m", "604801", "²"])
 def test_a_bad_outage_wait_is_refused(monkeypatch, raw: str) -> None:  # type: ignore[no-untyped-def]
     from jobs.errors import ConfigError
     from jobs.settings import load_settings
@@ -101,3 +101,43 @@ def test_a_bad_outage_wait_is_refused(monkeypatch, raw: str) -> None:  # type: i
     monkeypatch.setenv("PLATFORM_OUTAGE_WAIT_SECONDS", raw)
     with pytest.raises(ConfigError, match="PLATFORM_OUTAGE_WAIT_SECONDS must be whole seconds"):
         load_settings()
+
+
+def test_the_platforms_own_unanswered_read_inside_a_batch_is_waited_for() -> None:
+    from jobs.kafka_source.spark_kafka import wrapped_unavailable
+
+    text = (
+        "[FOREACH_BATCH_USER_FUNCTION_ERROR] ... Traceback (most recent call last):\n"
+        "_internal.DeltaError: Generic DeltaTable error: Arrow error: ... Python exception:\n"
+        "jobs.errors.KafkaUnavailableError: dead letter clicks[0]@5 could not be read back "
+        "within 60 s\n"
+    )
+    error = wrapped_unavailable(RuntimeError(text))
+    assert error is not None and error.while_running
+    assert str(error) == "dead letter clicks[0]@5 could not be read back within 60 s"
+    # Another platform error whose text carries a Kafka time-out is that error.
+    other = (
+        "jobs.errors.ConsistencyError: batch 3 does not add up\n"
+        "org.apache.kafka.common.errors.TimeoutException: Timed out waiting"
+    )
+    assert wrapped_unavailable(RuntimeError(other)) is None
+    assert unavailable_error(RuntimeError(other)) is None
+
+
+def test_the_wait_needs_a_leader_for_every_partition_and_ends_at_its_deadline() -> None:
+    import time
+    from types import SimpleNamespace as Meta
+
+    from jobs.kafka_admin import client_config
+    from jobs.streaming.outage import Answer, _leaders, wait_for_brokers
+
+    def topic(*leaders: int) -> Meta:
+        return Meta(error=None, partitions={i: Meta(leader=x) for i, x in enumerate(leaders)})
+
+    assert _leaders(Meta(topics={"a": topic(1, 2), "b": topic(3)}), ["a", "b"])
+    assert not _leaders(Meta(topics={"a": topic(1, -1)}), ["a"])
+    assert not _leaders(Meta(topics={"a": topic(1)}), ["a", "missing"])
+    started = time.monotonic()
+    nobody = client_config("127.0.0.1:9")  # the discard port: nothing answers
+    assert wait_for_brokers(nobody, ["a"], started + 1.0) is Answer.NONE
+    assert time.monotonic() - started < 5

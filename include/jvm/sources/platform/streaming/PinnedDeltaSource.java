@@ -183,13 +183,6 @@ public final class PinnedDeltaSource implements TableProvider {
   private static List<String> readRows(
       SparkSession spark, String path, long version, String schema, String key, long maxBytes) {
     Dataset<Row> table = spark.read().format("delta").option("versionAsOf", version).load(path);
-    // Its data files' size, from Delta's log (no job): rows as JSON are larger, so a
-    // table past the limit here is refused before the driver collects it.
-    java.math.BigInteger files =
-        table.queryExecution().optimizedPlan().stats().sizeInBytes().bigInteger();
-    if (files.compareTo(java.math.BigInteger.valueOf(maxBytes)) > 0) {
-      throw tooLarge(path, version, files.longValue(), "of data files", maxBytes);
-    }
     if (schema != null && !schema.isEmpty()) {
       StructType expected = (StructType) DataType.fromJson(schema);
       StructType found = table.schema();
@@ -220,12 +213,26 @@ public final class PinnedDeltaSource implements TableProvider {
     options.put("timestampNTZFormat", TIMESTAMP_NTZ_FORMAT);
     // Grouped here by the key as Spark casts it to a string (the join casts the record's
     // key the same way): the batch gets one row, its map, with no shuffle of its own.
-    List<Row> rows =
-        table
-            .select(
-                functions.col(key).cast("string"),
-                functions.to_json(functions.struct(functions.col("*")), options))
-            .collectAsList();
+    Dataset<Row> pairs =
+        table.select(
+            functions.col(key).cast("string").alias("k"),
+            functions.to_json(functions.struct(functions.col("*")), options).alias("v"));
+    // Measured by Spark before anything reaches the driver (a job, once per version
+    // read): the map built below is about this size.
+    Row size =
+        pairs
+            .agg(
+                functions.sum(
+                    functions
+                        .octet_length(functions.col("k"))
+                        .plus(functions.octet_length(functions.col("v")))
+                        .plus(6)))
+            .first();
+    long measured = size.isNullAt(0) ? 0L : size.getLong(0);
+    if (measured > maxBytes) {
+      throw tooLarge(path, version, measured, maxBytes);
+    }
+    List<Row> rows = pairs.collectAsList();
     Map<String, List<String>> byKey = new java.util.TreeMap<>();
     for (Row row : rows) {
       if (!row.isNullAt(0)) {
@@ -241,15 +248,11 @@ public final class PinnedDeltaSource implements TableProvider {
       }
       json.append('"').append(quote.quoteAsString(entry.getKey())).append("\":[");
       json.append(String.join(",", entry.getValue())).append(']');
-      if (json.length() > maxBytes) {
-        throw tooLarge(path, version, json.length(), "as JSON rows", maxBytes);
-      }
     }
     return List.of(json.append('}').toString());
   }
 
-  private static PlatformError tooLarge(
-      String path, long version, long size, String measured, long maxBytes) {
+  private static PlatformError tooLarge(String path, long version, long size, long maxBytes) {
     return new PlatformError(
         "dimension table "
             + path
@@ -257,9 +260,7 @@ public final class PinnedDeltaSource implements TableProvider {
             + version
             + " is over "
             + bytes(size)
-            + " "
-            + measured
-            + ", past the limit of "
+            + " as JSON rows, past the limit of "
             + bytes(maxBytes)
             + " for a table every batch joins from the driver's memory; nothing of the"
             + " batch was written: make the table smaller, or raise"
