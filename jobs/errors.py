@@ -47,9 +47,10 @@ class KafkaUnavailableError(SourceError):
     brokers and restart (``jobs/streaming/outage.py``); at a run's start it is
     more likely a wrong address, and the run stops at once."""
 
-    def __init__(self, message: str, while_running: bool = False) -> None:
+    def __init__(self, message: str, while_running: bool = False, detail: str = "") -> None:
         super().__init__(message)
         self.while_running = while_running
+        self.detail = detail or message  # what did not answer, for the wait's log line
 
 
 class BrokerError(PlatformError):

@@ -139,6 +139,7 @@ def unavailable_error(error: BaseException) -> KafkaUnavailableError | None:
         "committed, and the next run replays it (a continuous run first waits "
         "PLATFORM_OUTAGE_WAIT_SECONDS for the brokers)",
         while_running=True,
+        detail=f"{kind}: {detail}",
     )
 
 

@@ -178,10 +178,10 @@ def run_pipeline(
             if deadline is None:
                 raise
             log.warning(
-                "%s: %s. Waiting up to %.0f s for the brokers, then the run starts again "
-                "from its checkpoint",
+                "%s: Kafka did not answer (%s); nothing of the batch is committed. Waiting "
+                "up to %.0f s for the brokers, then the run starts again from its checkpoint",
                 pipeline.application_id,
-                exc,
+                exc.detail,
                 deadline - time.monotonic(),
             )
             config = kafka_admin.client_config(settings.bootstrap_servers, settings.kafka_client)
