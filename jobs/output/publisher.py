@@ -321,7 +321,7 @@ class OutputPublisher:
             _ABANDONED.append(producer)
             self.producer = self._new_producer()
             if attempt >= STUCK_ATTEMPTS:
-                raise KafkaUnavailableError(
+                raise OutputError(
                     f"could not publish state version {changes.version} of {self.app} to "
                     f"{self.output.topic!r}: Kafka's group coordinator did not answer "
                     f"{attempt} times (nothing of it is visible; the next run publishes it)"
@@ -379,33 +379,24 @@ class OutputPublisher:
         if stage == "committing" and not (
             isinstance(error, KafkaError) and error.txn_requires_abort()
         ):
-            raise _failure(
+            raise OutputError(
                 f"the commit of state version {version} of {app} to {topic!r} did not "
                 f"answer ({exc}): whether it is in the topic is unknown until the next "
-                "publisher reads the bookmark (it publishes it then if it is not)",
-                exc,
+                "publisher reads the bookmark (it publishes it then if it is not)"
             ) from exc
         with contextlib.suppress(KafkaException):  # else the next init_transactions does
             producer.abort_transaction(TIMEOUT_S)
-        raise _failure(
+        raise OutputError(
             f"could not publish state version {version} of {app} to {topic!r} (nothing of "
-            f"it is visible; the next run publishes it): {exc}",
-            exc,
+            f"it is visible; the next run publishes it): {exc}"
         ) from exc
 
 
 def _unreached(what: str, exc: KafkaException) -> OutputError | KafkaUnavailableError:
     """``what`` failed: Kafka did not answer (a continuous run waits for it), or an
     error of the output's own."""
-    return _failure(f"{what}: {exc}", exc)
-
-
-def _failure(message: str, exc: KafkaException) -> OutputError | KafkaUnavailableError:
-    """The error that says ``message``: ``KafkaUnavailableError`` when Kafka did not
-    answer (a time-out, no connection, no coordinator), else ``OutputError``. Either
-    way nothing is half-published: the next publisher resolves it by the bookmark."""
-    unanswered = isinstance(kafka_admin.kafka_error("", exc), KafkaUnavailableError)
-    return KafkaUnavailableError(message) if unanswered else OutputError(message)
+    error = kafka_admin.kafka_error(what, exc)
+    return error if isinstance(error, KafkaUnavailableError) else OutputError(str(error))
 
 
 # Producers left with a call in flight stay referenced for the life of the

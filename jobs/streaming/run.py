@@ -178,8 +178,8 @@ def run_pipeline(
             if deadline is None:
                 raise
             log.warning(
-                "%s: Kafka did not answer (%s). Waiting up to %.0f s for the brokers, then "
-                "the run starts again from its checkpoint (what was not committed is replayed)",
+                "%s: Kafka did not answer (%s); nothing of the batch is committed. Waiting "
+                "up to %.0f s for the brokers, then the run starts again from its checkpoint",
                 pipeline.application_id,
                 exc.detail,
                 deadline - time.monotonic(),

@@ -141,16 +141,3 @@ def test_the_wait_needs_a_leader_for_every_partition_and_ends_at_its_deadline() 
     nobody = client_config("127.0.0.1:9")  # the discard port: nothing answers
     assert wait_for_brokers(nobody, ["a"], started + 1.0) is Answer.NONE
     assert time.monotonic() - started < 5
-
-
-def test_an_output_transaction_kafka_left_unanswered_is_waited_for() -> None:
-    from confluent_kafka import KafkaError, KafkaException
-
-    from jobs.errors import OutputError
-    from jobs.output.publisher import _failure
-
-    timed_out = _failure("could not publish state version 3", KafkaException(KafkaError(-185)))
-    assert isinstance(timed_out, KafkaUnavailableError)
-    assert str(timed_out) == "could not publish state version 3"
-    refused = _failure("could not publish state version 3", KafkaException(KafkaError(29)))
-    assert type(refused) is OutputError
