@@ -160,15 +160,16 @@ def check_expression(text: str) -> list[str]:
     if not text.strip():
         raise SqlTextError("is empty")
     found = tokens(text)
+    for literal in _literals(found):
+        if literal.strip().lower() in SPECIAL_TIMES:
+            raise SqlTextError(
+                f"reads {literal!r} as a date or time: it means the current one, which a "
+                "replay or a backfill would not reproduce"
+            )
     calls: list[str] = []
     for i, token in enumerate(found):
         if token.kind == "symbol" and token.text in (";", "|>"):
             raise SqlTextError(f"must be one expression (no {token.text!r})")
-        if token.kind in ("string", "raw") and _unquoted(token).strip().lower() in SPECIAL_TIMES:
-            raise SqlTextError(
-                f"reads {token.text} as a date or time: it means the current one, which a "
-                "replay or a backfill would not reproduce"
-            )
         if token.kind not in ("word", "quoted"):
             continue
         name = (
@@ -226,6 +227,20 @@ def _string_value(token: Token) -> str:
         return {"n": "\n", "t": "\t", "r": "\r", "b": "\b", "0": "\0"}.get(code, code)
 
     return ESCAPE.sub(undo, text)
+
+
+def _literals(found: list[Token]) -> list[str]:
+    """The string literals' values as Spark's parser reads them: escapes undone and
+    adjacent literals joined (``'to' 'day'`` is one literal, ``'today'``)."""
+    values: list[str] = []
+    run: list[str] = []
+    for token in [*found, Token("end", "")]:
+        if token.kind in ("string", "raw"):
+            run.append(_string_value(token))
+        elif run:
+            values.append("".join(run))
+            run = []
+    return values
 
 
 def mentions(text: str, name: str) -> bool:

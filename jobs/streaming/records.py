@@ -32,7 +32,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from jobs import resolved as resolution
-from jobs import sql_text
+from jobs import spark_functions, sql_text
 from jobs.errors import ConfigError
 from jobs.kafka_source import spark_kafka
 from jobs.pipeline import (
@@ -459,6 +459,7 @@ CLOCK_OR_SESSION = {
     "SparkVersion",
 }
 TIME_TYPES = {"date", "timestamp", "timestamp_ntz"}
+RUNTIME_REPLACEABLE = "org.apache.spark.sql.catalyst.expressions.RuntimeReplaceable"
 TYPED_LITERAL = re.compile(r"^\s*(date|timestamp(_ntz|_ltz)?)\s*", re.IGNORECASE)
 
 
@@ -473,11 +474,18 @@ def _tree_findings(spark: SparkSession, expression: Any) -> _Findings:
     time folded from a string (``DATE 'today'``, ``CAST('no' 'w' AS TIMESTAMP)``,
     escapes and all: Spark has undone them), and whether it reads ``kafka.headers``."""
     found = _Findings()
+    jvm = spark._jvm
+    assert jvm is not None
+    replaceable = jvm.java.lang.Class.forName(RUNTIME_REPLACEABLE)
     pending = [expression]
     while pending and found.refusal is None:
         node = pending.pop()
         kind = node.getClass().getSimpleName()
         children = [node.children().apply(i) for i in range(node.children().size())]
+        if replaceable.isInstance(node):
+            # What Spark runs instead (``to_date(s)`` is ``CAST(s AS DATE)``): the
+            # optimiser swaps it in, so judge it as well as the written arguments.
+            children.append(node.replacement())
         if kind in CLOCK_OR_SESSION or kind.startswith("Current"):
             found.refusal = (
                 f"reads the clock or the session ({node.prettyName()}): a replay or a "
@@ -567,13 +575,21 @@ def resolve(spark: SparkSession, pipeline: Pipeline, warehouse: Path | None = No
     for where, sql in pipeline.expressions:
         name = where.split(" (")[1][:-1] if where.startswith("derived") else "_filter"
         try:
-            unknown = sorted(set(sql_text.check_expression(sql)) - builtin)
+            calls = sql_text.check_expression(sql)
+            unknown = sorted(set(calls) - builtin)
         except sql_text.SqlTextError as exc:
             raise ConfigError(f"{origin}: {where}: {exc} (in {sql!r})") from None
         if unknown:
             raise ConfigError(
                 f"{origin}: {where}: calls {', '.join(unknown)}, not a Spark built-in function "
                 "(user-defined functions are not allowed)"
+            )
+        unreviewed = sorted(set(calls) - spark_functions.CLASSIFIED)
+        if unreviewed:
+            raise ConfigError(
+                f"{origin}: {where}: calls {', '.join(unreviewed)}, a function this Spark has "
+                "and the platform has not reviewed for replays (classify it in "
+                "jobs/spark_functions.py)"
             )
         try:
             frame = frame.select("*", F.expr(sql).alias(name))

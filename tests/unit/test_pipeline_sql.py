@@ -96,6 +96,12 @@ def test_expressions_name_their_function_calls() -> None:
         # Spark continues a -- comment past a backslash at the line's end: what the
         # text took for a string there is code to Spark.
         ("x -- \\\n'\n|| string(current_date()) -- '", "gives another answer"),
+        # Spelled so that only the literal's value (escapes undone, adjacent
+        # literals joined, as Spark's parser reads them) is the special word.
+        ("to_date('\\u0074oday')", "the current one"),
+        ("to_date('to' 'day')", "the current one"),
+        ("to_timestamp('n' \"ow\")", "the current one"),
+        ("to_timestamp_ntz(r'now')", "the current one"),
     ],
 )
 def test_expressions_that_may_not_run_are_refused(expr: str, message: str) -> None:
