@@ -57,7 +57,7 @@ def default_args(retries: int = 3) -> dict[str, Any]:
 def table_assets(pipeline: Pipeline, settings: Settings) -> list[Asset]:
     root = settings.warehouse / pipeline.application_id
     return [
-        Asset(name=f"{pipeline.application_id}_{table}", uri=f"file://{root / table}")
+        Asset(name=f"{pipeline.application_id}_{table}", uri=(root / table).as_uri())
         for table in ("state", "changelog")
     ]
 
@@ -68,19 +68,21 @@ def dimension_asset(table: Path, settings: Settings) -> Asset:
     application's Asset has a '.' in its name.)"""
     kept = settings.warehouse / DIMENSIONS_DIR
     name = f"{DIMENSIONS_DIR}.{table.name}" if table.parent == kept else f"table:{table}"
-    return Asset(name=name, uri=f"file://{table}")
+    # A URI, escaped: Airflow would cut a path's '#' off as a fragment.
+    return Asset(name=name, uri=table.as_uri())
 
 
 def enrichment_doc(pipeline: Pipeline, settings: Settings) -> tuple[str, list[Asset]]:
     """What a stream DAG says about the tables it reads, and their Assets."""
     assets, lines = [], []
     for e in pipeline.enrich:
-        asset = dimension_asset(Path(e.path(settings.warehouse)), settings)
+        table = Path(e.path(settings.warehouse))
+        asset = dimension_asset(table, settings)
         assets.append(asset)
         kept = asset.name.startswith(DIMENSIONS_DIR + ".")
         keeper = f", kept by DAG `dimension_{asset.name.split('.', 1)[1]}`" if kept else ""
         lines.append(
-            f"- `{e.name}`: `{asset.uri.removeprefix('file://')}` (Asset `{asset.name}`"
+            f"- `{e.name}`: `{table}` (Asset `{asset.name}`"
             f"{keeper}), joined on `{e.record_key} = {e.name}.{e.table_key}`; each batch "
             "joins one version and records it"
         )

@@ -29,10 +29,17 @@ from jobs.broker import port_is_free
 from jobs.errors import ConfigError, PlatformError
 from jobs.settings import REPO_ROOT, load_settings
 
-HOME = load_settings().local_airflow_home
-STATE = HOME / "standalone.json"
-LOG = HOME / "standalone.log"
-DRIVER_LOG = HOME / "warm-driver.log"
+STATE = "standalone.json"
+LOG = "standalone.log"
+DRIVER_LOG = "warm-driver.log"
+
+
+def home() -> Path:
+    """Where it keeps its state (``PLATFORM_AIRFLOW_HOME``): read when a command
+    runs, so that a bad setting is one ``error:`` line, not an import traceback."""
+    return load_settings().local_airflow_home
+
+
 # URL-encoded, or the provider silently falls back to YARN (measured).
 SPARK_CONNECTION = "spark://local%5B2%5D?deploy-mode=client&spark-binary=spark-submit"
 
@@ -43,7 +50,7 @@ def environment(port: int, driver_port: int) -> dict[str, str]:
         **os.environ,
         # The tasks' runs go to the warm driver started beside Airflow.
         "PLATFORM_DRIVER_URL": f"http://127.0.0.1:{driver_port}",
-        "AIRFLOW_HOME": str(HOME),
+        "AIRFLOW_HOME": str(home()),
         "AIRFLOW__CORE__DAGS_FOLDER": str(REPO_ROOT / "dags"),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO_ROOT / "plugins"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
@@ -82,9 +89,10 @@ def _alive(pgid: int) -> bool:
 
 
 def _running() -> dict[str, int] | None:
-    if not STATE.exists():
+    state = home() / STATE
+    if not state.exists():
         return None
-    info: dict[str, int] = json.loads(STATE.read_text())
+    info: dict[str, int] = json.loads(state.read_text())
     return info if any(_alive(g) for g in _groups(info)) else None
 
 
@@ -97,7 +105,7 @@ def _answers(url: str) -> bool:
 
 
 def password() -> str:
-    generated = HOME / "simple_auth_manager_passwords.json.generated"
+    generated = home() / "simple_auth_manager_passwords.json.generated"
     if generated.exists():
         return str(json.loads(generated.read_text()).get("admin", "?"))
     return "?"
@@ -125,15 +133,16 @@ def start(port: int, timeout_s: float = 180.0) -> dict[str, int]:
                 f"port {p} on 127.0.0.1 is in use; choose another with --port "
                 "(PLATFORM_DRIVER_PORT for the warm driver's)"
             )
-    HOME.mkdir(parents=True, exist_ok=True)
+    folder = home()
+    folder.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     env = environment(port, driver_port)
     info = {"port": port, "driver_port": driver_port}
     commands = {
-        "pgid": ([str(Path(sys.executable).parent / "airflow"), "standalone"], LOG),
+        "pgid": ([str(Path(sys.executable).parent / "airflow"), "standalone"], folder / LOG),
         "driver_pgid": (
             [sys.executable, "-m", "jobs", "serve", "--port", str(driver_port)],
-            DRIVER_LOG,
+            folder / DRIVER_LOG,
         ),
     }
     processes = {}
@@ -149,10 +158,14 @@ def start(port: int, timeout_s: float = 180.0) -> dict[str, int]:
                 start_new_session=True,  # its own process group: stop ends all of it
             )
         info[key] = proc.pid
-        STATE.write_text(json.dumps(info))  # before the next start: stop finds it
+        (folder / STATE).write_text(json.dumps(info))  # before the next start: stop finds it
     checks = {
-        "Airflow": ("pgid", f"http://127.0.0.1:{port}/api/v2/monitor/health", LOG),
-        "the warm driver": ("driver_pgid", f"http://127.0.0.1:{driver_port}/v1/health", DRIVER_LOG),
+        "Airflow": ("pgid", f"http://127.0.0.1:{port}/api/v2/monitor/health", folder / LOG),
+        "the warm driver": (
+            "driver_pgid",
+            f"http://127.0.0.1:{driver_port}/v1/health",
+            folder / DRIVER_LOG,
+        ),
     }
     while time.monotonic() - started < timeout_s:
         for name, (key, _url, log_path) in checks.items():
@@ -166,13 +179,13 @@ def start(port: int, timeout_s: float = 180.0) -> dict[str, int]:
         time.sleep(1)
     stop()
     raise PlatformError(
-        f"Airflow or its warm driver was not up within {timeout_s:.0f} s; see {HOME}"
+        f"Airflow or its warm driver was not up within {timeout_s:.0f} s; see {folder}"
     )
 
 
 def stop(timeout_s: float = 30.0) -> bool:
     info = _running()
-    STATE.unlink(missing_ok=True)
+    (home() / STATE).unlink(missing_ok=True)
     if info is None:
         return False
     groups = [g for g in _groups(info) if _alive(g)]
@@ -190,9 +203,11 @@ def stop(timeout_s: float = 30.0) -> bool:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m include.local_airflow", description=__doc__)
     parser.add_argument("action", choices=["start", "stop", "status"])
-    parser.add_argument("--port", type=int, default=load_settings().local_airflow_port)
+    parser.add_argument("--port", type=int, help="default: $PLATFORM_AIRFLOW_PORT or 8085")
     args = parser.parse_args(argv)
     try:
+        if args.port is None:
+            args.port = load_settings().local_airflow_port
         if not 1024 <= args.port <= 65533:
             raise ConfigError(f"--port must be 1024-65533, got {args.port}")
         if args.action == "start":
@@ -203,8 +218,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{info.get('seconds', 0)} s, {rss:,.0f} MiB)"
             )
             driver = f"http://127.0.0.1:{info.get('driver_port')}"
-            print(f"scheduled runs go to the warm driver at {driver} (log: {DRIVER_LOG})")
-            print(f"login: admin / {password()}   logs: {LOG}")
+            print(f"scheduled runs go to the warm driver at {driver} (log: {home() / DRIVER_LOG})")
+            print(f"login: admin / {password()}   logs: {home() / LOG}")
             print("stop it with: make airflow-stop")
         elif args.action == "stop":
             print("Airflow stopped" if stop() else "Airflow was not running")

@@ -173,7 +173,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.count < 0 or args.bad < 0 or args.partitions < 1:
         parser.error("--count and --bad must be >= 0 and --partitions >= 1")
-    settings = load_settings()
+    try:
+        settings = load_settings()
+    except PlatformError as exc:  # a bad PLATFORM_* value
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if args.kind == "merchants":
         try:
             categories = parse_categories(args.category)

@@ -36,7 +36,7 @@ import psutil
 from jobs.errors import BrokerError
 from jobs.jars import broker_classpath, tools_classpath
 from jobs.kafka_settings import jaas_quoted
-from jobs.settings import REPO_ROOT
+from jobs.settings import REPO_ROOT, java_options
 
 STATE_FILE = "broker.json"
 CLUSTER_FILE = "cluster.json"
@@ -232,7 +232,7 @@ def java_command(main: str, *args: str, tool: bool = False) -> list[str]:
     return [
         _java(),
         *JVM_OPTIONS,
-        *shlex.split(os.environ.get(EXTRA_ENV, "")),
+        *shlex.split(java_options("BROKER_JAVA_OPTIONS")),
         f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
         "-cp",
         classpath,

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import re
 import sys
 import traceback
 from dataclasses import replace
@@ -27,9 +26,8 @@ from jobs.errors import (
 )
 from jobs.lock import LockedError
 from jobs.pipeline import Pipeline, load_pipeline
-from jobs.settings import Settings, load_settings
+from jobs.settings import Settings, bootstrap_servers, load_settings
 
-HOST_PORT = re.compile(r"^[A-Za-z0-9.\-]+:\d{1,5}(,[A-Za-z0-9.\-]+:\d{1,5})*$")
 METRICS_EXPORTER_PORT = 9464  # the exporter's default port
 
 
@@ -205,9 +203,9 @@ def _settings(args: argparse.Namespace) -> Settings:
     settings = load_settings()
     servers = getattr(args, "bootstrap_servers", None)
     if servers is not None:
-        if not HOST_PORT.match(servers):
-            raise ConfigError(f"--bootstrap-servers must be HOST:PORT[,HOST:PORT], got {servers!r}")
-        settings = replace(settings, bootstrap_servers=servers)
+        settings = replace(
+            settings, bootstrap_servers=bootstrap_servers(servers, "--bootstrap-servers")
+        )
     warehouse = getattr(args, "warehouse", None)
     if warehouse is not None:
         settings = replace(settings, warehouse=warehouse.resolve())

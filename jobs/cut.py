@@ -35,7 +35,7 @@ from deltalake import CommitProperties, DeltaTable
 
 from jobs.coverage import Boundary, History, origin
 from jobs.delta import layout as tables
-from jobs.delta.layout import AppLayout
+from jobs.delta.layout import AppLayout, file_path
 from jobs.delta.log import commit_infos
 from jobs.delta.writer import bump_epoch
 from jobs.errors import ConfigError, ConsistencyError, SourceError
@@ -505,7 +505,7 @@ def loadable(table: Path, version: int) -> bool:
         files = DeltaTable(str(table), version=version).file_uris()
     except Exception:
         return False
-    return all(Path(uri.removeprefix("file://")).exists() for uri in files)
+    return all(file_path(uri).exists() for uri in files)
 
 
 def check_readable(application_id: str, name: str, path: str, versions: set[int | None]) -> None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import signal
 
+from jobs.settings import refused
+
 ENV = "PLATFORM_FAULT"
 GROUP_ENV = "PLATFORM_FAULT_PGID"
 POINTS = (
@@ -26,6 +28,19 @@ POINTS = (
 )
 
 
+def spec() -> tuple[str, int | None] | None:
+    """The fault to inject: (point, batch id or None: the first batch that gets
+    there), or None. ``ConfigError``: not a point and batch id (checked by
+    ``load_settings``, so a run never fails on it half-way)."""
+    raw = os.environ.get(ENV, "")
+    if not raw:
+        return None
+    point, at_sign, at = raw.partition("@")
+    if point not in POINTS or (at_sign and not (at.isascii() and at.isdigit())):
+        raise refused(ENV, f"POINT or POINT@BATCH_ID, a POINT of {', '.join(POINTS)}", raw)
+    return point, int(at) if at_sign else None
+
+
 def arm() -> None:
     """Called by the driver before Spark starts, so workers can kill the driver too."""
     if os.environ.get(ENV):
@@ -33,13 +48,10 @@ def arm() -> None:
 
 
 def maybe_crash(point: str, batch_id: int | None = None) -> None:
-    spec = os.environ.get(ENV)
-    if not spec:
+    fault = spec()
+    if fault is None or fault[0] != point:
         return
-    name, _, at = spec.partition("@")
-    if name != point:
-        return
-    if at and batch_id is not None and int(at) != batch_id:
+    if fault[1] is not None and batch_id is not None and fault[1] != batch_id:
         return
     group = int(os.environ.get(GROUP_ENV, os.getpgrp()))
     os.killpg(group, signal.SIGKILL)

@@ -10,21 +10,15 @@ run time: a missing folder is one error naming the command that fills it.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from jobs.errors import ConfigError
-from jobs.settings import REPO_ROOT
+from jobs.settings import jars_dir
 
 ENV = "PLATFORM_JARS_DIR"
 SETUP_HINT = "run make setup (it resolves include/jvm/pom.xml with mvn into .jvm/)"
 # The platform's own classes (include/jvm/sources), compiled by make setup.
 SOURCES_JAR = "platform-sources.jar"
-
-
-def jars_dir() -> Path:
-    configured = os.environ.get(ENV)
-    return Path(configured).resolve() if configured else REPO_ROOT / ".jvm"
 
 
 def _jars(group: str) -> list[Path]:

@@ -107,7 +107,7 @@ class LedgerCollector(Collector):
         if totals is None or not totals.files <= files:
             totals = LedgerTotals()  # new, or compacted since: from scratch
         for uri in sorted(files - totals.files):
-            path = uri.removeprefix("file://")
+            path = tables.file_path(uri)
             present = set(pq.read_schema(path).names)  # older files lack newer columns
             totals.add(
                 pq.read_table(path, columns=[c for c in COLUMNS if c in present]).to_pylist()

@@ -25,7 +25,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from jobs import sql_text
+from jobs import sql_settings, sql_text
 from jobs.delta.layout import (
     DEAD_LETTER_SCHEMA,
     LEDGER,
@@ -65,6 +65,8 @@ class Resolved:
     derived_types: Mapping[str, str] = field(default_factory=dict)
     dimensions: Mapping[str, DimensionTable] = field(default_factory=dict)
     headers_read: bool | None = None  # None: not analysed, the text decides
+    # The result-changing SQL settings it was computed with (``jobs/sql_settings.py``).
+    sql_settings: Mapping[str, str] = field(default_factory=dict)
     # What follows, filled by ``of``:
     columns: Mapping[str, str | None] = field(default_factory=dict)
     values: Mapping[str, str | None] = field(default_factory=dict)
@@ -141,6 +143,7 @@ class Resolved:
             "derived_types": dict(self.derived_types),
             "dimensions": {n: dataclasses.asdict(t) for n, t in self.dimensions.items()},
             "headers_read": self.headers_read,
+            "sql_settings": dict(self.sql_settings),
         }
 
 
@@ -149,6 +152,7 @@ def of(
     derived_types: Mapping[str, str] | None = None,
     dimensions: Mapping[str, DimensionTable] | None = None,
     headers_read: bool | None = None,
+    settings: Mapping[str, str] | None = None,
 ) -> Resolved:
     """``pipeline`` with Spark's answers (none: not analysed) and all that follows."""
     derived = dict(derived_types or {})
@@ -181,6 +185,7 @@ def of(
         derived_types=derived,
         dimensions=dict(dimensions or {}),
         headers_read=headers_read,
+        sql_settings=dict(settings or {}),
         columns=columns,
         values=values,
         tables=tables,
@@ -210,9 +215,17 @@ def stored_file(layout: AppLayout, version: int) -> Path:
 
 
 def store(layout: AppLayout, resolved: Resolved) -> None:
-    """Keep Spark's answers for tools without a JVM (atomically; only on a change)."""
+    """Keep Spark's answers for tools without a JVM (atomically; only on a change).
+    A definition whose batches were computed with other SQL settings is refused."""
     path = stored_file(layout, resolved.pipeline.version)
     text = json.dumps(resolved.stored(), indent=1, sort_keys=True)
+    try:
+        before = json.loads(path.read_text())
+    except (OSError, ValueError):
+        before = None
+    if isinstance(before, dict) and before.get("definition") == resolved.pipeline.definition:
+        origin = f"{resolved.application_id} version {resolved.pipeline.version}"
+        sql_settings.check_recorded(origin, before.get("sql_settings") or {})
     if path.exists() and path.read_text() == text:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -236,4 +249,5 @@ def load(layout: AppLayout, pipeline: Pipeline) -> Resolved:
         derived_types=data["derived_types"],
         dimensions={n: DimensionTable(**t) for n, t in data["dimensions"].items()},
         headers_read=data["headers_read"],
+        settings=data.get("sql_settings"),
     )

@@ -17,9 +17,11 @@ long-lived processes of their own and never come here.
 Driver and client share a token: ``PLATFORM_DRIVER_TOKEN``, or when it is not set,
 one the driver makes at start and writes where only its user can read it
 (``<warehouse>/_driver/token-<port>``, mode 600), where a client of that user finds
-it. The token never crosses the socket: the client first asks for a challenge and
-checks the driver's proof (an HMAC of the client's nonce), so another server on
-the port learns nothing; the run request then carries an HMAC of the driver's
+it. The driver writes it only once it holds the port: a second ``serve`` on a busy
+port stops with one line and leaves the live driver's token alone. The token
+never crosses the socket: the client first asks for a challenge and checks the
+driver's proof (an HMAC of the client's nonce), so another server on the port
+learns nothing; the run request then carries an HMAC of the driver's
 one-time nonce and the body's hash (``Authorization: Platform-MAC``). The driver
 runs only pipeline files under ``PLATFORM_PIPELINES_DIR``: it resolves the path
 once, opens what it resolved and checks, hashes and loads that one read.
@@ -56,7 +58,7 @@ from jobs import faults
 from jobs.errors import ConfigError, PlatformError, failure
 from jobs.lock import LockedError
 from jobs.pipeline import Pipeline, pipeline_from_text
-from jobs.settings import ENV_PREFIX, Settings
+from jobs.settings import ENV_PREFIX, Settings, configured_driver_token
 
 log = logging.getLogger(__name__)
 
@@ -418,23 +420,43 @@ def _handler(driver: WarmDriver, token: str) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+def listen(port: int) -> ThreadingHTTPServer:
+    """The driver's socket on loopback, bound and listening before anything else is
+    done: a port that is taken (another warm driver's, perhaps) is refused with one
+    line, and that driver's token file stays as it is. Requests wait in the
+    socket's backlog until the driver serves them."""
+    try:
+        server = ThreadingHTTPServer(("127.0.0.1", port), BaseHTTPRequestHandler)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot listen on port {port} of 127.0.0.1 ({exc.strerror}): another warm "
+            f"driver may run there; choose another port (--port, {ENV_PREFIX}DRIVER_PORT)"
+        ) from None
+    server.daemon_threads = False  # close() waits for the runs to return
+    return server
+
+
 def serve(settings: Settings, port: int) -> int:
-    """Start Spark, listen on loopback, run requests until SIGTERM/SIGINT, which
+    """Listen on loopback, start Spark, run requests until SIGTERM/SIGINT, which
     stops the runs in progress between batches and then the session."""
     from jobs.streaming import run  # noqa: F401 (imported now: the code the digest names)
     from jobs.streaming.spark import get_spark
 
-    faults.arm()
-    spark = get_spark(
-        settings.spark_master,
-        "platform-warm-driver",
-        settings.spark_driver_memory,
-        settings.spark_python,
-    )
-    token, written = driver_token(settings, port, os.environ.get(TOKEN_ENV))
+    server = listen(port)  # first: the token file is written only by the port's holder
+    try:
+        faults.arm()
+        spark = get_spark(
+            settings.spark_master,
+            "platform-warm-driver",
+            settings.spark_driver_memory,
+            settings.spark_python,
+        )
+    except BaseException:
+        server.server_close()
+        raise
+    token, written = driver_token(settings, port, configured_driver_token())
     driver = WarmDriver(spark, settings)
-    server = ThreadingHTTPServer(("127.0.0.1", port), _handler(driver, token))
-    server.daemon_threads = False  # close() waits for the runs to return
+    server.RequestHandlerClass = _handler(driver, token)
     stop = threading.Event()
 
     def request_stop(_signum: int, _frame: FrameType | None) -> None:
@@ -501,7 +523,7 @@ def run_remote(settings: Settings, pipeline: Pipeline, url: str | None = None) -
             "driver, or unset PLATFORM_DRIVER_URL"
         )
     try:
-        token = client_token(settings, url, os.environ.get(TOKEN_ENV))
+        token = client_token(settings, url, configured_driver_token())
     except ConfigError as exc:
         raise NoWarmDriver(str(exc)) from None
     path = pipeline.source_path.resolve()

@@ -9,6 +9,8 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+import shlex
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,7 +71,8 @@ class Settings:
         return self.driver_url or f"http://127.0.0.1:{self.driver_port}"
 
 
-# Every variable the platform reads (besides PLATFORM_KAFKA_*), for docs and checks.
+# Every variable the platform reads (besides PLATFORM_KAFKA_*), for docs and checks;
+# load_settings checks each value, so a bad one stops any command at its start.
 ENV_NAMES = tuple(
     ENV_PREFIX + name
     for name in (
@@ -79,12 +82,14 @@ ENV_NAMES = tuple(
         "SPARK_DRIVER_MEMORY",
         "SPARK_PYTHON",
         "SPARK_CDS",
+        "SPARK_JAVA_OPTIONS",
         "JARS_DIR",
         "SPARK_CONN_ID",
         "PIPELINES_DIR",
         "DIMENSIONS_DIR",
         "BROKER_DATA_DIR",
         "BROKER_PORT",
+        "BROKER_JAVA_OPTIONS",
         "AIRFLOW_HOME",
         "AIRFLOW_PORT",
         "DRIVER_URL",
@@ -96,11 +101,23 @@ ENV_NAMES = tuple(
         "APPROVERS",
         "DIMENSION_MAX_BYTES",
         "OUTAGE_WAIT_SECONDS",
+        "FAULT",
+        "TRIGGERED_BY",
     )
 )
 # Loopback only: runs (and the token) never cross a network in clear text.
-DRIVER_URL = re.compile(r"^http://(127\.0\.0\.1|localhost|\[::1\]):\d{1,5}$")
+DRIVER_URL = re.compile(r"^http://(?:127\.0\.0\.1|localhost|\[::1\]):(?P<port>[^:]*)$")
 DRIVER_OFF = "off"
+# HOST:PORT (a name, an IPv4 address or a bracketed IPv6 one), as Kafka takes them.
+HOST_PORT = re.compile(r"^(?:[A-Za-z0-9.\-]+|\[[0-9A-Fa-f:.]+\]):(?P<port>[^:\]]*)$")
+SPARK_MASTER = re.compile(
+    r"^(?:local(?:\[(?:[1-9][0-9]*|\*)(?:,[0-9]+)?\])?|local-cluster\[[0-9]+,[0-9]+,[0-9]+\]"
+    r"|yarn|(?:spark|k8s|mesos)://\S+)$"
+)
+JVM_MEMORY = re.compile(r"^[1-9][0-9]{0,9}(?:[kmgt]b?|b)?$", re.ASCII | re.IGNORECASE)
+CONN_ID = re.compile(r"^[A-Za-z0-9_.\-]{1,250}$")
+TOKEN = re.compile(r"^[!-~]{1,4096}$")  # visible ASCII: the same bytes on both sides
+SWITCH = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False}
 
 
 def _env(name: str, default: str) -> str:
@@ -108,10 +125,24 @@ def _env(name: str, default: str) -> str:
     return os.environ.get(ENV_PREFIX + name, default)
 
 
+def refused(what: str, form: str, raw: str) -> ConfigError:
+    """The one line a bad value gets: what (a variable, a flag), the form it takes,
+    the value given."""
+    return ConfigError(f"{what} must be {form}, got {raw!r}")
+
+
 def _port(raw: str, name: str) -> int:
-    if not raw.isdigit() or not 1 <= int(raw) <= 65535:
-        raise ConfigError(f"{ENV_PREFIX}{name} must be a port number 1-65535, got {raw!r}")
-    return int(raw)
+    port = _port_number(raw)
+    if port is None:
+        raise refused(ENV_PREFIX + name, "a port number 1-65535", raw)
+    return port
+
+
+def _port_number(raw: str) -> int | None:
+    """``raw`` as a TCP port (None: it is not one)."""
+    if raw.isascii() and raw.isdigit() and 1 <= int(raw) <= 65535:
+        return int(raw)
+    return None
 
 
 def platform_environment() -> dict[str, str]:
@@ -120,8 +151,18 @@ def platform_environment() -> dict[str, str]:
 
 
 def load_settings() -> Settings:
-    """Read the settings from the environment, validating every value."""
+    """Read the settings from the environment, validating every value (those that
+    other modules read too: ``spark_cds``, ``java_options``, ``jars_dir``,
+    ``configured_driver_token``, ``faults.spec``)."""
+    from jobs import faults
+
     broker_port = _port(_env("BROKER_PORT", "19092"), "BROKER_PORT")
+    spark_cds()
+    java_options("SPARK_JAVA_OPTIONS")
+    java_options("BROKER_JAVA_OPTIONS")
+    jars_dir()
+    configured_driver_token()
+    faults.spec()
     kafka_client = {
         key[len(KAFKA_CLIENT_ENV_PREFIX) :].lower().replace("_", "."): value
         for key, value in os.environ.items()
@@ -129,19 +170,20 @@ def load_settings() -> Settings:
     }
     kafka_settings.for_java(kafka_client)  # a setting Spark's client cannot be given fails now
     return Settings(
-        bootstrap_servers=_env("BOOTSTRAP_SERVERS", f"127.0.0.1:{broker_port}"),
-        warehouse=Path(_env("WAREHOUSE", str(REPO_ROOT / "warehouse"))).resolve(),
-        spark_master=_env("SPARK_MASTER", "local[2]"),
-        spark_driver_memory=_env("SPARK_DRIVER_MEMORY", "2g"),
+        bootstrap_servers=bootstrap_servers(
+            _env("BOOTSTRAP_SERVERS", f"127.0.0.1:{broker_port}"),
+            ENV_PREFIX + "BOOTSTRAP_SERVERS",
+        ),
+        warehouse=_directory("WAREHOUSE", REPO_ROOT / "warehouse").resolve(),
+        spark_master=_spark_master(_env("SPARK_MASTER", "local[2]")),
+        spark_driver_memory=_memory(_env("SPARK_DRIVER_MEMORY", "2g"), "SPARK_DRIVER_MEMORY"),
         spark_python=_env("SPARK_PYTHON", "").strip() or None,
-        spark_conn_id=_env("SPARK_CONN_ID", "spark_default"),
-        pipelines_dir=Path(_env("PIPELINES_DIR", str(REPO_ROOT / "include" / "pipelines"))),
-        dimensions_dir=Path(_env("DIMENSIONS_DIR", str(REPO_ROOT / "include" / "dimensions"))),
-        broker_data_dir=Path(_env("BROKER_DATA_DIR", str(REPO_ROOT / ".broker"))).resolve(),
+        spark_conn_id=_conn_id(_env("SPARK_CONN_ID", "spark_default")),
+        pipelines_dir=_directory("PIPELINES_DIR", REPO_ROOT / "include" / "pipelines"),
+        dimensions_dir=_directory("DIMENSIONS_DIR", REPO_ROOT / "include" / "dimensions"),
+        broker_data_dir=_directory("BROKER_DATA_DIR", REPO_ROOT / ".broker").resolve(),
         broker_port=broker_port,
-        local_airflow_home=Path(
-            _env("AIRFLOW_HOME", str(REPO_ROOT / ".local" / "airflow"))
-        ).resolve(),
+        local_airflow_home=_directory("AIRFLOW_HOME", REPO_ROOT / ".local" / "airflow").resolve(),
         local_airflow_port=_port(_env("AIRFLOW_PORT", "8085"), "AIRFLOW_PORT"),
         kafka_client=kafka_client,
         driver_url=_driver_url(_env("DRIVER_URL", "").strip()),
@@ -158,8 +200,93 @@ def load_settings() -> Settings:
 
 def _seconds(raw: str, name: str) -> int:
     if not (raw.strip().isascii() and raw.strip().isdigit()) or int(raw) > 7 * 24 * 3600:
-        raise ConfigError(f"{ENV_PREFIX}{name} must be whole seconds 0-604800, got {raw!r}")
+        raise refused(ENV_PREFIX + name, "whole seconds 0-604800", raw)
     return int(raw)
+
+
+def bootstrap_servers(raw: str, what: str) -> str:
+    """Kafka's bootstrap servers, ``HOST:PORT[,HOST:PORT]`` (``what``: where they
+    were given, for the message)."""
+    entries = [entry.strip() for entry in raw.split(",")]
+    found = [HOST_PORT.fullmatch(entry) for entry in entries]
+    if not all(f is not None and _port_number(f["port"]) for f in found):
+        raise refused(what, "HOST:PORT[,HOST:PORT] with ports 1-65535", raw)
+    return ",".join(entries)
+
+
+def _directory(name: str, default: Path) -> Path:
+    """A folder's path (it may not exist yet; a file there is no folder)."""
+    raw = _env(name, str(default))
+    if not raw.strip() or (os.path.exists(raw) and not os.path.isdir(raw)):
+        raise refused(ENV_PREFIX + name, "the path of a directory", raw)
+    return Path(raw)
+
+
+def jars_dir() -> Path:
+    """Where ``make setup`` put the jars (``PLATFORM_JARS_DIR``, else ``.jvm``)."""
+    default = REPO_ROOT / ".jvm"
+    given = ENV_PREFIX + "JARS_DIR" in os.environ  # set, even to "": it must be a path
+    return _directory("JARS_DIR", default).resolve() if given else default
+
+
+def _spark_master(raw: str) -> str:
+    if not SPARK_MASTER.fullmatch(raw):
+        raise refused(
+            ENV_PREFIX + "SPARK_MASTER",
+            "a Spark master URL: local, local[N], local[*], spark://HOST:PORT, yarn or k8s://URL",
+            raw,
+        )
+    return raw
+
+
+def _memory(raw: str, name: str) -> str:
+    if not JVM_MEMORY.fullmatch(raw):
+        raise refused(ENV_PREFIX + name, "a JVM memory size, e.g. 2g or 512m", raw)
+    return raw
+
+
+def _conn_id(raw: str) -> str:
+    if not CONN_ID.fullmatch(raw):
+        raise refused(
+            ENV_PREFIX + "SPARK_CONN_ID", "an Airflow connection id (letters, digits, _ . -)", raw
+        )
+    return raw
+
+
+def spark_cds() -> bool:
+    """Whether the driver JVM uses a class-data-sharing archive (``jobs/streaming/jvm.py``)."""
+    raw = _env("SPARK_CDS", "on")
+    if raw.strip().lower() not in SWITCH:
+        raise refused(ENV_PREFIX + "SPARK_CDS", "on or off", raw)
+    return SWITCH[raw.strip().lower()]
+
+
+def java_options(name: str) -> str:
+    """More JVM options of the user's (``SPARK_JAVA_OPTIONS``, ``BROKER_JAVA_OPTIONS``):
+    each one an option, in shell quoting (else the JVM takes a word for its main
+    class, or an open quote swallows the rest)."""
+    raw = _env(name, "")
+    try:
+        options = shlex.split(raw)
+    except ValueError:
+        options = [""]
+    if not all(option.startswith("-") for option in options):
+        raise refused(
+            ENV_PREFIX + name,
+            "JVM options, each starting with -, e.g. -XX:TieredStopAtLevel=1",
+            raw,
+        )
+    return raw.strip()
+
+
+def configured_driver_token() -> str | None:
+    """The token a warm driver and its clients share, when given (``jobs/service.py``)."""
+    raw = _env("DRIVER_TOKEN", "")
+    if raw and not TOKEN.fullmatch(raw):
+        raise refused(
+            ENV_PREFIX + "DRIVER_TOKEN", "1-4096 visible ASCII characters, no spaces", raw
+        )
+    return raw or None
 
 
 SIZE = re.compile(r"^(\d{1,12})([kmg]?)$", re.ASCII)
@@ -181,10 +308,7 @@ def _size(raw: str, name: str) -> int:
     found = SIZE.match(raw.strip().lower())
     size = int(found.group(1)) * SIZE_UNITS[found.group(2)] if found else 0
     if not 0 < size <= MAX_SIZE:
-        raise ConfigError(
-            f"{ENV_PREFIX}{name} must be a size in bytes up to 1g, e.g. 67108864 or 64m; "
-            f"got {raw!r}"
-        )
+        raise refused(ENV_PREFIX + name, "a size in bytes up to 1g, e.g. 67108864 or 64m", raw)
     return size
 
 
@@ -195,9 +319,10 @@ def _approvers(raw: str) -> tuple[str, ...]:
     names = tuple(n.strip() for n in raw.split(",") if n.strip())
     bad = [n for n in names if not USER_NAME.match(n)]
     if bad:
-        raise ConfigError(
-            f"{ENV_PREFIX}APPROVERS must be a comma list of Airflow user names (letters, "
-            f"digits, _ . @ -), got {bad[0]!r}"
+        raise refused(
+            ENV_PREFIX + "APPROVERS",
+            f"a comma list of Airflow user names (letters, digits, _ . @ -; not {bad[0]!r})",
+            raw,
         )
     return names
 
@@ -211,29 +336,34 @@ def _address(raw: str) -> str:
     try:
         ipaddress.ip_address(raw)
     except ValueError:
-        raise ConfigError(
-            f"{ENV_PREFIX}METRICS_ADDRESS must be an IP address, got {raw!r}"
-        ) from None
+        raise refused(ENV_PREFIX + "METRICS_ADDRESS", "an IP address", raw) from None
     return raw
 
 
-PUSHGATEWAY_URL = re.compile(r"^https?://[A-Za-z0-9.\-\[\]:]+(:\d{1,5})?/?$")
+PUSHGATEWAY_URL = re.compile(r"^https?://[A-Za-z0-9.\-\[\]:]+/?$")
 
 
 def _pushgateway_url(raw: str) -> str | None:
     if not raw:
         return None
-    if not PUSHGATEWAY_URL.match(raw):
-        raise ConfigError(f"{ENV_PREFIX}PUSHGATEWAY_URL must be http(s)://HOST[:PORT], got {raw!r}")
+    try:
+        port = urllib.parse.urlsplit(raw).port
+    except ValueError:  # not a number, or past 65535
+        port = 0
+    if not PUSHGATEWAY_URL.fullmatch(raw) or (port is not None and not 1 <= port <= 65535):
+        raise refused(ENV_PREFIX + "PUSHGATEWAY_URL", "http(s)://HOST[:PORT], PORT 1-65535", raw)
     return raw.rstrip("/")
 
 
 def _driver_url(raw: str) -> str | None:
     if not raw or raw == DRIVER_OFF:
         return None
-    if not DRIVER_URL.match(raw):
-        raise ConfigError(
-            f"{ENV_PREFIX}DRIVER_URL must be http://127.0.0.1:PORT (loopback) or "
-            f"{DRIVER_OFF!r}, got {raw!r}"
+    found = DRIVER_URL.fullmatch(raw)
+    if not found or _port_number(found["port"]) is None:
+        raise refused(
+            ENV_PREFIX + "DRIVER_URL",
+            "http://127.0.0.1:PORT, http://localhost:PORT or http://[::1]:PORT (loopback, "
+            f"PORT 1-65535), or {DRIVER_OFF!r}",
+            raw,
         )
     return raw

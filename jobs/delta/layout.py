@@ -10,10 +10,12 @@ follow from the pipeline's types: ``jobs/resolved.py``).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 import pyarrow as pa
 from deltalake import DeltaTable
@@ -21,6 +23,7 @@ from deltalake import Schema as DeltaSchema
 
 from jobs import sql_text
 from jobs.delta.log import TABLE_CONFIGURATION
+from jobs.errors import ConfigError
 from jobs.pipeline import APPLICATION_ID, Pipeline
 
 if TYPE_CHECKING:
@@ -46,6 +49,8 @@ ATOMIC_ARROW = {
 # creates a table with it.
 UNKNOWN = pa.null()
 # Order of a batch's commits; the ledger row is last: it marks the batch committed.
+# delta-rs reads a local path as a URL's: "%41" in a folder's name is the letter A.
+PERCENT_ESCAPE = re.compile(r"%[0-9A-Fa-f]{2}")
 DATA_TABLES = ("dead_letter", "changelog", "state")
 LEDGER = "_ledger"
 
@@ -59,6 +64,7 @@ class AppLayout:
         # The id becomes a directory name: never let it escape the warehouse.
         if not APPLICATION_ID.match(self.application_id):
             raise ValueError(f"invalid application id {self.application_id!r}")
+        check_table_path(self.warehouse, "the warehouse")
 
     @property
     def root(self) -> Path:
@@ -73,6 +79,23 @@ class AppLayout:
 
     def checkpoint(self, epoch: int) -> Path:
         return self.checkpoints / f"epoch={epoch}"
+
+
+def check_table_path(path: Path | str, what: str) -> None:
+    """Refuse a folder delta-rs would read as another: spaces, '#', '%' and any
+    Unicode are data, but '%' and two hex digits is an escaped character to it."""
+    found = PERCENT_ESCAPE.search(str(path))
+    if found:
+        raise ConfigError(
+            f"{what} {path} has {found.group()!r} in it, which delta-rs reads as an escaped "
+            "character: rename the folder (a '%' not followed by two hex digits is fine)"
+        )
+
+
+def file_path(uri: str) -> Path:
+    """A data file of ``DeltaTable.file_uris()`` as a local path: delta-rs gives them
+    percent-encoded (a space is %20), with or without ``file://``."""
+    return Path(unquote(uri.removeprefix("file://")))
 
 
 def arrow_type(kind: str | None) -> pa.DataType:

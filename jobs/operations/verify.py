@@ -43,6 +43,7 @@ from jobs.operations.backfill import aggregate_records, preview, read_records
 from jobs.output.changes import commit_infos
 from jobs.pipeline import Pipeline
 from jobs.progress import SparkJobProgress
+from jobs.resolved import store
 from jobs.settings import Settings
 from jobs.streaming.records import resolve
 
@@ -141,6 +142,7 @@ def run_verify(
         raise ConfigError(f"{pipeline.application_id} keeps no raw archive (archive: false)")
     resolved = resolve(spark, pipeline, settings.warehouse)
     layout = AppLayout(settings.warehouse, pipeline.application_id)
+    store(layout, resolved)  # refuses a definition computed with other SQL settings
     if not DeltaTable.is_deltatable(str(layout.table("state"))):
         raise ConfigError(f"{pipeline.application_id} has no state table: nothing to verify")
     # One read of the ledger: the lineage, the base version and the epoch agree

@@ -8,11 +8,15 @@ too, so Delta's classes, which a session loads at start, are in the archive
 (with them: session 3.6-4.2 s instead of 5.7-5.9 s, the first Delta write 5.6 s
 instead of 7.3 s). The archive is keyed by the Java and Spark in use,
 written under a per-process name and renamed into place only once complete, so
-concurrent runs never read a half-written archive. A stale or foreign archive is
-refused by the JVM itself, which then starts without it (``-Xshare:auto``).
-``PLATFORM_SPARK_CDS=off`` disables it. ``PLATFORM_SPARK_JAVA_OPTIONS`` adds
-options of the user's (``-XX:TieredStopAtLevel=1``, the JIT's first tier only,
-made a cold 2,000-record run 23% faster and a cold 1M-event batch 10% slower).
+concurrent runs never read a half-written archive. It lives in this user's own
+folder (``<tmp>/platform-<uid>/jvm``, ``jobs/private_dir.py``): a JVM maps only
+an archive that is this user's file and that no one else may write (another
+user's would run their code here), and files of other names are left alone. A
+stale archive is refused by the JVM itself, which then starts without it
+(``-Xshare:auto``). ``PLATFORM_SPARK_CDS=off`` disables it.
+``PLATFORM_SPARK_JAVA_OPTIONS`` adds options of the user's
+(``-XX:TieredStopAtLevel=1``, the JIT's first tier only, made a cold
+2,000-record run 23% faster and a cold 1M-event batch 10% slower).
 """
 
 from __future__ import annotations
@@ -20,15 +24,18 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import shutil
-import tempfile
+import stat
 import time
 from pathlib import Path
 
 import psutil
 import pyspark
 
-from jobs.settings import REPO_ROOT
+from jobs.errors import ConfigError
+from jobs.private_dir import is_own_file, private_dir
+from jobs.settings import REPO_ROOT, java_options, spark_cds
 
 log = logging.getLogger(__name__)
 ENV = "PLATFORM_SPARK_CDS"
@@ -42,6 +49,9 @@ DUMP_SETTLE_S = 60.0
 # Archives of other jar sets (other checkouts, older setups) kept when a new one is
 # written: about 190 MB each, and every rebuilt jar set makes another.
 KEEP_OTHER_ARCHIVES = 3
+# spark-<key>.jsa, an archive; spark-<key>.<pid>.jsa, a run's dump (any other name
+# in the folder is not the platform's: it is neither read nor removed).
+ARCHIVE_NAME = re.compile(r"spark-(?P<key>[0-9a-f]{16})(?:\.(?P<pid>[0-9]{1,10}))?\.jsa")
 
 
 def _key() -> str:
@@ -60,37 +70,62 @@ def _key() -> str:
 
 
 def archive_dir() -> Path:
-    return Path(tempfile.gettempdir()) / "platform-jvm"
+    """This user's own folder for archives (``jobs/private_dir.py``): an archive
+    another user could write would run their code in every driver JVM."""
+    return private_dir("jvm")
+
+
+def _parse(name: str) -> tuple[str, int | None] | None:
+    """(key, writer's pid) of ``spark-<key>.jsa`` (pid None: an archive) or of a
+    dump ``spark-<key>.<pid>.jsa``; None for any other name (left alone)."""
+    found = ARCHIVE_NAME.fullmatch(name)
+    if found is None:
+        return None
+    return found["key"], int(found["pid"]) if found["pid"] else None
 
 
 def cds_options() -> str:
     """Driver JVM options: map the archive, or dump one at exit if there is none."""
-    if os.environ.get(ENV, "").lower() in ("off", "0", "false"):
+    if not spark_cds():
         return ""
-    folder = archive_dir()
-    folder.mkdir(parents=True, exist_ok=True)
-    final = folder / f"spark-{_key()}.jsa"
+    try:
+        folder = archive_dir()
+    except ConfigError as exc:  # the archive only saves time: start without one
+        log.warning("no class-data-sharing archive: %s", exc)
+        return ""
+    key = _key()
+    final = folder / f"spark-{key}.jsa"
+    if os.path.lexists(final) and not is_own_file(final):
+        log.warning("removing %s: not a file of this user's alone", final)
+        final.unlink(missing_ok=True)
     dumping = False
-    for dump in folder.glob(f"spark-{_key()}.*.jsa"):
-        pid = int(dump.suffixes[-2].lstrip("."))
+    for dump in folder.glob(f"spark-{key}.*.jsa"):
+        parsed = _parse(dump.name)
+        if parsed is None or parsed[1] is None:
+            continue  # not a dump's name: nothing of the platform's
+        pid = parsed[1]
         try:
-            settled = time.time() - dump.stat().st_mtime > DUMP_SETTLE_S
+            found = os.lstat(dump)
+            if not stat.S_ISREG(found.st_mode) or found.st_uid != os.getuid():
+                continue  # never adopted, nor taken for a run's dump in progress
+            settled = time.time() - found.st_mtime > DUMP_SETTLE_S
             if psutil.pid_exists(pid) or not settled:
                 dumping = True  # another run is writing one: do not write a second
-            elif final.exists() or dump.stat().st_size == 0:
+            elif final.exists() or found.st_size == 0:
                 dump.unlink(missing_ok=True)  # a spare (or an empty) dump
-            else:
-                dump.replace(final)  # a finished dump of an earlier run
+            else:  # a finished dump of an earlier run, written under the user's umask
+                dump.chmod(0o600)
+                dump.replace(final)
         except FileNotFoundError:
             continue  # another run starting at the same time moved or removed it
     quiet = "-Xshare:auto -Xlog:cds=off,cds+dynamic=off"
-    if final.exists():
+    if is_own_file(final):
         return f"{quiet} -XX:SharedArchiveFile={final}"
     if dumping:
         return ""
-    prune_other_archives(folder, _key())
+    prune_other_archives(folder, key)
     log.info("no class-data-sharing archive yet: this run writes one at exit")
-    return f"{quiet} -XX:ArchiveClassesAtExit={folder / f'spark-{_key()}.{os.getpid()}.jsa'}"
+    return f"{quiet} -XX:ArchiveClassesAtExit={folder / f'spark-{key}.{os.getpid()}.jsa'}"
 
 
 def prune_other_archives(folder: Path, key: str) -> None:
@@ -100,18 +135,19 @@ def prune_other_archives(folder: Path, key: str) -> None:
     Runs of the same key may prune at once: a file gone meanwhile is skipped."""
     others: list[tuple[float, Path]] = []
     for path in folder.glob("spark-*.jsa"):
-        if path.name.startswith(f"spark-{key}."):
+        parsed = _parse(path.name)
+        if parsed is None or parsed[0] == key:
             continue
         try:
             modified = path.stat().st_mtime
         except FileNotFoundError:
             continue
-        if path.name.count(".") == 1:
+        pid = parsed[1]
+        if pid is None:
             others.append((modified, path))
             continue
-        pid = path.suffixes[-2].lstrip(".")
         settled = time.time() - modified > DUMP_SETTLE_S
-        if settled and not (pid.isdigit() and psutil.pid_exists(int(pid))):
+        if settled and not psutil.pid_exists(pid):
             path.unlink(missing_ok=True)
     others.sort(reverse=True)
     for _modified, stale in others[KEEP_OTHER_ARCHIVES:]:
@@ -121,5 +157,5 @@ def prune_other_archives(folder: Path, key: str) -> None:
 
 def driver_java_options() -> str:
     """Every driver JVM's options: the platform's log config and the archive."""
-    extra = os.environ.get(EXTRA_ENV, "").strip()
+    extra = java_options("SPARK_JAVA_OPTIONS")
     return f"-Dlog4j.configurationFile={LOG4J_CONFIG} {cds_options()} {extra}".strip()

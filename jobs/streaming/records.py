@@ -33,6 +33,7 @@ from pyspark.sql import functions as F
 
 from jobs import resolved as resolution
 from jobs import spark_functions, sql_text
+from jobs.delta import layout as tables
 from jobs.errors import ConfigError
 from jobs.kafka_source import spark_kafka
 from jobs.pipeline import (
@@ -46,6 +47,7 @@ from jobs.pipeline import (
 from jobs.resolved import DimensionTable, Resolved
 from jobs.snapshot import RECORDS, contribution, sketch_input
 from jobs.streaming import batch_watermark, dimensions
+from jobs.streaming.spark import check_sql_settings
 
 log = logging.getLogger(__name__)
 # The event-time watermark a record is judged by: the stream's batch watermark
@@ -408,6 +410,7 @@ def _dimension_tables(
         if warehouse is None and e.table.startswith("${"):
             raise ConfigError(f"{origin}: enrich[{i}].table: needs the warehouse to resolve")
         path = e.path(warehouse) if warehouse is not None else e.table
+        tables.check_table_path(path, f"{origin}: enrich[{i}].table:")
         try:
             schema = spark.read.format("delta").load(path).schema
         except PySparkException as exc:
@@ -561,6 +564,7 @@ def resolve(spark: SparkSession, pipeline: Pipeline, warehouse: Path | None = No
     names the file, the field and the reason.
     """
     origin = str(pipeline.source_path or pipeline.application_id)
+    pinned = check_sql_settings(spark)
     kafka_schema = f"{spark_kafka.COLUMNS}, headers {HEADERS_TYPE}"
     frame = _user_columns(spark.createDataFrame([], kafka_schema), pipeline)
     frame = frame.select(*(f"`{n}`" for n in pipeline.schema), "kafka")
@@ -644,7 +648,7 @@ def resolve(spark: SparkSession, pipeline: Pipeline, warehouse: Path | None = No
             aggregate_type(agg, kind_of(agg.field) if agg.field else "")
         except TypeProblem as exc:
             raise ConfigError(f"{origin}: aggregations[{i}].{exc.key}: {exc}") from None
-    resolved = resolution.of(pipeline, types, tables, headers)
+    resolved = resolution.of(pipeline, types, tables, headers, pinned)
     if pipeline.archive and resolved.uses_headers:
         raise ConfigError(
             f"{origin}: source.archive: the raw archive does not keep Kafka headers: a "

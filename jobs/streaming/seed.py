@@ -18,6 +18,12 @@ the old epoch's.
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
@@ -52,8 +58,37 @@ def hold_stream(spark: SparkSession, starting_offsets_json: str) -> DataFrame:
     )
 
 
+# What Spark's state reader finds by name: it turns its path into a URI and back,
+# escaping it twice, so a folder named with a space, '%', '#' or any Unicode is not
+# found ("No committed batch found").
+URI_SAFE = re.compile(r"^[A-Za-z0-9/._=+,:@~-]*$")
+
+
+@contextmanager
+def _state_reader_path(checkpoint: Path) -> Iterator[str]:
+    """``checkpoint`` as the state reader can find it: itself, or a link with a
+    plain name in a folder of this process's own."""
+    if URI_SAFE.match(str(checkpoint)):
+        yield str(checkpoint)
+        return
+    folder = tempfile.mkdtemp(prefix="platform-state-")  # mode 700
+    try:
+        link = os.path.join(folder, "checkpoint")
+        os.symlink(checkpoint, link)
+        yield link
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def verify_seeded_state(
     spark: SparkSession, resolved: Resolved, checkpoint: Path, path: Path
+) -> int:
+    with _state_reader_path(checkpoint) as readable:
+        return _verify_seeded_state(spark, resolved, readable, path)
+
+
+def _verify_seeded_state(
+    spark: SparkSession, resolved: Resolved, checkpoint: str, path: Path
 ) -> int:
     """Spark's state after the seed batch (batch 0) must equal the snapshot, row by row.
 
@@ -64,7 +99,7 @@ def verify_seeded_state(
     seeds') whose union holds what the seeded one held: compared by estimate, as
     the bytes of equal sketches can differ.
     """
-    state = spark.read.format("statestore").option("batchId", 0).load(str(checkpoint))
+    state = spark.read.format("statestore").option("batchId", 0).load(checkpoint)
     key_fields = state.schema["key"].dataType.fieldNames()  # type: ignore[attr-defined]
     value_type = state.schema["value"].dataType
     # Casting a struct is positional: it gives the "sum", "sum", ... buffers unique names.

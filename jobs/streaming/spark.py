@@ -19,8 +19,10 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
+from jobs import sql_settings
 from jobs.errors import ConfigError
 from jobs.jars import spark_jars
+from jobs.private_dir import is_own, private_dir
 from jobs.settings import REPO_ROOT, Settings
 from jobs.streaming import batch_watermark
 from jobs.streaming.jvm import driver_java_options
@@ -50,6 +52,7 @@ SNAPSHOT_EVERY = "spark.sql.streaming.stateStore.minDeltasForSnapshot"
 SHORT_QUERY_STATE = {UNLOAD_ON_COMMIT: "true", SNAPSHOT_EVERY: "1"}
 LONG_QUERY_STATE = {UNLOAD_ON_COMMIT: "false", SNAPSHOT_EVERY: "10"}
 PACKAGE = REPO_ROOT / "jobs"
+ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # the earliest a zip can say
 # Cluster Python default: a worker's interpreter is not at the driver's path.
 CLUSTER_PYTHON = "python3"
 # What the platform's tasks import on executors (checked on a cluster at start).
@@ -84,30 +87,77 @@ def _sources() -> list[Path]:
     return sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
 
 
-def package_digest() -> str:
-    """What code ``jobs/`` holds (a content hash): the zip's name, and how a warm
-    driver and its client tell that they run the same code."""
+def _members() -> list[tuple[str, bytes]]:
+    """``jobs/``'s files as the zip holds them: (path under the project, content)."""
+    return [(str(path.relative_to(REPO_ROOT)), path.read_bytes()) for path in _sources()]
+
+
+def _content_digest(members: Iterable[tuple[str, bytes]]) -> str:
+    """A hash of (name, content) pairs, each length-prefixed: no other set of files
+    (one file holding the next one's name and text, say) has the same."""
     digest = hashlib.sha256()
-    for path in _sources():
-        digest.update(str(path.relative_to(REPO_ROOT)).encode() + b"\0" + path.read_bytes())
+    for name, data in members:
+        encoded = name.encode()
+        for part in (encoded, data):
+            digest.update(len(part).to_bytes(8, "big") + part)
     return digest.hexdigest()[:16]
 
 
+def package_digest() -> str:
+    """What code ``jobs/`` holds (a content hash): the zip's name, and how a warm
+    driver and its client tell that they run the same code."""
+    return _content_digest(_members())
+
+
 def package_zip() -> Path:
-    """``jobs/`` as a zip for executors' ``sys.path``, named by its content so a
-    changed package never reuses a stale archive (built once per content, atomically)."""
-    sources = _sources()
-    name = f"jobs-{package_digest()}.zip"
-    target = Path(tempfile.gettempdir()) / "platform-py-files" / name
-    if target.exists():
+    """``jobs/`` as a zip for executors' ``sys.path``, named by its content and kept
+    in this user's own folder (``jobs/private_dir.py``). An archive found there is
+    shipped only if it is this user's own file, no one else may write it, and it
+    holds exactly what its name says; else it is built again (atomically)."""
+    members = _members()  # read once: the name and the archive are of the same bytes
+    digest = _content_digest(members)
+    target = private_dir("py-files") / f"jobs-{digest}.zip"
+    problem = _archive_problem(target, digest)
+    if problem is None:
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_suffix(f".{os.getpid()}.partial")
-    with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as archive:
-        for path in sources:
-            archive.write(path, str(path.relative_to(REPO_ROOT)))
-    partial.replace(target)
+    if problem:
+        log.warning("not shipping %s (%s): building it again", target, problem)
+    descriptor, partial = tempfile.mkstemp(dir=target.parent, prefix=target.name, suffix=".partial")
+    try:
+        with (
+            os.fdopen(descriptor, "wb") as handle,
+            zipfile.ZipFile(handle, "w", zipfile.ZIP_DEFLATED) as archive,
+        ):
+            for name, data in members:
+                # Fixed time and mode: the archive depends on the sources alone.
+                info = zipfile.ZipInfo(name, date_time=ZIP_TIME)
+                info.external_attr = 0o644 << 16
+                archive.writestr(info, data, zipfile.ZIP_DEFLATED)
+        os.replace(partial, target)
+    except BaseException:
+        Path(partial).unlink(missing_ok=True)
+        raise
     return target
+
+
+def _archive_problem(path: Path, digest: str) -> str | None:
+    """None when ``path`` is this user's own archive of exactly the sources of
+    ``digest``; else why not ("": there is none)."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return ""
+    except OSError as exc:  # ELOOP: a link in its place
+        return f"cannot open it without following a link: {exc.strerror}"
+    with os.fdopen(descriptor, "rb") as handle:
+        if not is_own(os.fstat(descriptor)):
+            return "not a file of this user's alone"
+        try:
+            with zipfile.ZipFile(handle) as archive:
+                found = _content_digest((i.filename, archive.read(i)) for i in archive.infolist())
+        except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+            return f"not a readable zip: {exc}"
+    return None if found == digest else f"it holds other code ({found})"
 
 
 def _submitted_master() -> str:
@@ -151,13 +201,12 @@ def get_spark(
         builder = builder.config(
             "spark.driver.extraClassPath", os.pathsep.join(str(jar) for jar in spark_jars())
         )
-    for key, value in DELTA_CONF.items():
+    for key, value in {**DELTA_CONF, **sql_settings.PINNED}.items():
         builder = builder.config(key, value)
     spark = (
         builder.appName(app_name)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
         .config(
             "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled",
@@ -252,6 +301,26 @@ def check_delta_session(spark: SparkSession) -> None:
                 "jobs.streaming.spark.DELTA_CONF (docs/pipelines.md, Reading the tables from "
                 "your own Spark)"
             )
+
+
+def check_sql_settings(spark: SparkSession) -> dict[str, str]:
+    """The pinned SQL settings of ``spark`` (``jobs/sql_settings.py``), or one
+    ``ConfigError`` naming a setting that would make it compute otherwise."""
+    values = {key: spark.conf.get(key, None) for key in sql_settings.PINNED}
+    jvm = spark._jvm
+    assert jvm is not None
+    defaults = jvm.org.apache.spark.sql.internal.SQLConf()  # nothing set: Spark's defaults
+    legacy = {}
+    for key, value in spark.conf.getAll.items():
+        if key.startswith(sql_settings.LEGACY) and key not in sql_settings.PINNED:
+            try:
+                default = str(defaults.getConfString(key))
+            except Exception:  # py4j: a key Spark does not know has no default
+                default = None
+            if default is None or default.lower() != value.lower():
+                legacy[key] = value
+    sql_settings.check_session(values, legacy)
+    return {key: str(value) for key, value in values.items()}
 
 
 def check_executors(spark: SparkSession, python: str) -> None:

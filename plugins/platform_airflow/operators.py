@@ -2,7 +2,9 @@
 hand with ``spark-submit`` on a worker. An available-now ``run`` goes first to the
 warm driver (``jobs/service.py``; ``PLATFORM_DRIVER_URL``, else one on this
 machine's ``PLATFORM_DRIVER_PORT``), with no JVM started for it; when none takes
-it, the task says why in its log and uses spark-submit."""
+it, the task says why in its log and uses spark-submit. A malformed
+``PLATFORM_DRIVER_URL`` (like any bad ``PLATFORM_*`` value) is no reason to fall
+back: the task fails with the one line ``load_settings`` gives."""
 
 from __future__ import annotations
 

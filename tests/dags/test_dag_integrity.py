@@ -275,3 +275,16 @@ def test_the_dimension_dag_publishes_the_table_the_enriched_stream_reads(dagbag)
     stream = dagbag.dags["stream_orders_by_category"]
     assert [a.name for a in stream.get_task("run").inlets] == ["dims.merchants"]
     assert "kept by DAG `dimension_merchants`" in (stream.doc_md or "")
+
+
+def test_assets_of_paths_with_spaces_hash_and_unicode_are_distinct_uris() -> None:
+    import dataclasses
+
+    from include.dag_factory import dimension_asset
+
+    settings = dataclasses.replace(load_settings(), warehouse=Path("/w/ware house 50% é"))
+    first = dimension_asset(Path("/w/ware house 50% é/dims/m #1"), settings)
+    second = dimension_asset(Path("/w/ware house 50% é/dims/m #2"), settings)
+    # Airflow keeps a URI up to its '#': unescaped, the two tables were one Asset.
+    assert first.uri != second.uri
+    assert first.uri == "file:///w/ware%20house%2050%25%20%C3%A9/dims/m%20%231"

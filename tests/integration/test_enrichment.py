@@ -313,3 +313,39 @@ def test_spark_checks_the_tables_before_a_run(  # type: ignore[no-untyped-def]
     with pytest.raises(ConfigError) as error:
         records.resolve(spark, load_pipeline(str(path), tmp_path), settings.warehouse)
     assert "\n" not in str(error.value) and message in str(error.value), str(error.value)
+
+
+def test_a_warehouse_path_with_spaces_percent_hash_and_non_ascii_works_everywhere(  # type: ignore[no-untyped-def]
+    spark, broker, settings, kafka_config, new_topic, tmp_path
+) -> None:
+    import dataclasses
+
+    from jobs.metrics_exporter import exposition
+
+    warehouse = tmp_path / "ware house 50% #1 é"
+    settings = dataclasses.replace(settings, warehouse=warehouse)
+    topic = new_topic(2)
+    write_merchants(warehouse / "dims" / "merchants", MERCHANTS)
+    path = pipeline_file(tmp_path, topic)
+    batches = []
+    for salt in (1, 2):  # the second run's start checks the first batch's cut
+        records = orders(salt, 200)
+        batches.append((records, MERCHANTS))
+        produce(kafka_config, topic, records)
+        done = run_jobs(path, settings, "run", "--quiet", spark=spark)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert state(warehouse) == expected(batches)
+    status = run_jobs(path, settings, "status", spark=spark)
+    assert status.returncode == 0 and "problems: none found" in status.stdout, status.stdout
+    checked = run_jobs(path, settings, "verify", spark=spark)
+    assert checked.returncode == 0 and ", 0 differ" in checked.stdout, checked.stdout[-2000:]
+    target = ledger_batches(warehouse)[0]["end_offsets"]
+    args = ("rewind", "--to-offset", target, "--mode", "reprocess", "--reason", "paths")
+    rewound = run_jobs(path, settings, *args, spark=spark)
+    assert rewound.returncode == 0, rewound.stderr[-2000:]
+    done = run_jobs(path, settings, "run", "--quiet", spark=spark)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert state(warehouse) == expected(batches)
+    committed = float(len(ledger_batches(warehouse)))
+    line = 'platform_ledger_batches_total{application="merchant_sales",pipeline_version="1"}'
+    assert f"{line} {committed}" in exposition(settings)

@@ -4,6 +4,8 @@ never read half-written."""
 from __future__ import annotations
 
 import os
+import stat
+import tempfile
 import time
 from pathlib import Path
 
@@ -118,3 +120,69 @@ def test_two_runs_that_both_find_a_finished_dump_start_alike(
     monkeypatch.setattr(Path, "replace", moved_first)
     final = folder / f"spark-{jvm._key()}.jsa"
     assert f"-XX:SharedArchiveFile={final}" in jvm.cds_options()
+
+
+def test_a_file_whose_name_does_not_parse_is_ignored(folder: Path) -> None:
+    """A planted spark-<key>.x.jsa made every run fail in int()."""
+    old = time.time() - jvm.DUMP_SETTLE_S - 5
+    for name in (f"spark-{jvm._key()}.x.jsa", f"spark-{jvm._key()}..jsa", "spark-x.1.2.jsa"):
+        (folder / name).write_bytes(b"x")
+        os.utime(folder / name, (old, old))
+    options = jvm.cds_options()
+    assert f"-XX:ArchiveClassesAtExit={folder}" in options
+    other = folder / "spark-00000000000000ee.x.jsa"  # another key's
+    other.write_bytes(b"x")
+    os.utime(other, (old, old))
+    jvm.prune_other_archives(folder, jvm._key())
+    assert other.exists()  # not the platform's name: neither read nor removed
+
+
+def test_an_archive_others_may_write_or_a_link_is_never_mapped(folder: Path) -> None:
+    final = folder / f"spark-{jvm._key()}.jsa"
+    final.write_bytes(b"archive")
+    final.chmod(0o666)
+    options = jvm.cds_options()
+    assert "SharedArchiveFile" not in options and "-XX:ArchiveClassesAtExit" in options
+    assert not final.exists()  # removed: this run writes a new one
+    elsewhere = folder.parent / "planted.jsa"
+    elsewhere.write_bytes(b"archive")
+    final.symlink_to(elsewhere)
+    options = jvm.cds_options()
+    assert "SharedArchiveFile" not in options and str(elsewhere) not in options
+    assert elsewhere.read_bytes() == b"archive"
+
+
+def test_files_of_another_user_are_never_adopted(
+    folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key = jvm._key()
+    dump = folder / f"spark-{key}.{2**22 + 12345}.jsa"  # a dead run's, settled
+    dump.write_bytes(b"archive")
+    old = time.time() - 3600
+    os.utime(dump, (old, old))
+    final = folder / f"spark-{key}.jsa"
+    with monkeypatch.context() as other_user:
+        other_user.setattr(os, "getuid", lambda: os.geteuid() + 1)  # the files are not theirs
+        options = jvm.cds_options()
+    assert "SharedArchiveFile" not in options and not final.exists()
+    assert f"-XX:SharedArchiveFile={final}" in jvm.cds_options()  # its own user's: adopted
+
+
+def test_the_archive_folder_is_its_users_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tmp_path.chmod(0o1777)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.delenv(jvm.ENV, raising=False)
+    folder = jvm.archive_dir()
+    found = os.lstat(folder)
+    assert found.st_uid == os.getuid() and stat.S_IMODE(found.st_mode) & 0o077 == 0
+    # Another user's folder (here: a link to one) in its place: no archive is mapped
+    # from it or dumped into it; the run starts without one.
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    (planted / f"spark-{jvm._key()}.jsa").write_bytes(b"archive")
+    folder.rmdir()
+    folder.symlink_to(planted)
+    assert jvm.cds_options() == ""
+    assert sorted(p.name for p in planted.iterdir()) == [f"spark-{jvm._key()}.jsa"]

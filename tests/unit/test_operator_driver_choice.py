@@ -154,3 +154,16 @@ def test_a_fault_to_inject_sends_the_run_to_spark_submit(env, submitted, monkeyp
     monkeypatch.setenv("PLATFORM_FAULT", "after_changelog")
     assert operator().execute({"params": {}}) == "spark-submit"
     assert submitted[0]["PLATFORM_FAULT"] == "after_changelog"
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:99999", "http://127.0.0.1:port"])
+def test_a_malformed_driver_url_fails_the_task_with_one_line(  # type: ignore[no-untyped-def]
+    env, submitted, monkeypatch, url: str
+) -> None:
+    """A setting that cannot be right is a configuration error, not a reason to
+    fall back (the port out of range was a ValueError traceback)."""
+    task = operator()  # parsed before the worker's environment changed
+    monkeypatch.setenv("PLATFORM_DRIVER_URL", url)
+    with pytest.raises(ConfigError, match="PLATFORM_DRIVER_URL must be") as refused:
+        task.execute({"params": {}})
+    assert "\n" not in str(refused.value) and submitted == []

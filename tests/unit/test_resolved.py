@@ -88,3 +88,55 @@ def test_a_planner_creates_the_tables_from_the_stored_copy(tmp_path: Path) -> No
     ensure_tables(layout, resolution.load(layout, pipeline))
     fields = {f.name: str(f.type) for f in DeltaTable(str(layout.table("state"))).schema().fields}
     assert fields["quantity"] == 'PrimitiveType("long")'
+
+
+def test_the_sql_settings_are_stored_and_a_definition_computed_otherwise_refused(
+    tmp_path: Path,
+) -> None:
+    import json
+
+    import pytest
+
+    from jobs import sql_settings
+    from jobs.errors import ConfigError
+
+    layout = AppLayout(tmp_path, "inventory")
+    pipeline = parse_pipeline(INVENTORY, "v1")
+    pinned = dict(sql_settings.PINNED)
+    resolution.store(layout, resolution.of(pipeline, {"signed_qty": "bigint"}, {}, False, pinned))
+    assert resolution.load(layout, pipeline).sql_settings == pinned
+    # An older platform computed this definition with ANSI mode off.
+    path = resolution.stored_file(layout, pipeline.version)
+    stored = json.loads(path.read_text())
+    stored["sql_settings"]["spark.sql.ansi.enabled"] = "false"
+    path.write_text(json.dumps(stored))
+    with pytest.raises(ConfigError) as error:
+        resolution.store(
+            layout, resolution.of(pipeline, {"signed_qty": "bigint"}, {}, False, pinned)
+        )
+    assert "computed with spark.sql.ansi.enabled=false" in str(error.value)
+    assert "\n" not in str(error.value)
+    # A copy from before the settings were recorded: nothing to compare, now recorded.
+    del stored["sql_settings"]
+    path.write_text(json.dumps(stored))
+    resolution.store(layout, resolution.of(pipeline, {"signed_qty": "bigint"}, {}, False, pinned))
+    assert json.loads(path.read_text())["sql_settings"] == pinned
+
+
+def test_a_session_that_computes_otherwise_is_refused() -> None:
+    import re
+
+    import pytest
+
+    from jobs import sql_settings
+    from jobs.errors import ConfigError
+
+    sql_settings.check_session(dict(sql_settings.PINNED), {})
+    for key in sql_settings.PINNED:
+        with pytest.raises(ConfigError, match=re.escape(f"has {key}=x: the platform computes")):
+            sql_settings.check_session({**sql_settings.PINNED, key: "x"}, {})
+    with pytest.raises(
+        ConfigError, match=r"sets spark\.sql\.legacy\.setopsPrecedence\.enabled=true"
+    ):
+        legacy = {"spark.sql.legacy.setopsPrecedence.enabled": "true"}
+        sql_settings.check_session(dict(sql_settings.PINNED), legacy)

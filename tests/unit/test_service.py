@@ -250,3 +250,118 @@ def test_no_number_of_askers_pushes_a_client_s_nonce_out() -> None:
     forged = Challenges("another token").issue()
     assert not challenges.redeem(forged)
     assert not challenges.redeem(mine[:-1] + ("0" if mine[-1] != "0" else "1"))
+
+
+@pytest.mark.parametrize(
+    "url", ["http://127.0.0.1:99999", "http://127.0.0.1:0", "http://localhost:65536"]
+)
+def test_a_driver_url_port_out_of_range_is_refused(monkeypatch, url: str) -> None:  # type: ignore[no-untyped-def]
+    """It was accepted, and the client then failed with a ValueError traceback."""
+    monkeypatch.setenv("PLATFORM_DRIVER_URL", url)
+    with pytest.raises(ConfigError, match=r"PLATFORM_DRIVER_URL must be .*1-65535"):
+        load_settings()
+
+
+def test_a_driver_url_port_in_range_is_taken(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    for url in ("http://127.0.0.1:1", "http://localhost:65535", "http://[::1]:18090"):
+        monkeypatch.setenv("PLATFORM_DRIVER_URL", url)
+        assert load_settings().driver_url == url
+
+
+class _NoSpark:
+    """``get_spark`` of a test: records a start, starts nothing."""
+
+    def __init__(self) -> None:
+        self.started = 0
+        self.stopped = 0
+
+    def __call__(self, *args: object) -> _NoSpark:
+        self.started += 1
+        return self
+
+    def stop(self) -> None:
+        self.stopped += 1
+
+    @property
+    def streams(self) -> object:
+        return type("Streams", (), {"active": []})()
+
+
+def test_a_second_driver_on_a_busy_port_leaves_the_live_one_alone(  # type: ignore[no-untyped-def]
+    tmp_path, monkeypatch, capsys
+) -> None:
+    """It replaced the live driver's token, then died with a traceback: every client
+    then failed the proof and went to spark-submit."""
+    import socket
+
+    from jobs import cli
+    from jobs.service import token_file
+
+    monkeypatch.setenv("PLATFORM_WAREHOUSE", str(tmp_path))
+    monkeypatch.delenv("PLATFORM_DRIVER_TOKEN", raising=False)
+    no_spark = _NoSpark()
+    monkeypatch.setattr("jobs.streaming.spark.get_spark", no_spark)
+    with socket.socket() as live:  # the live driver's port
+        live.bind(("127.0.0.1", 0))
+        live.listen()
+        port = live.getsockname()[1]
+        token = token_file(load_settings(), port)
+        token.parent.mkdir(mode=0o700)
+        token.write_text("the live driver's token")
+        code = cli.main(["serve", "--port", str(port)])
+    err = capsys.readouterr().err
+    assert token.read_text() == "the live driver's token"
+    assert no_spark.started == 0  # refused before a JVM started
+    assert code == 2, err
+    assert err.splitlines() == [err.strip()] and err.startswith("error: ")
+    assert f"port {port}" in err and "Traceback" not in err
+
+
+def test_a_driver_listens_before_it_writes_its_token_and_removes_it_at_the_end(  # type: ignore[no-untyped-def]
+    tmp_path, monkeypatch
+) -> None:
+    import os
+    import signal
+    import threading
+    import urllib.request
+
+    from jobs.service import HEALTH_PATH, serve, token_file
+
+    monkeypatch.delenv("PLATFORM_DRIVER_TOKEN", raising=False)
+    settings = replace(load_settings(), warehouse=tmp_path)
+    no_spark = _NoSpark()
+    monkeypatch.setattr("jobs.streaming.spark.get_spark", no_spark)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    port = _free_port()
+    path = token_file(settings, port)
+    answers: list[bytes] = []
+
+    def ask_then_stop() -> None:
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        for _ in range(100):
+            if path.exists():
+                break
+            threading.Event().wait(0.05)
+        with opener.open(f"http://127.0.0.1:{port}{HEALTH_PATH}", timeout=10) as response:
+            answers.append(response.read())
+        os.kill(os.getpid(), signal.SIGTERM)  # to the process: its main thread handles it
+
+    asker = threading.Thread(target=ask_then_stop)
+    try:
+        asker.start()
+        assert serve(settings, port) == 0
+    finally:
+        asker.join(10)
+        for sig, handler in handlers.items():  # serve's own are this process's now
+            signal.signal(sig, handler)
+    assert answers and json.loads(answers[0])["ok"] is True
+    assert not path.exists()  # removed at the end
+    assert no_spark.started == 1 and no_spark.stopped == 1
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
