@@ -436,6 +436,27 @@ class History:
                 at, last = step.boundary
         return upto
 
+    def standing(self) -> dict[int, int | None]:
+        """The epochs whose batches' judgments of their records stand, each with its
+        last such batch (None: all of them). The state's lineage, but back through
+        every backfill (it recomputes the state, not which records it holds) and
+        through a repair that kept a recreated topic's state (the deleted log's
+        judgments are in it). A batch outside it was discarded by a rewind or a
+        rebuild, and a replay judges its records again: its dead letters no longer
+        stand (``jobs/superseded.py``)."""
+        upto: dict[int, int | None] = {}
+        at, last = self.epoch, None
+        while at >= 0 and at not in upto:
+            upto[at] = last
+            step = self.steps.get(at)
+            if step is None or step.action == "publish":
+                at, last = at - 1, None
+            elif step.action == "empty" or step.boundary is None:
+                break
+            else:
+                at, last = step.boundary
+        return upto
+
     def holds(self, epoch: int, batch_id: int) -> bool:
         if epoch not in self.upto:
             return False

@@ -519,7 +519,8 @@ def check_readable(application_id: str, name: str, path: str, versions: set[int 
                 + (
                     "has no version from before a batch's time"
                     if version is None
-                    else f"version {version}, which recorded batches joined, can no "
+                    else f"version {version}, which a replay joins (the version recorded "
+                    "by the batches that judged its records, or the table's oldest), can no "
                     "longer be read (its log or files were removed)"
                 )
                 + "; repair: backfill --dimensions newest (recomputes with the table's "

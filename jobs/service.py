@@ -443,7 +443,11 @@ def serve(settings: Settings, port: int) -> int:
     from jobs.streaming.spark import get_spark
 
     server = listen(port)  # first: the token file is written only by the port's holder
+    # Then the token, before Spark's start: a client meanwhile waits in the backlog
+    # with this driver's token, not the one of a driver that ran here before.
+    written: Path | None = None
     try:
+        token, written = driver_token(settings, port, configured_driver_token())
         faults.arm()
         spark = get_spark(
             settings.spark_master,
@@ -453,8 +457,9 @@ def serve(settings: Settings, port: int) -> int:
         )
     except BaseException:
         server.server_close()
+        if written is not None:
+            written.unlink(missing_ok=True)
         raise
-    token, written = driver_token(settings, port, configured_driver_token())
     driver = WarmDriver(spark, settings)
     server.RequestHandlerClass = _handler(driver, token)
     stop = threading.Event()

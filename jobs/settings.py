@@ -106,10 +106,10 @@ ENV_NAMES = tuple(
     )
 )
 # Loopback only: runs (and the token) never cross a network in clear text.
-DRIVER_URL = re.compile(r"^http://(?:127\.0\.0\.1|localhost|\[::1\]):(?P<port>[^:]*)$")
+DRIVER_URL = re.compile(r"^http://(?:127\.0\.0\.1|localhost):(?P<port>[^:]*)$")
 DRIVER_OFF = "off"
 # HOST:PORT (a name, an IPv4 address or a bracketed IPv6 one), as Kafka takes them.
-HOST_PORT = re.compile(r"^(?:[A-Za-z0-9.\-]+|\[[0-9A-Fa-f:.]+\]):(?P<port>[^:\]]*)$")
+HOST_PORT = re.compile(r"^(?:[A-Za-z0-9._\-]+|\[[0-9A-Fa-f:.]+\]):(?P<port>[^:\]]*)$")
 SPARK_MASTER = re.compile(
     r"^(?:local(?:\[(?:[1-9][0-9]*|\*)(?:,[0-9]+)?\])?|local-cluster\[[0-9]+,[0-9]+,[0-9]+\]"
     r"|yarn|(?:spark|k8s|mesos)://\S+)$"
@@ -207,9 +207,10 @@ def _seconds(raw: str, name: str) -> int:
 def bootstrap_servers(raw: str, what: str) -> str:
     """Kafka's bootstrap servers, ``HOST:PORT[,HOST:PORT]`` (``what``: where they
     were given, for the message)."""
-    entries = [entry.strip() for entry in raw.split(",")]
+    # (A trailing comma is no server: Kafka's clients skip it too.)
+    entries = [entry.strip() for entry in raw.split(",") if entry.strip()]
     found = [HOST_PORT.fullmatch(entry) for entry in entries]
-    if not all(f is not None and _port_number(f["port"]) for f in found):
+    if not found or not all(f is not None and _port_number(f["port"]) for f in found):
         raise refused(what, "HOST:PORT[,HOST:PORT] with ports 1-65535", raw)
     return ",".join(entries)
 
@@ -270,7 +271,10 @@ def java_options(name: str) -> str:
         options = shlex.split(raw)
     except ValueError:
         options = [""]
-    if not all(option.startswith("-") for option in options):
+    # The java launcher's module options take their value as the next word.
+    valued = {"--add-opens", "--add-exports", "--add-reads", "--add-modules", "--patch-module"}
+    values = {i + 1 for i, option in enumerate(options) if option in valued}
+    if not all(option.startswith("-") or i in values for i, option in enumerate(options)):
         raise refused(
             ENV_PREFIX + name,
             "JVM options, each starting with -, e.g. -XX:TieredStopAtLevel=1",
@@ -362,7 +366,7 @@ def _driver_url(raw: str) -> str | None:
     if not found or _port_number(found["port"]) is None:
         raise refused(
             ENV_PREFIX + "DRIVER_URL",
-            "http://127.0.0.1:PORT, http://localhost:PORT or http://[::1]:PORT (loopback, "
+            "http://127.0.0.1:PORT or http://localhost:PORT (loopback, "
             f"PORT 1-65535), or {DRIVER_OFF!r}",
             raw,
         )

@@ -114,7 +114,9 @@ def application_status(
         batches_committed = len(rows)
         if rows:
             totals = {c: sum(int(r[c] or 0) for r in rows) for c in COUNT_COLUMNS}
-            _check_batches(rows, dead_letter_rows(layout), problems)
+            snap = snapshot(layout)
+            standing = {} if snap is None else snap.history().standing()
+            _check_batches(rows, dead_letter_rows(layout), standing, problems)
         in_epoch = [int(r["batch_id"]) for r in rows if r["epoch"] == epoch]
         newest_in_epoch = max(in_epoch) if in_epoch else None
     else:
@@ -211,10 +213,15 @@ def dead_letter_rows(layout: AppLayout) -> dict[tuple[int, int], int]:
 
 
 def _check_batches(
-    rows: list[dict[str, Any]], letters: dict[tuple[int, int], int], problems: list[str]
+    rows: list[dict[str, Any]],
+    letters: dict[tuple[int, int], int],
+    standing: dict[int, int | None],
+    problems: list[str],
 ) -> None:
     """Each batch row against the one before it and against ``dead_letter``, which
-    its commit wrote first (``letters``: rows per batch)."""
+    its commit wrote first (``letters``: rows per batch). A batch a repair
+    discarded (outside ``standing``, ``History.standing``) has its dead letters
+    until the next run's start removes them (``jobs/superseded.py``)."""
     seen: set[tuple[int, int]] = set()
     previous_end: dict[int, str] = {}
     for row in rows:
@@ -228,7 +235,11 @@ def _check_batches(
         # At least once, a replay may append a batch's dead letters again.
         counted, found = row["dead_lettered"] or 0, letters.get(ident, 0)
         replayed = row["processing_guarantee"] == "at_least_once"
-        if found < counted or (found > counted and not replayed):
+        last = standing.get(ident[0], -1)
+        discarded = last is not None and ident[1] > last
+        if discarded and found in (0, counted):
+            pass  # superseded: the replay judged its records again
+        elif found < counted or (found > counted and not replayed):
             problems.append(
                 f"batch {ident}: {counted} dead-lettered per the ledger, "
                 f"{found} rows in dead_letter"

@@ -230,6 +230,25 @@ class Sequence:
     def check(self) -> None:
         state, expected = self.state(), self.expected()
         assert state == expected, f"after {self.done}: {state} != {expected}"
+        if self.logs == 0:  # (a deleted log's offsets repeat the new log's)
+            self.check_dead_letters()
+
+    def check_dead_letters(self) -> None:
+        """Every judged record that could not be aggregated (bad, or late) is in
+        ``dead_letter`` exactly once, whatever the repairs judged again."""
+        path = self.settings.warehouse / "inventory" / "dead_letter"
+        found: list[tuple[str, int, int]] = []
+        if DeltaTable.is_deltatable(str(path)):
+            table = DeltaTable(str(path)).to_pyarrow_table()
+            columns = [table.column(c).to_pylist() for c in ("topic", "partition", "offset")]
+            found = sorted(zip(*columns, strict=True))
+        wanted = sorted(
+            (tp[0], tp[1], offset)
+            for tp, judged in self.model.judged.items()
+            for offset, judgment in judged.items()
+            if self.records[tp][offset] is None or judgment.late
+        )
+        assert found == wanted, f"after {self.done}: dead letters {found} != {wanted}"
 
     # -- operations ----------------------------------------------------------------
     def produce(self) -> None:

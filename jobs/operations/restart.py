@@ -239,6 +239,12 @@ def replay_notes(layout: AppLayout, pipeline: Pipeline, since: Boundary | None =
                 f"the replayed records join {e.name} at the versions their first batches "
                 f"recorded ({', '.join(str(v) for v in sorted(versions))})"
             )
+        if any(d[6 + i] is None for d in decisions):
+            notes.append(
+                f"the replayed records of batches from before {e.name} was added (a pipeline "
+                "version without it) join it at the version committed at their batch's "
+                "time, or its oldest if it did not exist yet"
+            )
     return notes
 
 

@@ -23,6 +23,7 @@ from jobs.operations.restart import apply_plan, audit_dry_run, plan_rebuild
 from jobs.output.publisher import OutputPublisher
 from jobs.pipeline import Pipeline
 from jobs.settings import Settings
+from jobs.superseded import remove_superseded_dead_letters
 
 FENCE_WAIT_S = 120.0
 
@@ -97,6 +98,7 @@ def run_operation(
                 raise
             raise resume_unchanged(pipeline, settings, plan.operation, refused, echo) from refused
         echo(f"applied: {result}; epoch {plan.epoch_before} -> {plan.epoch_after}")
+        remove_superseded_dead_letters(layout)
         publish_corrections(pipeline, settings, echo)
     echo(f"next: python -m jobs run --pipeline {pipeline.application_id} resumes from the cut")
     return plan
@@ -134,6 +136,7 @@ def _apply_saved(
         plan = saved.check_unmoved(layout, pipeline, reviewed)
         result = apply(plan) if apply is not None else apply_plan(pipeline, settings, plan)
         echo(f"applied: {result}; epoch {plan.epoch_before} -> {plan.epoch_after}")
+        remove_superseded_dead_letters(layout)
         publish_corrections(pipeline, settings, echo)
     echo(f"next: python -m jobs run --pipeline {pipeline.application_id} resumes from the cut")
     return plan

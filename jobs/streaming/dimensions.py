@@ -104,9 +104,10 @@ def joined_versions(
 ) -> tuple[list[int], list[tuple[Any, ...]]]:
     """Each enrichment's version for records outside ``ranges`` (its newest, or the
     chosen one), and ``ranges`` (``Coverage.decisions``) with the version each range
-    joins: the one its batch recorded (a batch from before the enrichment: the
-    version the stream would have joined at its time), or the ``chosen`` one. A
-    version that can no longer be read is one error naming it."""
+    joins: the one its batch recorded (a batch from before the enrichment, of a
+    pipeline version without it: the version the stream would have joined at its
+    time, or the table's oldest one if it did not exist yet), or the ``chosen`` one.
+    A version that can no longer be read is one error naming it."""
     newest_versions: list[int] = []
     filled = [list(r) for r in ranges]
     for i, e in enumerate(resolved.pipeline.enrich):
@@ -118,7 +119,8 @@ def joined_versions(
             if pinned is not None:
                 r[6 + i] = pinned
             elif r[6 + i] is None:
-                r[6 + i] = version_at(kept, int(r[5]))
+                at_its_time = version_at(kept, int(r[5]))
+                r[6 + i] = min(v for v, _ms in kept) if at_its_time is None else at_its_time
         check_readable(resolved.application_id, e.name, path, {r[6 + i] for r in filled})
     return newest_versions, [tuple(r) for r in filled]
 
@@ -225,7 +227,8 @@ def history(spark: SparkSession, path: str) -> list[tuple[int, int]]:
 
 
 def version_at(versions: list[tuple[int, int]], time_ms: int) -> int | None:
-    """The newest version committed at or before ``time_ms`` (the stream's rule)."""
+    """The newest version committed at or before ``time_ms`` (the stream's rule;
+    None: the table's kept history starts later)."""
     found = [v for v, ms in versions if ms <= time_ms]
     return max(found) if found else None
 

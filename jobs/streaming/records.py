@@ -480,9 +480,14 @@ def _tree_findings(spark: SparkSession, expression: Any) -> _Findings:
     jvm = spark._jvm
     assert jvm is not None
     replaceable = jvm.java.lang.Class.forName(RUNTIME_REPLACEABLE)
+    # A replacement shares its arguments with the written node (and is the node's
+    # child for some): each node once, or nesting would double the walk per level.
+    seen = jvm.java.util.IdentityHashMap()
     pending = [expression]
     while pending and found.refusal is None:
         node = pending.pop()
+        if seen.put(node, True) is not None:
+            continue
         kind = node.getClass().getSimpleName()
         children = [node.children().apply(i) for i in range(node.children().size())]
         if replaceable.isInstance(node):

@@ -47,6 +47,7 @@ from jobs.streaming.batch import BatchCommitter, BatchResult, refuse_unrepaired_
 from jobs.streaming.outage import Answer, OutageClock, wait_for_brokers
 from jobs.streaming.seed import seed_stream
 from jobs.streaming.spark import state_stores_for
+from jobs.superseded import remove_superseded_dead_letters
 
 
 @dataclass
@@ -254,6 +255,7 @@ def _run_locked(
             f"--pipeline {pipeline.application_id} ...), then run"
         )
     refuse_unrepaired_drops(layout)
+    remove_superseded_dead_letters(layout)  # what a repair judges again, if not yet
     epoch = current_epoch(layout)
     cut = epoch_cut(layout, pipeline, settings)
     check_state_shape(layout, pipeline, cut)

@@ -29,7 +29,8 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from jobs.errors import ConsistencyError
+from jobs.errors import ConfigError, ConsistencyError
+from jobs.private_dir import private_dir
 from jobs.resolved import Resolved
 from jobs.snapshot import RECORDS, contribution
 
@@ -65,17 +66,29 @@ URI_SAFE = re.compile(r"^[A-Za-z0-9/._=+,:@~-]*$")
 
 
 @contextmanager
-def _state_reader_path(checkpoint: Path) -> Iterator[str]:
-    """``checkpoint`` as the state reader can find it: itself, or a link with a
-    plain name in a folder of this process's own."""
+def _state_reader_path(checkpoint: Path, local: bool) -> Iterator[str]:
+    """``checkpoint`` as the state reader can find it: itself, or (``local``: the
+    executors share the driver's disk) a link with a plain name in this user's own
+    folder."""
     if URI_SAFE.match(str(checkpoint)):
         yield str(checkpoint)
         return
-    folder = tempfile.mkdtemp(prefix="platform-state-")  # mode 700
+    if not local:
+        raise ConfigError(
+            f"the checkpoint {checkpoint} has a character Spark's state reader cannot "
+            "find on a cluster (a space, '%', '#' or non-ASCII): use a warehouse path "
+            "of letters, digits and ._-/"
+        )
+    folder = Path(tempfile.mkdtemp(prefix="seed-", dir=private_dir("state")))
     try:
-        link = os.path.join(folder, "checkpoint")
+        link = folder / "checkpoint"
+        if not URI_SAFE.match(str(link)):
+            raise ConfigError(
+                f"{link}: the temporary directory's path has a character Spark's state "
+                "reader cannot find: set TMPDIR to a path of letters, digits and ._-/"
+            )
         os.symlink(checkpoint, link)
-        yield link
+        yield str(link)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -83,7 +96,8 @@ def _state_reader_path(checkpoint: Path) -> Iterator[str]:
 def verify_seeded_state(
     spark: SparkSession, resolved: Resolved, checkpoint: Path, path: Path
 ) -> int:
-    with _state_reader_path(checkpoint) as readable:
+    local = str(spark.sparkContext.master).startswith("local")
+    with _state_reader_path(checkpoint, local) as readable:
         return _verify_seeded_state(spark, resolved, readable, path)
 
 

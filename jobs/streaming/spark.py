@@ -306,7 +306,7 @@ def check_delta_session(spark: SparkSession) -> None:
 def check_sql_settings(spark: SparkSession) -> dict[str, str]:
     """The pinned SQL settings of ``spark`` (``jobs/sql_settings.py``), or one
     ``ConfigError`` naming a setting that would make it compute otherwise."""
-    values = {key: spark.conf.get(key, None) for key in sql_settings.PINNED}
+    values = {key: spark.conf.get(key) for key in sql_settings.PINNED}  # set, or Spark's default
     jvm = spark._jvm
     assert jvm is not None
     defaults = jvm.org.apache.spark.sql.internal.SQLConf()  # nothing set: Spark's defaults

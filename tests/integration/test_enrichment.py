@@ -121,6 +121,16 @@ def dead_letters(warehouse: Path) -> list[str]:
     return sorted(table.column("reason").to_pylist())
 
 
+def assert_each_bad_record_once(warehouse: Path, records: list[tuple[str, int]]) -> None:
+    """Every record whose merchant has no row or two is in ``dead_letter`` exactly
+    once, whatever the repairs judged again."""
+    table = DeltaTable(str(warehouse / "merchant_sales" / "dead_letter")).to_pyarrow_table()
+    columns = [table.column(c).to_pylist() for c in ("topic", "partition", "offset")]
+    places = list(zip(*columns, strict=True))
+    assert len(places) == len(set(places)), "a record is in dead_letter twice"
+    assert len(places) == sum(1 for m, _ in records if m in ("nobody", "mdup"))
+
+
 def test_each_batch_joins_one_recorded_version_and_a_replay_joins_it_again(  # type: ignore[no-untyped-def]
     spark, broker, settings, kafka_config, new_topic, tmp_path
 ) -> None:
@@ -201,6 +211,9 @@ def test_each_batch_joins_one_recorded_version_and_a_replay_joins_it_again(  # t
     replayed = len(second) + len(third)
     assert sum(r[3] - r[2] for r in replay["replayed"]) == replayed
     assert {json.dumps(r[4]) for r in replay["replayed"]} == {'{"m": 1}'}
+    assert_each_bad_record_once(settings.warehouse, first + second + third + fourth)
+    status = run_jobs(path, settings, "status", spark=spark)
+    assert "problems: none found" in status.stdout, status.stdout[-2000:]
     checked = run_jobs(path, settings, "verify", spark=spark)
     assert checked.returncode == 0 and ", 0 differ" in checked.stdout, checked.stdout[-2000:]
 
@@ -349,3 +362,45 @@ def test_a_warehouse_path_with_spaces_percent_hash_and_non_ascii_works_everywher
     committed = float(len(ledger_batches(warehouse)))
     line = 'platform_ledger_batches_total{application="merchant_sales",pipeline_version="1"}'
     assert f"{line} {committed}" in exposition(settings)
+
+
+def test_enrich_added_by_a_new_version_runs_on_and_a_rewind_across_it_replays(  # type: ignore[no-untyped-def]
+    spark, broker, settings, kafka_config, new_topic, tmp_path
+) -> None:
+    """Version 1 has no enrichment; the table is loaded after its batch, and version
+    2 adds ``enrich:``. The next run goes on from where the stream is, and a rewind
+    to the earliest offsets judges every record by version 2: a batch from before
+    the table existed joins the table's first version."""
+    topic = new_topic(2)
+    path = pipeline_file(tmp_path, topic)
+    v2 = yaml.safe_load(path.read_text())
+    v1 = {k: v for k, v in v2.items() if k != "enrich"}
+    v1["derived"] = [
+        {"name": "category", "expr": "'unknown'"},
+        {"name": "since", "expr": "CAST(0 AS BIGINT)"},
+    ]
+    path.write_text(yaml.safe_dump(v1, sort_keys=False))
+    first = orders(1, 200)
+    produce(kafka_config, topic, first)
+    done = run_jobs(path, settings, "run", "--quiet", spark=spark)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert state(settings.warehouse) == {"unknown": (200, sum(c for _, c in first), 0)}
+
+    time.sleep(1.1)  # the table's first commit is after the batch's planned time
+    write_merchants(settings.warehouse / "dims" / "merchants", MERCHANTS)
+    path.write_text(yaml.safe_dump({**v2, "version": 2}, sort_keys=False))
+    second = orders(2, 200)
+    produce(kafka_config, topic, second)
+    done = run_jobs(path, settings, "run", "--quiet", spark=spark)
+    assert done.returncode == 0, done.stderr[-2000:]
+    as_v2 = expected([(second, MERCHANTS)])
+    unknown = (200, sum(c for _, c in first), 0)
+    assert state(settings.warehouse) == {**as_v2, "unknown": unknown}
+
+    args = ("rewind", "--to-earliest", "--mode", "reprocess", "--reason", "across v2")
+    rewound = run_jobs(path, settings, *args, spark=spark)
+    assert rewound.returncode == 0, rewound.stderr[-2000:]
+    done = run_jobs(path, settings, "run", "--quiet", spark=spark)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert state(settings.warehouse) == expected([(first, MERCHANTS), (second, MERCHANTS)])
+    assert_each_bad_record_once(settings.warehouse, first + second)

@@ -319,6 +319,24 @@ class Repairs(RuleBasedStateMachine):
             assert found == {rest[-1]}, ((topic, part, begin, end), rest[-1], found)
 
     @invariant()
+    def each_judged_record_has_one_standing_judgment(self) -> None:
+        """Where a record's dead letter is (``History.standing``: the batches whose
+        dead letters stand): every judged offset of the current log in exactly one
+        standing batch, and no standing batch beyond what the state judged."""
+        history = self.history()
+        standing = history.standing()
+        count: dict[tuple[TP, int], int] = {}
+        for b in self.batches:
+            last = standing.get(b.epoch, -1)
+            if b.epoch in self.excluded or (last is not None and b.batch_id > last):
+                continue
+            for tp, end in b.end.items():
+                for o in range(b.start.get(tp, 0), end):
+                    count[(tp, o)] = count.get((tp, o), 0) + 1
+        judged = {(tp, o): 1 for tp, offsets in self.model.judged.items() for o in offsets}
+        assert count == judged
+
+    @invariant()
     def recomputations_start_from_the_floor(self) -> None:
         assert self.history().floor == self.floor
 

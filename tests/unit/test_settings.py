@@ -22,7 +22,7 @@ BAD: dict[str, list[str]] = {
         "h:99999",
         "h:0",
         "h:-1",
-        "h:9092,",
+        ",",
     ],
     "PLATFORM_WAREHOUSE": ["", str(REPO_ROOT / "README.md")],
     "PLATFORM_SPARK_MASTER": ["", "local[two]", "local[-1]", "spark:/h:7077", "lokal"],
@@ -46,6 +46,7 @@ BAD: dict[str, list[str]] = {
         "http://127.0.0.1:port",
         "http://10.0.0.1:18090",
         "https://127.0.0.1:18090",
+        "http://[::1]:18090",  # the driver listens on 127.0.0.1 only
     ],
     "PLATFORM_DRIVER_PORT": ["x", "-1", "0", "70000"],
     "PLATFORM_DRIVER_TOKEN": ["two words", "tab\there", "\u00e9t\u00e9"],
@@ -144,6 +145,10 @@ def test_the_command_line_says_it_in_one_error_line(
         ("PLATFORM_PUSHGATEWAY_URL", "https://[::1]:9091/"),
         ("PLATFORM_FAULT", "after_changelog"),
         ("PLATFORM_FAULT", "after_changelog@3"),
+        # What Kafka's clients and the java launcher take (a review found them refused).
+        ("PLATFORM_BOOTSTRAP_SERVERS", "kafka_1:9092,kafka_2:9092"),
+        ("PLATFORM_BOOTSTRAP_SERVERS", "k:9092,"),
+        ("PLATFORM_SPARK_JAVA_OPTIONS", "--add-opens java.base/java.nio=ALL-UNNAMED -Xss4m"),
     ],
 )
 def test_good_values_are_taken(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> None:

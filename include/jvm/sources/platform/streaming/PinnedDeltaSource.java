@@ -277,7 +277,7 @@ public final class PinnedDeltaSource implements TableProvider {
   public static final String TIMESTAMP_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX";
   public static final String TIMESTAMP_NTZ_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSSSSS";
 
-  /** The newest version of the table at path committed at or before timeMs. */
+  /** The newest version of the table at path committed at or before timeMs, else its oldest. */
   static long versionAt(SparkSession spark, String path, long timeMs) {
     String table = "delta.`" + path.replace("`", "``") + "`";
     // Delta's own history (its commit times), read again only when the log changed.
@@ -300,15 +300,15 @@ public final class PinnedDeltaSource implements TableProvider {
         found = Math.max(found, version);
       }
     }
+    if (found < 0 && oldest != Long.MAX_VALUE) {
+      // A batch planned before the table's kept history (before the table existed:
+      // a pipeline version without this enrichment planned it, and it runs again
+      // after enrich: was added; or planned long ago and never run): no version was
+      // recorded for it, so this is its first choice, recorded like any other.
+      return oldest;
+    }
     if (found < 0) {
-      throw new PlatformError(
-          "dimension table "
-              + path
-              + " has no version committed at or before the batch's planned time ("
-              + timeMs
-              + " ms; its oldest kept version is "
-              + (oldest == Long.MAX_VALUE ? "none" : Long.toString(oldest))
-              + ")");
+      throw new PlatformError("dimension table " + path + " has no version");
     }
     return found;
   }
