@@ -457,6 +457,13 @@ class History:
                 at, last = step.boundary
         return upto
 
+    def recomputed(self, epoch: int) -> Intervals:
+        """What the backfill that began ``epoch`` judged again: the lineage's judged
+        offsets after its boundary (all of them from the first offsets)."""
+        step = self.steps[epoch]
+        kept = Coverage() if step.boundary is None else self.at(*step.boundary)
+        return self.at(epoch - 1).excluding(kept)
+
     def holds(self, epoch: int, batch_id: int) -> bool:
         if epoch not in self.upto:
             return False

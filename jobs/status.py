@@ -114,9 +114,14 @@ def application_status(
         batches_committed = len(rows)
         if rows:
             totals = {c: sum(int(r[c] or 0) for r in rows) for c in COUNT_COLUMNS}
-            snap = snapshot(layout)
-            standing = {} if snap is None else snap.history().standing()
-            _check_batches(rows, dead_letter_rows(layout), standing, problems)
+            history = None if (snap := snapshot(layout)) is None else snap.history()
+            standing = {} if history is None else history.standing()
+            # A backfill judged the records of earlier batches again: theirs may be gone.
+            rejudged = max(
+                (e for e, s in (history.steps if history else {}).items() if s.action == "publish"),
+                default=-1,
+            )
+            _check_batches(rows, dead_letter_rows(layout), standing, rejudged, problems)
         in_epoch = [int(r["batch_id"]) for r in rows if r["epoch"] == epoch]
         newest_in_epoch = max(in_epoch) if in_epoch else None
     else:
@@ -216,12 +221,14 @@ def _check_batches(
     rows: list[dict[str, Any]],
     letters: dict[tuple[int, int], int],
     standing: dict[int, int | None],
+    rejudged: int,
     problems: list[str],
 ) -> None:
     """Each batch row against the one before it and against ``dead_letter``, which
     its commit wrote first (``letters``: rows per batch). A batch a repair
     discarded (outside ``standing``, ``History.standing``) has its dead letters
-    until the next run's start removes them (``jobs/superseded.py``)."""
+    until the next run's start removes them (``jobs/superseded.py``), and a batch
+    of an epoch before a backfill (``rejudged``) the ones it did not judge again."""
     seen: set[tuple[int, int]] = set()
     previous_end: dict[int, str] = {}
     for row in rows:
@@ -239,6 +246,8 @@ def _check_batches(
         discarded = last is not None and ident[1] > last
         if discarded and found in (0, counted):
             pass  # superseded: the replay judged its records again
+        elif ident[0] < rejudged and found <= counted:
+            pass  # the backfill's dead letters stand for those it judged again
         elif found < counted or (found > counted and not replayed):
             problems.append(
                 f"batch {ident}: {counted} dead-lettered per the ledger, "

@@ -1,17 +1,21 @@
 """Dead letters a repair judges again: removed once the lineage no longer stands by
 them, so that every record ends in exactly one place.
 
-A rewind that reprocesses (or a rebuild from the source) discards the batches
-after its boundary, and its replay judges their records again: the replay writes
-their dead letters in the new epoch. The discarded batches' dead letters then no
-longer stand (``History.standing``), and ``dead_letter`` would show each of them
-twice. They are deleted here, after the operation is done (before that, the
-operation may die and the state go on with those batches: they still stand), and
-again at every run's start, which completes what a crash in between left. Delta's
-history keeps them (time travel), as it keeps the state a rewind went back from.
+- A rewind that reprocesses (or a rebuild from the source) discards the batches
+  after its boundary, and its replay judges their records again, writing their
+  dead letters in the new epoch: the discarded batches' dead letters go
+  (``History.standing``).
+- A backfill judges every record after its boundary again (a fixed dimension may
+  find a key that was missing) and appends what it judges dead letters, in its
+  epoch (batch id -1): the earlier dead letters of those ranges go
+  (``History.recomputed``), and a backfill a later rewind discarded takes its own.
 
-Only batch rows are judged here (batch id >= 0): an operation's own rows (batch
-id -1) are ``cut.remove_orphans``'s.
+This runs after the operation is done (before that, the operation may die and the
+state go on without it: what it would supersede still stands) and again at every
+run's start, which completes what a crash in between left. Until then a reader may
+see a record's dead letter twice, never none. Delta's history keeps what was
+removed (time travel), as it keeps the state a rewind went back from. An
+operation's rows of an operation that died are ``cut.remove_orphans``'s.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ import logging
 
 from deltalake import DeltaTable
 
+from jobs.coverage import History, Intervals
+from jobs.cut import current_log_history
 from jobs.delta.layout import AppLayout
 from jobs.delta.writer import fenced_properties
 from jobs.ledger import snapshot
@@ -28,31 +34,64 @@ log = logging.getLogger(__name__)
 
 
 def remove_superseded_dead_letters(layout: AppLayout) -> int:
-    """Delete the dead letters of batches the lineage no longer stands by; the
-    number of rows deleted."""
+    """Delete the dead letters the lineage no longer stands by; the rows deleted."""
     path = layout.table("dead_letter")
     snap = snapshot(layout)
     if snap is None or not DeltaTable.is_deltatable(str(path)):
         return 0
     history = snap.history()
+    clauses = _discarded(history)
+    if any(step.action == "publish" for step in history.steps.values()):
+        clauses += _judged_again(current_log_history(layout, snap), history.standing())
+    if not clauses:
+        return 0
+    props = fenced_properties(layout.application_id, snap.epoch, "supersede_dead_letters")
+    metrics = DeltaTable(str(path)).delete(" OR ".join(clauses), commit_properties=props)
+    count = int(metrics.get("num_deleted_rows", 0) or 0)
+    if count:
+        log.info("removed %d dead letters a repair judged again", count)
+    return count
+
+
+def _discarded(history: History) -> list[str]:
+    """The rows of batches (and backfills) the lineage discarded. A discarded
+    epoch's batches are a suffix of it: named by its first one, so that Delta skips
+    every other file by its statistics (a run's start does not read the table)."""
     standing = history.standing()
-    # Discarded batches are a suffix of their epoch: its first one, per epoch. Only
-    # their rows are named, so that Delta skips every other file by its statistics
-    # (a run's start does not read the whole table).
     first: dict[int, int] = {}
     for epoch, entries in history.batches.items():
         last = standing.get(epoch, -1)
         for entry in entries:
             if last is not None and entry.batch_id > last:
                 first[epoch] = min(first.get(epoch, entry.batch_id), entry.batch_id)
-    if not first:
-        return 0
-    predicate = " OR ".join(
-        f"(epoch = {epoch} AND batch_id >= {batch})" for epoch, batch in sorted(first.items())
+    clauses = [f"(epoch = {e} AND batch_id >= {b})" for e, b in sorted(first.items())]
+    clauses += [
+        f"(epoch = {epoch} AND batch_id = -1)"
+        for epoch, step in sorted(history.steps.items())
+        if step.action == "publish" and epoch not in standing
+    ]
+    return clauses
+
+
+def _judged_again(current: History, standing: dict[int, int | None]) -> list[str]:
+    """The rows earlier than each standing backfill in the ranges it judged again
+    (offsets of the current log: rows of epochs that read a deleted log stay)."""
+    clauses = []
+    others = f" AND epoch NOT IN ({', '.join(map(str, sorted(current.excluded)))})"
+    for epoch in sorted(standing):
+        step = current.steps.get(epoch)
+        if step is None or step.action != "publish" or epoch in current.excluded:
+            continue
+        places = _places(current.recomputed(epoch))
+        if places:
+            older = f"epoch < {epoch}" + (others if current.excluded else "")
+            clauses.append(f"({older} AND ({places}))")
+    return clauses
+
+
+def _places(ranges: Intervals) -> str:
+    return " OR ".join(
+        f"(topic = '{topic}' AND partition = {part} AND offset >= {begin} AND offset < {end})"
+        for (topic, part), spans in sorted(ranges.items())
+        for begin, end in spans
     )
-    props = fenced_properties(layout.application_id, snap.epoch, "supersede_dead_letters")
-    metrics = DeltaTable(str(path)).delete(predicate, commit_properties=props)
-    count = int(metrics.get("num_deleted_rows", 0) or 0)
-    if count:
-        log.info("removed %d dead letters of discarded batches (judged again)", count)
-    return count

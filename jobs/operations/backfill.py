@@ -196,16 +196,20 @@ def judged_since(
     return judged, {tp: spans for tp, spans in gaps.items() if spans}
 
 
-def recompute(spark: SparkSession, resolved: Resolved, settings: Settings, plan: Plan) -> pa.Table:
-    """The corrected state: the boundary's state plus every record it judged after it."""
+def recompute(
+    spark: SparkSession, resolved: Resolved, settings: Settings, plan: Plan
+) -> tuple[pa.Table, pa.Table]:
+    """The corrected state: the boundary's state plus every record it judged after
+    it; and the dead letters of those records, as judged again."""
     reads = layers(plan.ranges())
     raw = read_records(spark, resolved, settings, *reads[0], plan.source) if reads else None
     for start, end in reads[1:]:
         raw = raw.unionByName(read_records(spark, resolved, settings, start, end, plan.source))  # type: ignore[union-attr]
     if raw is None:
         raw = read_records(spark, resolved, settings, {}, {}, plan.source)
+    letters: list[pa.Table] = []
     with SparkJobProgress(spark, "backfill", plan.records_to_replay):
-        return aggregate_records(
+        corrected = aggregate_records(
             spark,
             resolved,
             settings,
@@ -213,7 +217,9 @@ def recompute(spark: SparkSession, resolved: Resolved, settings: Settings, plan:
             plan.seed_state_version,
             dimension_versions=plan.dimension_versions,
             reading=plan.ranges(),
+            letters=letters,
         )
+    return corrected, letters[0]
 
 
 def read_records(
@@ -243,17 +249,24 @@ def aggregate_records(
     snap: LedgerSnapshot | None = None,
     dimension_versions: dict[str, int] | None = None,
     reading: Intervals | None = None,
+    letters: list[pa.Table] | None = None,
 ) -> pa.Table:
     """``raw`` judged as the stream judged it (the ledger's watermarks and batch
     times), aggregated with the pipeline, plus a seed state version's rows;
     ``keep`` filters the contributions (a sample of keys). ``snap``: the ledger read
     the caller planned from (verify's), else one read now. ``reading``: the offsets
-    ``raw`` holds (only their judgments are joined, their table versions read)."""
+    ``raw`` holds (only their judgments are joined, their table versions read).
+    ``letters``: gets the records judged dead letters (``dead_letter``'s columns
+    but the stamps), from the same read of the records."""
     layout = AppLayout(settings.warehouse, resolved.application_id)
     snap = snap or snapshot(layout)
     head = Coverage() if snap is None else current_log_history(layout, snap).head
     raw = with_stream_decisions(spark, raw, head, resolved, dimension_versions, reading)
-    contributions = records.contributions(records.classify(raw, resolved), resolved)
+    classified = records.classify(raw, resolved)
+    if letters is not None:
+        classified = classified.persist()  # one read of the records for both
+        letters.append(dead_letters_of(classified))
+    contributions = records.contributions(classified, resolved)
     if seed_state_version is not None:
         base = DeltaTable(str(layout.table("state")), version=seed_state_version)
         seed = seed_rows(base.to_pyarrow_table(), resolved.pipeline)
@@ -262,7 +275,26 @@ def aggregate_records(
     if keep is not None:
         contributions = keep(contributions)
     corrected = aggregate(contributions, resolved).toArrow()
+    if letters is not None:
+        classified.unpersist()
     return corrected.cast(resolved.aggregate_schema)
+
+
+def dead_letters_of(classified: DataFrame) -> pa.Table:
+    """The records ``records.classify`` judged dead letters, as ``dead_letter`` rows
+    without the epoch, batch and commit time (dead letters are rare: collected)."""
+    rows = classified.where(F.col("_reason").isNotNull()).select(
+        F.col("_topic").alias("topic"),
+        F.col("_partition").alias("partition"),
+        F.col("_offset").alias("offset"),
+        F.col("_key").alias("key"),
+        F.col("_value").alias("value"),
+        F.col("_timestamp").alias("kafka_timestamp"),
+        F.col("_reason").alias("reason"),
+    )
+    names = ["topic", "partition", "offset", "key", "value", "kafka_timestamp", "reason"]
+    schema = pa.schema([tables.DEAD_LETTER_SCHEMA.field(n) for n in names])
+    return rows.toArrow().cast(schema)
 
 
 def with_stream_decisions(
@@ -457,9 +489,15 @@ def summary(report: dict[str, Any]) -> str:
 
 
 def publish(
-    resolved: Resolved, settings: Settings, plan: Plan, corrected: pa.Table
+    resolved: Resolved,
+    settings: Settings,
+    plan: Plan,
+    corrected: pa.Table,
+    letters: pa.Table | None = None,
 ) -> dict[str, Any]:
-    """One MERGE on state and one append to changelog, fenced in the new epoch."""
+    """The recomputation's dead letters appended to dead_letter (those they
+    supersede go once the backfill is done: ``jobs/superseded.py``), one MERGE on
+    state and one append to changelog, fenced in the new epoch."""
     pipeline = resolved.pipeline
     layout = AppLayout(settings.warehouse, pipeline.application_id)
     epoch = plan.epoch_after
@@ -485,6 +523,24 @@ def publish(
             "epoch_before": str(plan.epoch_before),
         },
     )
+    if letters is not None and letters.num_rows:
+        k = letters.num_rows
+        stamped = letters.append_column(
+            pa.field("epoch", pa.int64(), False), pa.array([epoch] * k, pa.int64())
+        )
+        stamped = stamped.append_column(
+            pa.field("batch_id", pa.int64(), False), pa.array([-1] * k, pa.int64())
+        )
+        stamped = stamped.append_column(
+            pa.field("commit_time", tables.TIMESTAMP, False),
+            pa.array([now] * k, tables.TIMESTAMP),
+        )
+        write_deltalake(
+            str(layout.table("dead_letter")),
+            stamped.select(tables.DEAD_LETTER_SCHEMA.names).cast(tables.DEAD_LETTER_SCHEMA),
+            mode="append",
+            commit_properties=props,
+        )
     state_path = layout.table("state")
     before_version = DeltaTable(str(state_path)).version()
     redefined = tables.state_redefined(layout, resolved)
@@ -516,6 +572,7 @@ def publish(
         "rows_inserted": metrics.get("num_target_rows_inserted"),
         "rows_deleted": metrics.get("num_target_rows_deleted"),
         "changelog_rows": changelog.num_rows,
+        "dead_letters": 0 if letters is None else letters.num_rows,
     }
 
 
@@ -691,8 +748,8 @@ def run_backfill(
     layout = AppLayout(settings.warehouse, pipeline.application_id)
     store(layout, resolved)  # what the plan, made without Spark, reads
 
-    def corrected_and_preview(plan: Plan) -> tuple[pa.Table, dict[str, Any]]:
-        corrected = recompute(spark, resolved, settings, plan)
+    def corrected_and_preview(plan: Plan) -> tuple[pa.Table, pa.Table, dict[str, Any]]:
+        corrected, letters = recompute(spark, resolved, settings, plan)
         schema = resolved.aggregate_schema
         # Compared with the state it publishes onto (what is beyond the ledger is undone).
         onto = DeltaTable(str(layout.table("state")), version=state_behind(layout))
@@ -702,19 +759,19 @@ def run_backfill(
         path = write_preview(layout, plan, report)
         echo(summary(report))
         echo(f"preview written to {path}")
-        return corrected, report
+        return corrected, letters, report
 
     def show(plan: Plan) -> dict[str, Any]:
-        return {"preview": corrected_and_preview(plan)[1]}
+        return {"preview": corrected_and_preview(plan)[2]}
 
     def apply(plan: Plan) -> dict[str, Any]:
-        corrected, _report = corrected_and_preview(plan)
+        corrected, letters, _report = corrected_and_preview(plan)
         return apply_plan(
             pipeline,
             settings,
             plan,
             corrected,
-            lambda: publish(resolved, settings, plan, corrected),
+            lambda: publish(resolved, settings, plan, corrected, letters),
         )
 
     return run_operation(

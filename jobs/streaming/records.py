@@ -124,6 +124,7 @@ def _user_columns(raw: DataFrame, pipeline: Pipeline) -> DataFrame:
         F.col("partition").alias("_partition"),
         F.col("offset").alias("_offset"),
         F.col("timestamp").alias("_timestamp"),
+        F.col("key").alias("_key"),
         F.col("value").alias("_value"),
         *extra,
         F.from_json(text, _schema_ddl(pipeline, False), options).alias("_t"),

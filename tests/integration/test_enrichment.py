@@ -88,9 +88,10 @@ def produce(config: dict[str, str], topic: str, records: list[tuple[str, int]]) 
 
 def expected(
     batches: list[tuple[list[tuple[str, int]], dict[str, str]]],
+    rows: frozenset[str] = frozenset(MERCHANTS),
 ) -> dict[str, tuple[int, int, int]]:
     """Per category: (orders, cents, latest merchant's since), each batch's records
-    with its dimension (a merchant it lacks: since 0)."""
+    with its dimension (a merchant without a row of the table, ``rows``: since 0)."""
     orders_: Counter[str] = Counter()
     cents: Counter[str] = Counter()
     latest: dict[str, int] = {}
@@ -100,7 +101,7 @@ def expected(
                 category = categories[merchant]
                 orders_[category] += 1
                 cents[category] += amount
-                since = since_us(merchant) if merchant in MERCHANTS else 0
+                since = since_us(merchant) if merchant in rows else 0
                 latest[category] = max(latest.get(category, since), since)
     return {k: (orders_[k], cents[k], latest[k]) for k in orders_}
 
@@ -121,14 +122,16 @@ def dead_letters(warehouse: Path) -> list[str]:
     return sorted(table.column("reason").to_pylist())
 
 
-def assert_each_bad_record_once(warehouse: Path, records: list[tuple[str, int]]) -> None:
-    """Every record whose merchant has no row or two is in ``dead_letter`` exactly
-    once, whatever the repairs judged again."""
+def assert_each_bad_record_once(
+    warehouse: Path, records: list[tuple[str, int]], bad: tuple[str, ...] = ("nobody", "mdup")
+) -> None:
+    """Every record whose merchant has no row or two (``bad``) is in ``dead_letter``
+    exactly once, whatever the repairs judged again."""
     table = DeltaTable(str(warehouse / "merchant_sales" / "dead_letter")).to_pyarrow_table()
     columns = [table.column(c).to_pylist() for c in ("topic", "partition", "offset")]
     places = list(zip(*columns, strict=True))
     assert len(places) == len(set(places)), "a record is in dead_letter twice"
-    assert len(places) == sum(1 for m, _ in records if m in ("nobody", "mdup"))
+    assert len(places) == sum(1 for m, _ in records if m in bad)
 
 
 def test_each_batch_joins_one_recorded_version_and_a_replay_joins_it_again(  # type: ignore[no-untyped-def]
@@ -404,3 +407,49 @@ def test_enrich_added_by_a_new_version_runs_on_and_a_rewind_across_it_replays(  
     assert done.returncode == 0, done.stderr[-2000:]
     assert state(settings.warehouse) == expected([(first, MERCHANTS), (second, MERCHANTS)])
     assert_each_bad_record_once(settings.warehouse, first + second)
+
+
+def test_a_backfill_whose_fix_adds_a_missing_key_takes_its_records_out_of_dead_letter(  # type: ignore[no-untyped-def]
+    spark, broker, settings, kafka_config, new_topic, tmp_path
+) -> None:
+    """A record whose key the dimension lacked is a dead letter; once the table has
+    the key, ``backfill --dimensions newest`` aggregates it, and it is no longer in
+    ``dead_letter``: each record in one place, through later runs and a rewind."""
+    topic = new_topic(2)
+    dims = settings.warehouse / "dims" / "merchants"
+    write_merchants(dims, MERCHANTS)
+    path = pipeline_file(tmp_path, topic)
+    first = orders(6, 300)
+    produce(kafka_config, topic, first)
+    assert run_jobs(path, settings, "run", "--quiet", spark=spark).returncode == 0
+    assert_each_bad_record_once(settings.warehouse, first)
+
+    fixed = {**MERCHANTS, "nobody": "books"}
+    write_merchants(dims, fixed)
+    args = ("backfill", "--from-earliest", "--dimensions", "newest", "--reason", "nobody added")
+    done = run_jobs(path, settings, *args, spark=spark)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert state(settings.warehouse) == expected([(first, fixed)], frozenset(fixed))
+    assert_each_bad_record_once(settings.warehouse, first, bad=("mdup",))
+
+    second = orders(7, 200)
+    produce(kafka_config, topic, second)
+    assert run_jobs(path, settings, "run", "--quiet", spark=spark).returncode == 0
+    assert state(settings.warehouse) == expected(
+        [(first, fixed), (second, fixed)], frozenset(fixed)
+    )
+    assert_each_bad_record_once(settings.warehouse, first + second, bad=("mdup",))
+    status = run_jobs(path, settings, "status", spark=spark)
+    assert "problems: none found" in status.stdout, status.stdout[-2000:]
+
+    # A rewind to before the backfill: the replay judges every record again with the
+    # version the backfill recorded (the fix) and the backfill's dead letters go.
+    args = ("rewind", "--to-earliest", "--mode", "reprocess", "--reason", "again")
+    assert run_jobs(path, settings, *args, spark=spark).returncode == 0
+    assert run_jobs(path, settings, "run", "--quiet", spark=spark).returncode == 0
+    assert state(settings.warehouse) == expected(
+        [(first, fixed), (second, fixed)], frozenset(fixed)
+    )
+    assert_each_bad_record_once(settings.warehouse, first + second, bad=("mdup",))
+    checked = run_jobs(path, settings, "verify", spark=spark)
+    assert checked.returncode == 0 and ", 0 differ" in checked.stdout, checked.stdout[-2000:]

@@ -287,6 +287,7 @@ class Repairs(RuleBasedStateMachine):
         chosen = (("m", self.table),) if newest else ()
         self.begin_epoch(Step("publish", boundary), self.reads)
         self.steps[self.epoch] = replace(self.steps[self.epoch], dimensions=chosen)
+        assert self.history().recomputed(self.epoch) == reads  # its dead letters' ranges
         assert self.history().head.judged() == head.judged()  # a backfill changes no coverage
         if newest:  # what it recomputed stands judged with the newest version
             for tp, offsets in expected.items():
@@ -320,21 +321,31 @@ class Repairs(RuleBasedStateMachine):
 
     @invariant()
     def each_judged_record_has_one_standing_judgment(self) -> None:
-        """Where a record's dead letter is (``History.standing``: the batches whose
-        dead letters stand): every judged offset of the current log in exactly one
-        standing batch, and no standing batch beyond what the state judged."""
+        """Where a record's dead letter is (``jobs/superseded.py``): a standing batch's
+        (``History.standing``) or a standing backfill's (what it judged again,
+        ``History.recomputed``), whichever is later. Every judged offset of the
+        current log has exactly one, and nothing beyond what the state judged has any."""
         history = self.history()
         standing = history.standing()
-        count: dict[tuple[TP, int], int] = {}
+        judges: dict[tuple[TP, int], list[int]] = {}  # the epochs that judged it
         for b in self.batches:
             last = standing.get(b.epoch, -1)
             if b.epoch in self.excluded or (last is not None and b.batch_id > last):
                 continue
             for tp, end in b.end.items():
                 for o in range(b.start.get(tp, 0), end):
-                    count[(tp, o)] = count.get((tp, o), 0) + 1
+                    judges.setdefault((tp, o), []).append(b.epoch)
+        for epoch, step in self.steps.items():
+            if step.action == "publish" and epoch in standing and epoch not in self.excluded:
+                for tp, spans in history.recomputed(epoch).items():
+                    for begin, end in spans:
+                        for o in range(begin, end):
+                            judges.setdefault((tp, o), []).append(epoch)
+        # Rows a later backfill judged again are removed; a batch's and its own
+        # epoch's backfill never judge one record both (the backfill came first).
+        kept = {place: sum(1 for e in es if e == max(es)) for place, es in judges.items()}
         judged = {(tp, o): 1 for tp, offsets in self.model.judged.items() for o in offsets}
-        assert count == judged
+        assert kept == judged
 
     @invariant()
     def recomputations_start_from_the_floor(self) -> None:
