@@ -10,6 +10,7 @@ from typing import Any
 from deltalake import DeltaTable
 
 from jobs import kafka_admin
+from jobs.coverage import Intervals
 from jobs.cut import (
     current_log_history,
     latest_cut,
@@ -116,11 +117,13 @@ def application_status(
             totals = {c: sum(int(r[c] or 0) for r in rows) for c in COUNT_COLUMNS}
             history = None if (snap := snapshot(layout)) is None else snap.history()
             standing = {} if history is None else history.standing()
-            # A backfill judged the records of earlier batches again: theirs may be gone.
-            rejudged = max(
-                (e for e, s in (history.steps if history else {}).items() if s.action == "publish"),
-                default=-1,
-            )
+            # What standing backfills judged again: earlier batches' rows there are gone.
+            rejudged = [
+                (epoch, history.recomputed(epoch))
+                for epoch in standing
+                if history is not None
+                and getattr(history.steps.get(epoch), "action", "") == "publish"
+            ]
             _check_batches(rows, dead_letter_rows(layout), standing, rejudged, problems)
         in_epoch = [int(r["batch_id"]) for r in rows if r["epoch"] == epoch]
         newest_in_epoch = max(in_epoch) if in_epoch else None
@@ -221,14 +224,15 @@ def _check_batches(
     rows: list[dict[str, Any]],
     letters: dict[tuple[int, int], int],
     standing: dict[int, int | None],
-    rejudged: int,
+    rejudged: list[tuple[int, Intervals]],
     problems: list[str],
 ) -> None:
     """Each batch row against the one before it and against ``dead_letter``, which
     its commit wrote first (``letters``: rows per batch). A batch a repair
     discarded (outside ``standing``, ``History.standing``) has its dead letters
     until the next run's start removes them (``jobs/superseded.py``), and a batch
-    of an epoch before a backfill (``rejudged``) the ones it did not judge again."""
+    of an epoch before a backfill whose ranges (``rejudged``) it overlaps has the
+    ones the backfill did not judge again."""
     seen: set[tuple[int, int]] = set()
     previous_end: dict[int, str] = {}
     for row in rows:
@@ -246,7 +250,7 @@ def _check_batches(
         discarded = last is not None and ident[1] > last
         if discarded and found in (0, counted):
             pass  # superseded: the replay judged its records again
-        elif ident[0] < rejudged and found <= counted:
+        elif found <= counted and _judged_again(row, rejudged):
             pass  # the backfill's dead letters stand for those it judged again
         elif found < counted or (found > counted and not replayed):
             problems.append(
@@ -430,3 +434,18 @@ def reading_from(
     if cut is not None and cut.epoch > int(last["epoch"]):
         return cut.offsets(), ids
     return plan.from_json_dict(json.loads(last["end_offsets"])), ids
+
+
+def _judged_again(row: dict[str, Any], rejudged: list[tuple[int, Intervals]]) -> bool:
+    """Whether a later backfill judged some of the batch's [start, end) again."""
+    start, end = json.loads(row["start_offsets"]), json.loads(row["end_offsets"])
+    for epoch, ranges in rejudged:
+        if epoch <= row["epoch"]:
+            continue
+        for topic, parts in end.items():
+            for part, stop in parts.items():
+                begin = int(start.get(topic, {}).get(part, 0))
+                spans = ranges.get((topic, int(part)), [])
+                if any(b < int(stop) and begin < e for b, e in spans):
+                    return True
+    return False

@@ -12,7 +12,9 @@ them, so that every record ends in exactly one place.
 
 This runs after the operation is done (before that, the operation may die and the
 state go on without it: what it would supersede still stands) and again at every
-run's start, which completes what a crash in between left. Until then a reader may
+run's start, which completes what a crash in between left. A backfill's ranges are
+looked at until a batch commits after it (that run's start removed them): the
+delete names few rows and files, whatever the table's age. Until then a reader may
 see a record's dead letter twice, never none. Delta's history keeps what was
 removed (time travel), as it keeps the state a rewind went back from. An
 operation's rows of an operation that died are ``cut.remove_orphans``'s.
@@ -41,8 +43,14 @@ def remove_superseded_dead_letters(layout: AppLayout) -> int:
         return 0
     history = snap.history()
     clauses = _discarded(history)
-    if any(step.action == "publish" for step in history.steps.values()):
-        clauses += _judged_again(current_log_history(layout, snap), history.standing())
+    newest_batch = max(history.batches, default=-1)
+    recent = [
+        epoch
+        for epoch in history.standing()
+        if epoch > newest_batch and getattr(history.steps.get(epoch), "action", "") == "publish"
+    ]
+    if recent:
+        clauses += _judged_again(current_log_history(layout, snap), recent)
     if not clauses:
         return 0
     props = fenced_properties(layout.application_id, snap.epoch, "supersede_dead_letters")
@@ -73,18 +81,20 @@ def _discarded(history: History) -> list[str]:
     return clauses
 
 
-def _judged_again(current: History, standing: dict[int, int | None]) -> list[str]:
-    """The rows earlier than each standing backfill in the ranges it judged again
-    (offsets of the current log: rows of epochs that read a deleted log stay)."""
+def _judged_again(current: History, backfills: list[int]) -> list[str]:
+    """The rows of each backfill's ranges from before it: of the epochs from its
+    boundary's on (earlier rows are of offsets before its boundary, or discarded),
+    and of the current log (rows of epochs that read a deleted log stay)."""
     clauses = []
     others = f" AND epoch NOT IN ({', '.join(map(str, sorted(current.excluded)))})"
-    for epoch in sorted(standing):
-        step = current.steps.get(epoch)
-        if step is None or step.action != "publish" or epoch in current.excluded:
+    for epoch in sorted(backfills):
+        step = current.steps[epoch]
+        if epoch in current.excluded:
             continue
         places = _places(current.recomputed(epoch))
         if places:
-            older = f"epoch < {epoch}" + (others if current.excluded else "")
+            since = 0 if step.boundary is None else step.boundary[0]
+            older = f"epoch >= {since} AND epoch < {epoch}" + (others if current.excluded else "")
             clauses.append(f"({older} AND ({places}))")
     return clauses
 

@@ -265,7 +265,25 @@ def aggregate_records(
     classified = records.classify(raw, resolved)
     if letters is not None:
         classified = classified.persist()  # one read of the records for both
-        letters.append(dead_letters_of(classified))
+    try:
+        if letters is not None:
+            letters.append(dead_letters_of(classified))
+        return _aggregated(spark, resolved, layout, classified, seed_state_version, keep)
+    finally:
+        if letters is not None:
+            classified.unpersist()
+
+
+def _aggregated(
+    spark: SparkSession,
+    resolved: Resolved,
+    layout: AppLayout,
+    classified: DataFrame,
+    seed_state_version: int | None,
+    keep: Callable[[DataFrame], DataFrame] | None,
+) -> pa.Table:
+    """The judged records' contributions (plus a seed state version's rows, kept
+    by ``keep``) aggregated with the pipeline."""
     contributions = records.contributions(classified, resolved)
     if seed_state_version is not None:
         base = DeltaTable(str(layout.table("state")), version=seed_state_version)
@@ -275,8 +293,6 @@ def aggregate_records(
     if keep is not None:
         contributions = keep(contributions)
     corrected = aggregate(contributions, resolved).toArrow()
-    if letters is not None:
-        classified.unpersist()
     return corrected.cast(resolved.aggregate_schema)
 
 

@@ -98,7 +98,7 @@ def run_operation(
                 raise
             raise resume_unchanged(pipeline, settings, plan.operation, refused, echo) from refused
         echo(f"applied: {result}; epoch {plan.epoch_before} -> {plan.epoch_after}")
-        remove_superseded_dead_letters(layout)
+        supersede_dead_letters(layout, echo)
         publish_corrections(pipeline, settings, echo)
     echo(f"next: python -m jobs run --pipeline {pipeline.application_id} resumes from the cut")
     return plan
@@ -136,10 +136,22 @@ def _apply_saved(
         plan = saved.check_unmoved(layout, pipeline, reviewed)
         result = apply(plan) if apply is not None else apply_plan(pipeline, settings, plan)
         echo(f"applied: {result}; epoch {plan.epoch_before} -> {plan.epoch_after}")
-        remove_superseded_dead_letters(layout)
+        supersede_dead_letters(layout, echo)
         publish_corrections(pipeline, settings, echo)
     echo(f"next: python -m jobs run --pipeline {pipeline.application_id} resumes from the cut")
     return plan
+
+
+def supersede_dead_letters(layout: AppLayout, echo: Callable[[str], None]) -> None:
+    """The dead letters the operation judged again go (``jobs/superseded.py``). It
+    is applied already: if that fails now, the next run's start completes it."""
+    try:
+        removed = remove_superseded_dead_letters(layout)
+    except Exception as exc:  # applied already: the operation must not look failed
+        echo(f"dead letters: not superseded yet ({exc}); the next run completes it")
+        return
+    if removed:
+        echo(f"dead letters: {removed} judged again by the operation removed")
 
 
 def publish_corrections(
