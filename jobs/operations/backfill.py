@@ -518,17 +518,7 @@ def publish(
     layout = AppLayout(settings.warehouse, pipeline.application_id)
     epoch = plan.epoch_after
     now = int(time.time() * 1_000_000)
-    n = corrected.num_rows
-    stamps = {
-        "epoch": pa.array([epoch] * n, pa.int64()),
-        "batch_id": pa.array([-1] * n, pa.int64()),  # -1: written by an operation
-    }
-    state_rows = corrected
-    for name, values in stamps.items():
-        state_rows = state_rows.append_column(pa.field(name, pa.int64(), False), values)
-    state_rows = state_rows.append_column(
-        pa.field("updated_at", tables.TIMESTAMP, False), pa.array([now] * n, tables.TIMESTAMP)
-    )
+    state_rows = _stamped(corrected, epoch, "updated_at", now)
     props = fenced_properties(
         pipeline.application_id,
         epoch,
@@ -540,20 +530,9 @@ def publish(
         },
     )
     if letters is not None and letters.num_rows:
-        k = letters.num_rows
-        stamped = letters.append_column(
-            pa.field("epoch", pa.int64(), False), pa.array([epoch] * k, pa.int64())
-        )
-        stamped = stamped.append_column(
-            pa.field("batch_id", pa.int64(), False), pa.array([-1] * k, pa.int64())
-        )
-        stamped = stamped.append_column(
-            pa.field("commit_time", tables.TIMESTAMP, False),
-            pa.array([now] * k, tables.TIMESTAMP),
-        )
         write_deltalake(
             str(layout.table("dead_letter")),
-            stamped.select(tables.DEAD_LETTER_SCHEMA.names).cast(tables.DEAD_LETTER_SCHEMA),
+            _stamped(letters, epoch, "commit_time", now).cast(tables.DEAD_LETTER_SCHEMA),
             mode="append",
             commit_properties=props,
         )
@@ -592,16 +571,22 @@ def publish(
     }
 
 
+def _stamped(rows: pa.Table, epoch: int, time_column: str, now: int) -> pa.Table:
+    """``rows`` with the operation's epoch, batch id -1 (written by an operation) and
+    ``time_column`` at ``now`` (microseconds)."""
+    n = rows.num_rows
+    for name, value in (("epoch", epoch), ("batch_id", -1)):
+        rows = rows.append_column(
+            pa.field(name, pa.int64(), False), pa.array([value] * n, pa.int64())
+        )
+    field = pa.field(time_column, tables.TIMESTAMP, False)
+    return rows.append_column(field, pa.array([now] * n, tables.TIMESTAMP))
+
+
 def changelog_rows(resolved: Resolved, rows: pa.Table, epoch: int, now: int) -> pa.Table:
     """``rows`` (keys and aggregates) as changelog rows of the operation's epoch."""
-    n = rows.num_rows
-    return (
-        rows.select(list(resolved.aggregate_schema.names))
-        .append_column("epoch", pa.array([epoch] * n, pa.int64()))
-        .append_column("batch_id", pa.array([-1] * n, pa.int64()))
-        .append_column("commit_time", pa.array([now] * n, tables.TIMESTAMP))
-        .cast(resolved.changelog_schema)
-    )
+    kept = rows.select(list(resolved.aggregate_schema.names))
+    return _stamped(kept, epoch, "commit_time", now).cast(resolved.changelog_schema)
 
 
 def append_new_definition(path: Path, rows: pa.Table, props: CommitProperties) -> None:
