@@ -22,7 +22,7 @@ mid-epoch from its first offset). "Judged exactly once" is interval arithmetic.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Set
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
@@ -30,6 +30,42 @@ from typing import Any
 TP = tuple[str, int]
 Offsets = dict[TP, int]
 Intervals = dict[TP, list[tuple[int, int]]]  # merged [begin, end) per partition
+
+
+@dataclass(frozen=True, order=True)
+class Pin:
+    """A dimension table as a batch joined it: its version, and which table that was
+    (Delta's table id, ``metaData.id``, and its location). Rows recorded before the
+    id and location were have them empty: the enrichment's current table, unchecked."""
+
+    version: int
+    table_id: str = ""
+    path: str = ""
+
+    @staticmethod
+    def of(value: object) -> Pin | None:
+        """A pin as the ledger and plans hold it: {"version", "id", "path"}, or a
+        bare version (rows from before identity was recorded)."""
+        if value is None:
+            return None
+        if isinstance(value, dict):
+            return Pin(
+                int(value["version"]), str(value.get("id") or ""), str(value.get("path") or "")
+            )
+        if isinstance(value, Pin):
+            return value
+        return Pin(int(str(value)))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": self.version, "id": self.table_id, "path": self.path}
+
+
+def pins_text(pins: Set[Pin], path: str) -> str:
+    """``pins`` for a plan's note: the versions, and where a table is not the
+    enrichment's now (``path``), which table."""
+    return ", ".join(
+        str(p.version) if p.path in ("", path) else f"{p.version} of {p.path}" for p in sorted(pins)
+    )
 
 
 class Judged(StrEnum):
@@ -44,8 +80,8 @@ class Judge:
     batch_id: int = -1
     watermark_ms: int = 0
     batch_time_ms: int = 0
-    # The version of each enrichment's table the batch joined (name, version).
-    dimensions: tuple[tuple[str, int | None], ...] = ()
+    # The table each enrichment's join read, as (name, pin; None: no record to join).
+    dimensions: tuple[tuple[str, Pin | None], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -147,7 +183,7 @@ class Coverage:
         mine, theirs = self.gaps(), other.gaps()
         return _merged({tp: _minus(spans, theirs.get(tp, [])) for tp, spans in mine.items()})
 
-    def rejudged(self, dimensions: dict[str, int], kept: Coverage) -> Coverage:
+    def rejudged(self, dimensions: dict[str, Pin], kept: Coverage) -> Coverage:
         """The judged spans not in ``kept`` with ``dimensions``' versions (a backfill
         that joined other table versions than the batches recorded)."""
         unchanged = {(tp, s) for tp, spans in kept.spans.items() for s in spans}
@@ -255,10 +291,10 @@ class BatchEntry:
     batch_time_ms: int = 0
     state_version: int | None = None  # the state version it left (None: not recorded)
     commit_time_us: int = 0
-    dimensions: tuple[tuple[str, int | None], ...] = ()  # the enrichments' versions joined
-    # Ranges it replayed that were judged before: the versions it joined there (the
-    # earlier judgment's, not ``dimensions``), as (partition, begin, end, versions).
-    replayed: tuple[tuple[TP, int, int, tuple[tuple[str, int], ...]], ...] = ()
+    dimensions: tuple[tuple[str, Pin | None], ...] = ()  # the enrichments' tables joined
+    # Ranges it replayed that were judged before: the tables it joined there (the
+    # earlier judgment's, not ``dimensions``), as (partition, begin, end, pins).
+    replayed: tuple[tuple[TP, int, int, tuple[tuple[str, Pin | None], ...]], ...] = ()
 
     def judgments(self) -> list[tuple[Offsets, Offsets, Judge]]:
         """Its [start, end) with its judge, then each replayed piece with the versions
@@ -287,8 +323,8 @@ class Step:
     skipped: dict[TP, tuple[int, int]] = field(default_factory=dict)  # a skip's [from, to)
     state_version: int | None = None  # the state version it left
     done_us: int = 0  # when it recorded that it was done
-    # The table versions a backfill joined instead of the recorded ones (newest).
-    dimensions: tuple[tuple[str, int], ...] = ()
+    # The tables a backfill joined instead of the recorded ones (newest).
+    dimensions: tuple[tuple[str, Pin], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -372,16 +408,23 @@ class History:
     def head(self) -> Coverage:
         return self.at(self.epoch)
 
-    def replay_from(self, cut: Offsets) -> Offsets:
+    def replay_from(self, cut: Offsets, spark_committed: int | None = None) -> Offsets:
         """Where a run's replayed ranges begin: the epoch's cut, or the start of its
         last batch in the ledger, which Spark runs again when it died before its own
-        commit (the batch then joins what its ledger row recorded). Batches before it
+        commit (the batch then joins what its ledger row recorded, so that Spark's
+        state is what it was), or, when Spark's commit log holds that batch
+        (``spark_committed``, its newest batch id), its end. Batches before it
         Spark does not run again."""
         batches = self.batches.get(self.epoch)
         if not batches:
             return dict(cut)
         last = batches[-1]
-        return {tp: max(cut.get(tp, 0), last.start.get(tp, cut.get(tp, 0))) for tp in last.end}
+        edge = (
+            last.end
+            if spark_committed is not None and spark_committed >= last.batch_id
+            else last.start
+        )
+        return {tp: max(cut.get(tp, 0), edge.get(tp, cut.get(tp, 0))) for tp in last.end}
 
     def replay_decisions(
         self, reading_from: Offsets, dimensions: tuple[str, ...]

@@ -33,7 +33,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable
 
-from jobs.coverage import Boundary, History, origin
+from jobs.coverage import Boundary, History, Pin, origin
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout, file_path
 from jobs.delta.log import commit_infos
@@ -508,23 +508,46 @@ def loadable(table: Path, version: int) -> bool:
     return all(file_path(uri).exists() for uri in files)
 
 
-def check_readable(application_id: str, name: str, path: str, versions: set[int | None]) -> None:
-    """One error naming the first version of enrichment ``name``'s table (at
-    ``path``) that recorded batches joined and that can no longer be read, and the
-    repair. (Which versions a replay needs is the coverage's to say.)"""
-    for version in sorted(versions, key=lambda v: -1 if v is None else v):
-        if version is None or not loadable(Path(path), int(version)):
+def table_id(table: str, version: int | None = None) -> str | None:
+    """Delta's id of the table at ``table`` (``metaData.id``) as of ``version`` (None:
+    its newest); None: no table there, or not that version."""
+    try:
+        return str(DeltaTable(table, version=version).metadata().id)
+    except Exception:
+        return None
+
+
+def check_readable(application_id: str, name: str, path: str, pins: set[Pin | None]) -> None:
+    """One error naming the first table of enrichment ``name`` (now at ``path``) that
+    recorded batches joined and that a replay can no longer read as they did: its
+    version is gone, or the table at its location is another one (deleted and loaded
+    again: another table id), and the repair. (Which tables a replay needs is the
+    coverage's to say.)"""
+    repair = (
+        "; repair: backfill --dimensions newest (recomputes with the table's newest "
+        "version and records it), then this again"
+    )
+    for pin in sorted(pins, key=lambda p: (-1, "", "") if p is None else (p.version, p.path, "")):
+        if pin is None:
             raise ConfigError(
-                f"{application_id}: enrich {name}: {path} "
-                + (
-                    "has no version from before a batch's time"
-                    if version is None
-                    else f"version {version}, which a replay joins (the version recorded "
-                    "by the batches that judged its records, or the table's oldest), can no "
-                    "longer be read (its log or files were removed)"
-                )
-                + "; repair: backfill --dimensions newest (recomputes with the table's "
-                "newest version and records it), then this again"
+                f"{application_id}: enrich {name}: {path} has no version from before a "
+                "batch's time" + repair
+            )
+        where = pin.path or path
+        if not loadable(Path(where), pin.version):
+            raise ConfigError(
+                f"{application_id}: enrich {name}: {where} version {pin.version}, which a "
+                "replay joins (the version recorded by the batches that judged its records, "
+                "or the table's oldest), can no longer be read (its log or files were "
+                "removed)" + repair
+            )
+        found = table_id(where, pin.version) if pin.table_id else None
+        if pin.table_id and found != pin.table_id:
+            raise ConfigError(
+                f"{application_id}: enrich {name}: {where} is not the table the batches that "
+                f"judged its records joined (table id {pin.table_id} recorded, {found} there "
+                f"now: it was deleted and loaded again), so version {pin.version} is not "
+                "what they read" + repair
             )
 
 

@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 from deltalake import DeltaTable
 
-from jobs.coverage import BatchEntry, Boundary, History, Step, partition_of
+from jobs.coverage import BatchEntry, Boundary, History, Pin, Step, partition_of
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
 from jobs.delta.writer import table_epoch
@@ -74,7 +74,11 @@ def epoch_steps(rows: list[dict[str, Any]]) -> dict[int, Step]:
             state_version=None if version is None else int(version),
             done_us=_micros(row.get("commit_time")),
             dimensions=tuple(
-                sorted((str(k), int(v)) for k, v in (plan.get("dimension_versions") or {}).items())
+                sorted(
+                    (str(k), pin)
+                    for k, v in (plan.get("dimension_versions") or {}).items()
+                    if (pin := Pin.of(v)) is not None
+                )
             ),
         )
     return steps
@@ -101,14 +105,19 @@ def batch_entries(rows: list[dict[str, Any]]) -> list[BatchEntry]:
                 ),
                 state_version=None if state_after is None else int(state_after),
                 commit_time_us=_micros(row["commit_time"]),
-                dimensions=tuple(sorted(dict(details.get("dimensions") or {}).items())),
+                dimensions=pins(details.get("dimensions")),
                 replayed=tuple(
-                    ((str(t), int(p)), int(b), int(e), tuple(sorted(dict(v).items())))
+                    ((str(t), int(p)), int(b), int(e), pins(v))
                     for t, p, b, e, v in details.get("replayed") or []
                 ),
             )
         )
     return found
+
+
+def pins(recorded: dict[str, Any] | None) -> tuple[tuple[str, Pin | None], ...]:
+    """A batch row's ``{enrichment: pin}`` (``Pin.of``), sorted by name."""
+    return tuple(sorted((str(k), Pin.of(v)) for k, v in (recorded or {}).items()))
 
 
 class LedgerSnapshot:

@@ -20,7 +20,8 @@ jars=$("$python" -c 'import os, pyspark; print(os.path.join(os.path.dirname(pysp
 mapfile -t sources < <(find "$here/sources" -name '*.java' | sort)
 classes=$(mktemp -d)
 trap 'rm -rf "$classes"' EXIT
-javac --release 17 -nowarn -cp "$jars/*" -d "$classes" "${sources[@]}"
+# Delta's classes too (the table id of a version), resolved beside the output.
+javac --release 17 -nowarn -cp "$jars/*:$(dirname "$out")/*" -d "$classes" "${sources[@]}"
 mkdir -p "$(dirname "$out")"
 jar --create --file "$out.tmp" -C "$classes" .
 mv "$out.tmp" "$out"

@@ -35,7 +35,16 @@ from deltalake import CommitProperties, DeltaTable, write_deltalake
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from jobs.coverage import Boundary, Coverage, Intervals, layers, named, spelled
+from jobs.coverage import (
+    Boundary,
+    Coverage,
+    Intervals,
+    Pin,
+    layers,
+    named,
+    pins_text,
+    spelled,
+)
 from jobs.cut import (
     StateAction,
     boundary_at_or_before,
@@ -126,7 +135,8 @@ def plan_backfill(
     if pipeline.enrich:
         if dimensions_from == "newest":
             newest = {
-                e.name: DeltaTable(e.path(settings.warehouse)).version() for e in pipeline.enrich
+                e.name: dimensions.newest_pin(e.path(settings.warehouse)).to_json()
+                for e in pipeline.enrich
             }
         notes.append(_dimension_note(layout, pipeline, newest))
     plan = Plan(
@@ -158,7 +168,9 @@ def plan_backfill(
     return plan
 
 
-def _dimension_note(layout: AppLayout, pipeline: Pipeline, newest: dict[str, int]) -> str:
+def _dimension_note(
+    layout: AppLayout, pipeline: Pipeline, newest: dict[str, dict[str, Any]]
+) -> str:
     """Which versions of the enrichments' tables the recomputation joins: the ones
     the batches recorded, or (recorded -> ``newest``) each table's newest."""
     snap = snapshot(layout)
@@ -166,9 +178,9 @@ def _dimension_note(layout: AppLayout, pipeline: Pipeline, newest: dict[str, int
     names = tuple(e.name for e in pipeline.enrich)
     parts = []
     for i, e in enumerate(pipeline.enrich):
-        recorded = sorted({d[6 + i] for d in head.decisions(names) if d[6 + i] is not None})
-        shown = ", ".join(str(v) for v in recorded) or "none recorded"
-        parts.append(f"{e.name} {shown}" + (f" -> {newest[e.name]}" if newest else ""))
+        recorded = {d[6 + i] for d in head.decisions(names) if d[6 + i] is not None}
+        shown = pins_text(recorded, e.path(layout.warehouse)) or "none recorded"
+        parts.append(f"{e.name} {shown}" + (f" -> {newest[e.name]['version']}" if newest else ""))
     how = (
         "each table's newest version (recorded -> newest)"
         if newest
@@ -215,7 +227,7 @@ def recompute(
             settings,
             raw,
             plan.seed_state_version,
-            dimension_versions=plan.dimension_versions,
+            dimension_versions=plan.pins(),
             reading=plan.ranges(),
             letters=letters,
         )
@@ -247,7 +259,7 @@ def aggregate_records(
     seed_state_version: int | None = None,
     keep: Callable[[DataFrame], DataFrame] | None = None,
     snap: LedgerSnapshot | None = None,
-    dimension_versions: dict[str, int] | None = None,
+    dimension_versions: dict[str, Pin] | None = None,
     reading: Intervals | None = None,
     letters: list[pa.Table] | None = None,
 ) -> pa.Table:
@@ -318,7 +330,7 @@ def with_stream_decisions(
     raw: DataFrame,
     head: Coverage,
     resolved: Resolved,
-    dimension_versions: dict[str, int] | None = None,
+    dimension_versions: dict[str, Pin] | None = None,
     reading: Intervals | None = None,
 ) -> DataFrame:
     """Each record with the watermark, the batch time and the dimension versions the
@@ -332,16 +344,21 @@ def with_stream_decisions(
     names = tuple(e.name for e in resolved.pipeline.enrich)
     decided = head.decisions(names, reading)
     newest, ranges = dimensions.joined_versions(spark, resolved, decided, dimension_versions)
+    # Each enrichment's pins, the newest last: a record joins its range's by index.
+    pins = [
+        sorted({r[6 + i] for r in ranges} - {newest[i]}) + [newest[i]] for i in range(len(names))
+    ]
+    slots = [(*r[:6], *(pins[i].index(r[6 + i]) for i in range(len(names)))) for r in ranges]
     last = head.watermark_ms
     schema = "r_topic string, r_partition int, r_begin long, r_end long, r_watermark long, "
     schema += ", ".join(["r_time long", *(f"r_dim{i} long" for i in range(len(names)))])
-    joined = dimensions.in_ranges(spark, raw, ranges, schema)
+    joined = dimensions.in_ranges(spark, raw, slots, schema)
     now = F.unix_millis(F.current_timestamp())
     columns: list[Column | str] = [
         *raw.columns,
         F.coalesce(F.col("r_time"), now).alias(BATCH_TIME_COLUMN),
         *(
-            F.coalesce(F.col(f"r_dim{i}"), F.lit(newest[i])).alias(dimensions.version_column(i))
+            F.coalesce(F.col(f"r_dim{i}"), F.lit(len(pins[i]) - 1)).alias(dimensions.slot_column(i))
             for i in range(len(names))
         ),
     ]
@@ -350,9 +367,8 @@ def with_stream_decisions(
         columns.append(watermark.alias(WATERMARK_COLUMN))
     judged = joined.select(*columns)
     for i in range(len(names)):
-        used = {int(r[6 + i]) for r in ranges} | {newest[i]}
-        tables = dimensions.at_versions(spark, resolved, i, used)
-        judged = judged.join(F.broadcast(tables), dimensions.version_column(i), "left")
+        tables = dimensions.at_pins(spark, resolved, i, pins[i])
+        judged = judged.join(F.broadcast(tables), dimensions.slot_column(i), "left")
     return judged
 
 

@@ -11,7 +11,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from jobs.coverage import Boundary, partition_of
+from jobs.coverage import Boundary, Pin, partition_of
 from jobs.cut import StateAction
 from jobs.kafka_source import offsets as kafka_offsets
 
@@ -37,9 +37,10 @@ class Plan:
     # Which version of each enrichment's table a backfill joins: "recorded" (the one
     # each batch joined) or "newest" (after a fix of the table).
     dimensions: str = "recorded"
-    # With "newest": the version of each table it joins, fixed when planned (what a
-    # reviewed plan showed is what it applies, and what the ledger records).
-    dimension_versions: dict[str, int] = field(default_factory=dict)
+    # With "newest": the table each enrichment joins, fixed when planned (what a
+    # reviewed plan showed is what it applies, and what the ledger records): its
+    # ``Pin.to_json`` (a bare version in plans saved before tables were pinned).
+    dimension_versions: dict[str, Any] = field(default_factory=dict)
     read_from: Offsets = field(default_factory=dict)  # a backfill's first offsets
     # What a backfill reads: the judged offsets after its boundary ("topic[p]" ->
     # [[begin, end), ...]; None: a plan saved before they were); a skipped range is
@@ -68,6 +69,11 @@ class Plan:
     def republishes(self) -> bool:
         """A backfill: it may publish the state under a new definition (new columns)."""
         return self.state_action is StateAction.PUBLISH
+
+    def pins(self) -> dict[str, Pin] | None:
+        """``dimension_versions`` as pins (None: the recorded tables)."""
+        found = {n: p for n, v in self.dimension_versions.items() if (p := Pin.of(v)) is not None}
+        return found or None
 
     def ranges(self) -> dict[tuple[str, int], list[tuple[int, int]]]:
         """``read_ranges`` by partition; a plan saved without them: [read_from, target)."""

@@ -18,7 +18,7 @@ from deltalake import DeltaTable
 
 from jobs import kafka_admin, monitoring_group
 from jobs import resolved as resolution
-from jobs.coverage import Boundary, Coverage, spelled
+from jobs.coverage import Boundary, Coverage, pins_text, spelled
 from jobs.cut import (
     Cut,
     StateAction,
@@ -232,12 +232,13 @@ def replay_notes(layout: AppLayout, pipeline: Pipeline, since: Boundary | None =
     names = tuple(e.name for e in pipeline.enrich)
     decisions = history.replay_decisions({} if since is None else since.end_offsets, names)
     for i, e in enumerate(pipeline.enrich):
-        versions = {d[6 + i] for d in decisions if d[6 + i] is not None}
-        check_readable(pipeline.application_id, e.name, e.path(layout.warehouse), versions)
-        if versions:
+        pins = {d[6 + i] for d in decisions if d[6 + i] is not None}
+        path = e.path(layout.warehouse)
+        check_readable(pipeline.application_id, e.name, path, pins)
+        if pins:
             notes.append(
                 f"the replayed records join {e.name} at the versions their first batches "
-                f"recorded ({', '.join(str(v) for v in sorted(versions))})"
+                f"recorded ({pins_text(pins, path)})"
             )
         if any(d[6 + i] is None for d in decisions):
             notes.append(

@@ -45,7 +45,7 @@ from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
 from jobs import kafka_admin
-from jobs.coverage import History
+from jobs.coverage import History, Pin
 from jobs.cut import recorded_definition
 from jobs.delta import layout as tables
 from jobs.delta.files import DataFile
@@ -419,17 +419,24 @@ class BatchCommitter:
     def _dimension_versions(
         self, metrics: dict[str, Any], start: dict[str, Any], end: dict[str, Any]
     ) -> dict[str, Any]:
-        """The version of each enrichment's table the batch joined (None: the batch
-        had no record to join), and the ranges it replayed with the versions their
-        earlier judgment recorded, as the ledger records them."""
+        """The table each enrichment's join read (version, table id and location, as
+        the source reported them; None: the batch had no record to join), and the
+        ranges it replayed with the tables their earlier judgment recorded, as the
+        ledger records them."""
         if not self.pipeline.enrich:
             return {}
-        found: dict[str, Any] = {
-            "dimensions": {
-                e.name: metrics.get(dimensions.version_column(i))
-                for i, e in enumerate(self.pipeline.enrich)
-            }
-        }
+        found: dict[str, Any] = {"dimensions": {}}
+        for i, e in enumerate(self.pipeline.enrich):
+            version = metrics.get(dimensions.version_column(i))
+            found["dimensions"][e.name] = (
+                None
+                if version is None
+                else Pin(
+                    int(version),
+                    str(metrics.get(dimensions.table_column(i)) or ""),
+                    self.resolved.dimensions[e.name].path,
+                ).to_json()
+            )
         replayed = dimensions.pieces(
             self.replays,
             [e.name for e in self.pipeline.enrich],
@@ -437,7 +444,10 @@ class BatchCommitter:
             kafka_offsets.from_json_dict(end),
         )
         if replayed:
-            found["replayed"] = replayed
+            found["replayed"] = [
+                [*piece[:4], {n: pin.to_json() for n, pin in piece[4].items()}]
+                for piece in replayed
+            ]
         return found
 
     def _counts(

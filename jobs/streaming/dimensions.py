@@ -6,7 +6,8 @@ its first attempt and compute another answer. Here each batch joins the version
 committed at or before its planned time (``batchTimestampMs`` in Spark's offset
 log, which a replay keeps), read on the driver while the batch is planned by
 ``include/jvm/sources/platform/streaming/PinnedDeltaSource.java``, and the ledger
-records it with the batch (``dimensions`` in the batch row's details).
+records what it read with the batch (``dimensions`` in the batch row's details): the
+table's id (Delta's ``metaData.id``), its location and the version, a ``Pin``.
 
 A table arrives as one row per enrichment: its version, and per key (as a
 string) the rows with that key, cross-joined (broadcast) to the batch's records.
@@ -14,8 +15,10 @@ A key with more than one row is its records' dead letter, never a double count; 
 key with none is a dead letter or a NULL struct (``missing: keep``).
 
 A replay through new batches (a rewind that reprocesses, a rebuild from the
-source) reads records that earlier batches judged: those join the versions the
-earlier judgment recorded (``replayed``), and the batch records which ranges did.
+source) reads records that earlier batches judged: those join the tables the
+earlier judgment recorded (``replayed``): the same table, at the location it was
+read from, at the same version; one error when that version is gone or another table
+(another id) is there now. The batch records which ranges did.
 """
 
 from __future__ import annotations
@@ -23,25 +26,25 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from deltalake import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, MapType, StringType, StructType
 
-from jobs.cut import check_readable, current_log_history
+from jobs.coverage import Pin
+from jobs.cut import check_readable, current_log_history, table_id
 from jobs.delta.layout import AppLayout
+from jobs.dimension import ROW_JSON_OPTIONS
 from jobs.errors import ConfigError
 from jobs.kafka_source.offsets import Offsets
 from jobs.ledger import snapshot
 from jobs.pipeline import Pipeline
 from jobs.resolved import DimensionTable, Resolved
 from jobs.settings import load_settings
+from jobs.streaming import offset_log
 
 FORMAT = "platform.streaming.PinnedDeltaSource"
 PREFIX = "_dim"
-
-
-TIMESTAMP_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX"  # as PinnedDeltaSource writes them
-TIMESTAMP_NTZ_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSSSSS"
 
 
 def row_type(table: DimensionTable) -> StructType:
@@ -57,6 +60,16 @@ def rows_column(i: int) -> str:
     return f"{PREFIX}{i}_rows"
 
 
+def table_column(i: int) -> str:
+    """The table id the batch's join read (with ``version_column``: what it records)."""
+    return f"{PREFIX}{i}_table"
+
+
+def slot_column(i: int) -> str:
+    """Which of the pins ``at_pins`` read a record joins (its index)."""
+    return f"{PREFIX}{i}_slot"
+
+
 def pinned(spark: SparkSession, resolved: Resolved, checkpoint: str) -> list[DataFrame]:
     """Per enrichment, one row: the version of its table the running batch joins
     (``checkpoint``'s newest offset log entry's planned time), and its rows by key."""
@@ -66,12 +79,18 @@ def pinned(spark: SparkSession, resolved: Resolved, checkpoint: str) -> list[Dat
     ]
 
 
-def at_versions(spark: SparkSession, resolved: Resolved, i: int, versions: set[int]) -> DataFrame:
-    """Enrichment ``i``'s table at each of ``versions``: a row per version (its
-    version and rows by key), to join to records by the version they need."""
-    frames = [_by_key(spark, resolved, i, {"version": str(v)}) for v in sorted(versions)]
-    if not frames:
+def at_pins(spark: SparkSession, resolved: Resolved, i: int, pins: list[Pin]) -> DataFrame:
+    """Enrichment ``i``'s tables as ``pins`` name them (a pin without a location: the
+    enrichment's table now): a row per pin, its index (``slot_column``) and its rows
+    by key, to join to records by the pin they need."""
+    if not pins:
         raise ConfigError(f"{resolved.application_id}: no version of enrichment {i} to read")
+    frames = [
+        _by_key(spark, resolved, i, {"version": str(pin.version)}, pin.path).select(
+            F.lit(slot).cast("long").alias(slot_column(i)), rows_column(i)
+        )
+        for slot, pin in enumerate(pins)
+    ]
     union = frames[0]
     for frame in frames[1:]:
         union = union.unionByName(frame)
@@ -82,14 +101,16 @@ def replay_ranges(
     spark: SparkSession, resolved: Resolved, layout: AppLayout, cut: Offsets
 ) -> list[tuple[Any, ...]]:
     """The ranges at or after ``cut`` (the epoch's; from its last ledger batch on, the
-    one batch Spark may run again) that earlier batches judged, merged, with the
-    versions a replay joins there (after a plain restart only that last batch's)."""
+    one batch Spark may run again, unless its own commit log holds it) that earlier
+    batches judged, merged, with the tables a replay joins there."""
     snap = snapshot(layout) if resolved.pipeline.enrich else None
     if snap is None:
         return []
     history = current_log_history(layout, snap)
     names = tuple(e.name for e in resolved.pipeline.enrich)
-    decisions = history.replay_decisions(history.replay_from(cut), names)
+    committed = offset_log.committed_batches(layout.checkpoint(history.epoch))
+    reading_from = history.replay_from(cut, committed[-1] if committed else None)
+    decisions = history.replay_decisions(reading_from, names)
     if not decisions:
         return []
     _newest, ranges = joined_versions(spark, resolved, decisions)
@@ -100,29 +121,44 @@ def joined_versions(
     spark: SparkSession,
     resolved: Resolved,
     ranges: list[tuple[Any, ...]],
-    chosen: dict[str, int] | None = None,
-) -> tuple[list[int], list[tuple[Any, ...]]]:
-    """Each enrichment's version for records outside ``ranges`` (its newest, or the
-    chosen one), and ``ranges`` (``Coverage.decisions``) with the version each range
+    chosen: dict[str, Pin] | None = None,
+) -> tuple[list[Pin], list[tuple[Any, ...]]]:
+    """Each enrichment's table for records outside ``ranges`` (its newest version, or
+    the chosen pin), and ``ranges`` (``Coverage.decisions``) with the pin each range
     joins: the one its batch recorded (a batch from before the enrichment, of a
     pipeline version without it: the version the stream would have joined at its
     time, or the table's oldest one if it did not exist yet), or the ``chosen`` one.
-    A version that can no longer be read is one error naming it."""
-    newest_versions: list[int] = []
+    A table that can no longer be read as recorded is one error naming it."""
+    newest_pins: list[Pin] = []
     filled = [list(r) for r in ranges]
     for i, e in enumerate(resolved.pipeline.enrich):
         path = resolved.dimensions[e.name].path
         kept = history(spark, path)
-        pinned = (chosen or {}).get(e.name)
-        newest_versions.append(max(v for v, _ms in kept) if pinned is None else pinned)
+        picked = (chosen or {}).get(e.name)
+        newest_pins.append(picked or current_pin(path, max(v for v, _ms in kept)))
         for r in filled:
-            if pinned is not None:
-                r[6 + i] = pinned
+            if picked is not None:
+                r[6 + i] = picked
             elif r[6 + i] is None:
                 at_its_time = version_at(kept, int(r[5]))
-                r[6 + i] = min(v for v, _ms in kept) if at_its_time is None else at_its_time
+                version = min(v for v, _ms in kept) if at_its_time is None else at_its_time
+                r[6 + i] = current_pin(path, version)
         check_readable(resolved.application_id, e.name, path, {r[6 + i] for r in filled})
-    return newest_versions, [tuple(r) for r in filled]
+    return newest_pins, [tuple(r) for r in filled]
+
+
+def current_pin(path: str, version: int) -> Pin:
+    """The table at ``path`` now, at ``version``."""
+    return Pin(version, table_id(path, version) or "", path)
+
+
+def newest_pin(path: str) -> Pin:
+    """The table at ``path`` at its newest version (one error: no table there)."""
+    try:
+        version = DeltaTable(path).version()
+    except Exception as e:
+        raise ConfigError(f"no dimension table at {path} ({e}): load it first") from None
+    return current_pin(path, version)
 
 
 def merged(ranges: list[tuple[Any, ...]], count: int) -> list[tuple[Any, ...]]:
@@ -144,17 +180,19 @@ def replayed(
     spark: SparkSession, resolved: Resolved, frame: DataFrame, ranges: list[tuple[Any, ...]]
 ) -> DataFrame:
     """``frame`` (records with the batch's pinned tables) where a record lies in one
-    of ``ranges`` (``merged``: judged before) joins the rows of the versions recorded
+    of ``ranges`` (``merged``: judged before) joins the rows of the tables recorded
     there instead of the batch's; ``_dim<i>_version`` stays the batch's."""
     if not ranges:
         return frame
     count = len(resolved.pipeline.enrich)
+    pins = [sorted({r[4 + i] for r in ranges}) for i in range(count)]
+    slots = [(*r[:4], *(pins[i].index(r[4 + i]) for i in range(count))) for r in ranges]
     schema = "r_topic string, r_partition int, r_begin long, r_end long"
     schema += "".join(f", r_dim{i} long" for i in range(count))
-    joined = in_ranges(spark, frame, ranges, schema)
+    joined = in_ranges(spark, frame, slots, schema)
     for i in range(count):
-        tables = at_versions(spark, resolved, i, {int(r[4 + i]) for r in ranges}).select(
-            F.col(version_column(i)).alias(f"r_v{i}"), F.col(rows_column(i)).alias(f"r_rows{i}")
+        tables = at_pins(spark, resolved, i, pins[i]).select(
+            F.col(slot_column(i)).alias(f"r_v{i}"), F.col(rows_column(i)).alias(f"r_rows{i}")
         )
         joined = joined.join(F.broadcast(tables), F.col(f"r_dim{i}") == F.col(f"r_v{i}"), "left")
         recorded = F.when(F.col(f"r_dim{i}").isNotNull(), F.col(f"r_rows{i}"))
@@ -180,9 +218,9 @@ def in_ranges(
 def pieces(
     ranges: list[tuple[Any, ...]], names: list[str], start: Offsets, end: Offsets
 ) -> list[list[Any]]:
-    """The parts of ``merged`` ranges a batch [start, end) read, with the versions
-    (of the enrichments ``names``) recorded there: as the ledger keeps them
-    (``replayed`` in the batch row's details)."""
+    """The parts of ``merged`` ranges a batch [start, end) read, with the pins (of
+    the enrichments ``names``) recorded there: as the ledger keeps them
+    (``replayed`` in the batch row's details, each pin ``Pin.to_json``)."""
     found = []
     for topic, part, begin, stop, *versions in ranges:
         low = max(begin, start.get((topic, part), end.get((topic, part), 0)))
@@ -192,14 +230,16 @@ def pieces(
     return found
 
 
-def _by_key(spark: SparkSession, resolved: Resolved, i: int, options: dict[str, str]) -> DataFrame:
+def _by_key(
+    spark: SparkSession, resolved: Resolved, i: int, options: dict[str, str], path: str = ""
+) -> DataFrame:
     enrichment = resolved.pipeline.enrich[i]
     table = resolved.dimensions.get(enrichment.name)
     if table is None:
         raise ConfigError(f"{resolved.application_id}: enrich {enrichment.name!r} unresolved")
     raw = (
         spark.read.format(FORMAT)
-        .option("path", table.path)
+        .option("path", path or table.path)
         .option("schema", table.row_type)
         .option("key", enrichment.table_key)
         .option("maxBytes", str(load_settings().dimension_max_bytes))
@@ -208,10 +248,11 @@ def _by_key(spark: SparkSession, resolved: Resolved, i: int, options: dict[str, 
     )
     # The source writes timestamps to the microsecond (Spark's default JSON has ms),
     # and the rows by key (the key as Spark casts it to a string): one row, no shuffle.
-    formats = {"timestampFormat": TIMESTAMP_FORMAT, "timestampNTZFormat": TIMESTAMP_NTZ_FORMAT}
+    formats = ROW_JSON_OPTIONS
     by_key = MapType(StringType(), ArrayType(row_type(table)))
     return raw.select(
         F.col("_dim_version").alias(version_column(i)),
+        F.col("_dim_table").alias(table_column(i)),
         F.from_json(F.col("_dim_row"), by_key.json(), formats).alias(rows_column(i)),
     )
 

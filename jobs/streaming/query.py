@@ -57,11 +57,11 @@ def observe_input(classified: DataFrame) -> DataFrame:
     """
     dead = F.col("_reason").isNotNull()
     filtered = F.col("_filtered")
-    # The version of each dimension table the batch joined (one per batch).
+    # The version and table id of each dimension table the batch joined (one per batch).
     versions = [
         F.max(c).alias(c)
         for c in classified.columns
-        if c.startswith(dimensions.PREFIX) and c.endswith("_version")
+        if c.startswith(dimensions.PREFIX) and c.endswith(("_version", "_table"))
     ]
     return classified.observe(
         OBSERVATION,

@@ -179,9 +179,10 @@ def test_each_batch_joins_one_recorded_version_and_a_replay_joins_it_again(  # t
     assert state(settings.warehouse) == expected(
         [(first, MERCHANTS), (second, moved), (third, moved)]
     )
-    versions = [
-        json.loads(b["details"])["dimensions"]["m"] for b in ledger_batches(settings.warehouse)
-    ]
+    table_id = DeltaTable(str(dims)).metadata().id
+    pins = [json.loads(b["details"])["dimensions"]["m"] for b in ledger_batches(settings.warehouse)]
+    assert {(p["id"], p["path"]) for p in pins} == {(table_id, str(dims))}
+    versions = [p["version"] for p in pins]
     # Versions 0 and 1 were written before the first two batches; the kill's batch
     # was planned before version 2 (the change after the kill), and replayed with 1.
     assert versions == [0, 1, 1]
@@ -210,10 +211,10 @@ def test_each_batch_joins_one_recorded_version_and_a_replay_joins_it_again(  # t
         [(first, MERCHANTS), (second, moved), (third, moved), (fourth, latest)]
     )
     replay = json.loads(ledger_batches(settings.warehouse)[-1]["details"])
-    assert replay["dimensions"] == {"m": 2}
+    assert replay["dimensions"] == {"m": {"version": 2, "id": table_id, "path": str(dims)}}
     replayed = len(second) + len(third)
     assert sum(r[3] - r[2] for r in replay["replayed"]) == replayed
-    assert {json.dumps(r[4]) for r in replay["replayed"]} == {'{"m": 1}'}
+    assert {r[4]["m"]["version"] for r in replay["replayed"]} == {1}
     assert_each_bad_record_once(settings.warehouse, first + second + third + fourth)
     status = run_jobs(path, settings, "status", spark=spark)
     assert "problems: none found" in status.stdout, status.stdout[-2000:]
@@ -453,3 +454,165 @@ def test_a_backfill_whose_fix_adds_a_missing_key_takes_its_records_out_of_dead_l
     assert_each_bad_record_once(settings.warehouse, first + second, bad=("mdup",))
     checked = run_jobs(path, settings, "verify", spark=spark)
     assert checked.returncode == 0 and ", 0 differ" in checked.stdout, checked.stdout[-2000:]
+
+
+def checkpoint_records(warehouse: Path) -> dict[int, tuple[int, str, str]]:
+    """What ``PinnedDeltaSource`` recorded per batch of the newest epoch's checkpoint:
+    (version, path, table id)."""
+    epochs = [
+        p for p in (warehouse / "merchant_sales" / "_checkpoints").glob("epoch=*") if p.is_dir()
+    ]
+    newest = max(epochs, key=lambda p: int(p.name.split("=")[1]))
+    found = {}
+    for record in (newest / "dimensions").glob("[0-9]*"):
+        version, where, table = record.read_text().splitlines()[:3]
+        found[int(record.name.split("-")[0])] = (int(version), where, table)
+    return found
+
+
+def test_a_re_pointed_enrich_replays_each_record_with_the_table_its_batch_joined(  # type: ignore[no-untyped-def]
+    spark, broker, settings, kafka_config, new_topic, tmp_path
+) -> None:
+    """Version 1 enriches from ``merchants``; version 2 points ``enrich`` at another
+    table (``renamed``, its own version 0). Each batch records the table it read (id,
+    location, version), and a backfill, ``verify`` and a rewind judge the first
+    records with ``merchants`` again, never the new table at the old version number."""
+    topic = new_topic(1)
+    old_table = settings.warehouse / "dims" / "merchants"
+    new_table = settings.warehouse / "dims" / "renamed"
+    write_merchants(old_table, MERCHANTS)
+    renamed = {m: c.upper() for m, c in MERCHANTS.items()}
+    write_merchants(new_table, renamed)
+    path = pipeline_file(tmp_path, topic)
+    first = orders(8, 200)
+    produce(kafka_config, topic, first)
+    assert run_jobs(path, settings, "run", "--quiet", spark=spark).returncode == 0
+
+    v2 = yaml.safe_load(path.read_text())
+    v2["enrich"][0]["table"] = "${warehouse}/dims/renamed"
+    path.write_text(yaml.safe_dump({**v2, "version": 2}, sort_keys=False))
+    second = orders(9, 200)
+    produce(kafka_config, topic, second)
+    done = run_jobs(path, settings, "run", "--quiet", spark=spark)
+    assert done.returncode == 0, done.stderr[-2000:]
+    both = expected([(first, MERCHANTS), (second, renamed)])
+    assert state(settings.warehouse) == both
+
+    ids = {str(t): DeltaTable(str(t)).metadata().id for t in (old_table, new_table)}
+    assert ids[str(old_table)] != ids[str(new_table)]
+    pins = [json.loads(r["details"])["dimensions"]["m"] for r in ledger_batches(settings.warehouse)]
+    assert [(p["path"], p["id"], p["version"]) for p in pins] == [
+        (str(old_table), ids[str(old_table)], 0),
+        (str(new_table), ids[str(new_table)], 0),
+    ]
+    # The checkpoint's record of each batch is what the ledger recorded.
+    last = ledger_batches(settings.warehouse)[-1]
+    records = checkpoint_records(settings.warehouse)
+    assert last["batch_id"] in records, (records, last)
+    recorded = records[last["batch_id"]]
+    assert recorded == (pins[-1]["version"], pins[-1]["path"], pins[-1]["id"])
+
+    again = run_jobs(path, settings, "backfill", "--from-earliest", "--reason", "code", spark=spark)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert f"m 0, 0 of {old_table}" in again.stdout or f"m 0 of {old_table}, 0" in again.stdout
+    assert state(settings.warehouse) == both
+    checked = run_jobs(path, settings, "verify", spark=spark)
+    assert checked.returncode == 0 and ", 0 differ" in checked.stdout, checked.stdout[-2000:]
+
+    args = ("rewind", "--to-earliest", "--mode", "reprocess", "--reason", "across v2")
+    rewound = run_jobs(path, settings, *args, spark=spark)
+    assert rewound.returncode == 0, rewound.stderr[-2000:]
+    done = run_jobs(path, settings, "run", "--quiet", spark=spark)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert state(settings.warehouse) == both
+    assert_each_bad_record_once(settings.warehouse, first + second)
+
+
+def test_a_dimension_deleted_and_loaded_again_is_another_table(  # type: ignore[no-untyped-def]
+    spark, broker, settings, kafka_config, new_topic, tmp_path
+) -> None:
+    """The table is deleted and loaded again at the same path: it starts again at
+    version 0 with another table id. The stream runs on with the new table; a
+    recomputation of the batches that joined the old one refuses with one line naming
+    the repair, and ``backfill --dimensions newest`` is that repair."""
+    import shutil
+
+    topic = new_topic(1)
+    dims = settings.warehouse / "dims" / "merchants"
+    write_merchants(dims, MERCHANTS)
+    path = pipeline_file(tmp_path, topic)
+    first = orders(10, 200)
+    produce(kafka_config, topic, first)
+    assert run_jobs(path, settings, "run", "--quiet", spark=spark).returncode == 0
+    assert state(settings.warehouse) == expected([(first, MERCHANTS)])
+
+    shutil.rmtree(dims)
+    fixed = {**MERCHANTS, "m3": "drinks"}
+    write_merchants(dims, fixed)
+    second = orders(11, 200)
+    produce(kafka_config, topic, second)
+    done = run_jobs(path, settings, "run", "--quiet", spark=spark)
+    assert done.returncode == 0, done.stderr[-2000:]
+    runs_on = expected([(first, MERCHANTS), (second, fixed)])
+    assert state(settings.warehouse) == runs_on
+
+    for args in (
+        ("backfill", "--from-earliest", "--reason", "code"),
+        ("rewind", "--to-earliest", "--mode", "reprocess", "--reason", "again"),
+    ):
+        refused = run_jobs(path, settings, *args, spark=spark)
+        assert refused.returncode != 0
+        lines = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+        assert len(lines) == 1, refused.stderr[-2000:]
+        assert "deleted and loaded again" in lines[0] and "backfill --dimensions newest" in lines[0]
+        assert state(settings.warehouse) == runs_on
+    checked = run_jobs(path, settings, "verify", spark=spark)
+    assert "deleted and loaded again" in checked.stderr, checked.stderr[-2000:]
+
+    args = ("backfill", "--from-earliest", "--dimensions", "newest", "--reason", "reloaded")
+    repaired = run_jobs(path, settings, *args, spark=spark)
+    assert repaired.returncode == 0, repaired.stderr[-2000:]
+    assert state(settings.warehouse) == expected([(first, fixed), (second, fixed)])
+    checked = run_jobs(path, settings, "verify", spark=spark)
+    assert checked.returncode == 0 and ", 0 differ" in checked.stdout, checked.stdout[-2000:]
+    args = ("rewind", "--to-earliest", "--mode", "reprocess", "--reason", "after repair")
+    assert run_jobs(path, settings, *args, spark=spark).returncode == 0
+    assert run_jobs(path, settings, "run", "--quiet", spark=spark).returncode == 0
+    assert state(settings.warehouse) == expected([(first, fixed), (second, fixed)])
+    assert_each_bad_record_once(settings.warehouse, first + second)
+
+
+def test_the_loader_measures_a_table_as_the_stream_keeps_it(  # type: ignore[no-untyped-def]
+    spark, tmp_path, monkeypatch
+) -> None:
+    """A table the loader accepts is one every stream can join: both measure its rows
+    as the stream keeps them (timestamps to the microsecond), so a limit one byte
+    under that size refuses the load, and at that size both take it."""
+    from jobs.dimension import Dimension, read_checked
+    from jobs.errors import ConfigError
+    from jobs.streaming.dimensions import FORMAT
+
+    source = tmp_path / "stamps.json"
+    source.write_text('{"id": "a", "ts": "2024-01-01T00:00:00Z"}\n')
+    columns = {"id": "string", "ts": "timestamp"}
+    dimension = Dimension("stamps", "", str(source), "id", columns, None)
+    # Plain Python: the key, the row as the stream writes it, and 6 bytes of framing.
+    kept = len("a") + len('{"id":"a","ts":"2024-01-01T00:00:00.000000Z"}') + 6
+    monkeypatch.setenv("PLATFORM_DIMENSION_MAX_BYTES", str(kept - 1))
+    with pytest.raises(ConfigError, match="past PLATFORM_DIMENSION_MAX_BYTES"):
+        read_checked(spark, dimension, source)
+    monkeypatch.setenv("PLATFORM_DIMENSION_MAX_BYTES", str(kept))
+    rows = read_checked(spark, dimension, source)
+    table = tmp_path / "dims" / "stamps"
+    rows.drop("_corrupt_record").write.format("delta").save(str(table))
+    rows.unpersist()
+
+    def stream_reads(limit: int) -> int:
+        read = spark.read.format(FORMAT).options(
+            path=str(table), key="id", version="0", maxBytes=str(limit)
+        )
+        return int(read.load().collect()[0]["_dim_version"])
+
+    assert stream_reads(kept) == 0
+    with pytest.raises(Exception, match="past the limit"):
+        stream_reads(kept - 1)

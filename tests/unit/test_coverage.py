@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from jobs.coverage import BatchEntry, Boundary, History, Step, layers
+from jobs.coverage import BatchEntry, Boundary, History, Pin, Step, layers
 from jobs.ledger import epoch_steps
 
 T = "clicks"
@@ -259,8 +259,32 @@ def test_the_ledger_reads_the_replayed_pieces_back() -> None:
         ),
     }
     (found,) = batch_entries([row])
-    assert found.replayed == ((P, 400, 900, (("m", 5),)),)
-    assert found.dimensions == (("m", 8),)
+    # Rows from before tables were pinned by identity: the version alone.
+    assert found.replayed == ((P, 400, 900, (("m", Pin(5)),)),)
+    assert found.dimensions == (("m", Pin(8)),)
+
+
+def test_the_ledger_reads_pinned_tables_back_with_their_identity() -> None:
+    from jobs.ledger import batch_entries
+
+    eight = {"version": 8, "id": "a1", "path": "/w/dims/m"}
+    five = {"version": 5, "id": "b2", "path": "/w/dims/old m"}
+    row = batch(1, 0, 400, 1000) | {
+        "watermark_ms": 0,
+        "commit_time": None,
+        "delta_versions": "{}",
+        "details": json.dumps(
+            {
+                "batch_timestamp_ms": 5,
+                "dimensions": {"m": eight, "n": None},
+                "replayed": [[T, 0, 400, 900, {"m": five, "n": None}]],
+            }
+        ),
+    }
+    (found,) = batch_entries([row])
+    assert found.dimensions == (("m", Pin(8, "a1", "/w/dims/m")), ("n", None))
+    assert found.replayed == ((P, 400, 900, (("m", Pin(5, "b2", "/w/dims/old m")), ("n", None))),)
+    assert Pin.of(Pin(8, "a1", "/w/dims/m").to_json()) == Pin(8, "a1", "/w/dims/m")
 
 
 def test_a_recomputation_asks_only_for_the_judgments_of_what_it_reads() -> None:

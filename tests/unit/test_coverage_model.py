@@ -16,8 +16,18 @@ An enrichment's table changes between batches (issue 29): each batch joins the
 table's version of its time for offsets new to it, and for an offset judged
 before the version the lineage last held for it (a replay reproduces it), which
 the batch records (``replayed``); a backfill with the newest version rejudges
-what it recomputes. The model keeps the version of each offset the state
-judged, and the version the lineage last held for each offset ever judged.
+what it recomputes. The model keeps the table (a ``Pin``: id, location,
+version) of each offset the state judged, and the one the lineage last held for
+each offset ever judged (issue 42).
+
+The tables change under the stream as users change them: a new version loaded,
+a table deleted and loaded again at its location (another table id: the pins of
+the old one can no longer be read, and every replay or recomputation that needs
+one is refused until ``backfill --dimensions newest``), ``enrich`` re-pointed to
+another table, and pipeline versions that remove or add ``enrich:`` or change a
+derived column. Each batch joins the table the pipeline points at then; a replay
+joins what the lineage last held (a range judged without the enrichment: the
+table it points at now).
 """
 
 from __future__ import annotations
@@ -29,7 +39,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from jobs.coverage import TP, BatchEntry, Boundary, History, Intervals, Step
+from jobs.coverage import TP, BatchEntry, Boundary, History, Intervals, Pin, Step
 from jobs.streaming.dimensions import merged, pieces
 
 T = "t"
@@ -56,7 +66,7 @@ class Point:
     judged: dict[TP, set[int]]
     skipped: dict[TP, set[int]]
     pos: dict[TP, int]
-    versions: dict[TP, dict[int, int]]  # the table version each judged offset joined
+    versions: dict[TP, dict[int, Pin | None]]  # the table each judged offset joined
 
     def copy(self) -> Point:
         return Point(
@@ -82,8 +92,13 @@ class Repairs(RuleBasedStateMachine):
         self.log: dict[TP, int] = {(T, 0): 0}  # records produced per partition
         # The model.
         self.model = Point({}, {}, {(T, 0): 0}, {})
-        self.table = 0  # the dimension table's current version
-        self.recorded: dict[TP, dict[int, int]] = {}  # what the lineage last held
+        # The dimension tables by location: (table id, newest version); the one the
+        # pipeline's enrich points at (None: a version without enrich:).
+        self.tables: dict[str, tuple[str, int]] = {"a": ("a0", 0), "b": ("b0", 0)}
+        self.pointing: str | None = "a"
+        self.gone: set[Pin] = set()  # pins whose table was deleted and loaded again
+        self.definition = 1  # the pipeline version
+        self.recorded: dict[TP, dict[int, Pin | None]] = {}  # what the lineage last held
         self.points: list[Point] = []  # the first cut has no state version to restore
         # What the platform writes: ledger rows, steps, cuts; where its stream reads.
         self.epoch = 0
@@ -133,18 +148,48 @@ class Repairs(RuleBasedStateMachine):
     def add_partition(self) -> None:
         self.log[(T, len(self.log))] = 0
 
-    @rule(most=st.integers(1, 40), changed=st.booleans())
-    def run(self, most: int, changed: bool) -> None:
+    def pin(self) -> Pin | None:
+        """The table a batch joins now (None: the pipeline has no enrich:)."""
+        if self.pointing is None:
+            return None
+        table_id, version = self.tables[self.pointing]
+        return Pin(version, table_id, self.pointing)
+
+    @rule(table=st.sampled_from(["a", "b"]))
+    def load_dimension(self, table: str) -> None:
+        """A new version of a table loaded (``python -m jobs dimension``)."""
+        table_id, version = self.tables[table]
+        self.tables[table] = (table_id, version + 1)
+
+    @rule(table=st.sampled_from(["a", "b"]))
+    def delete_and_reload_dimension(self, table: str) -> None:
+        """The table deleted and loaded again at its location: another table id, from
+        version 0; what batches joined of the old one can no longer be read."""
+        table_id, version = self.tables[table]
+        self.gone |= {Pin(v, table_id, table) for v in range(version + 1)}
+        self.tables[table] = (f"{table}{int(table_id[1:]) + 1}", 0)
+
+    @rule(table=st.sampled_from(["a", "b", None]), derived=st.booleans())
+    def new_pipeline_version(self, table: str | None, derived: bool) -> None:
+        """A new definition: enrich re-pointed to another table, removed (None) or
+        added, or (``derived``) a derived column changed, which changes what the
+        state means but not what it covers."""
+        self.definition += 1
+        self.pointing = table
+
+    @rule(most=st.integers(1, 40))
+    def run(self, most: int) -> None:
         """One batch of at most ``most`` records per partition; a new partition is
-        read from offset 0 (``offset_log.batch_start``). ``changed``: the table
-        changed since the last batch."""
-        self.table += changed
+        read from offset 0 (``offset_log.batch_start``)."""
         start = {tp: self.reads.get(tp, 0) for tp in self.log}
         end = {tp: min(self.log[tp], start[tp] + most) for tp in self.log}
         if all(end[tp] == start[tp] for tp in self.log):
             return  # Spark runs no batch when nothing is new
-        self.version += 1
         replayed = self.replayed(start, end)
+        if any(pin in self.gone for *_r, versions in replayed for _n, pin in versions):  # type: ignore[misc]
+            return  # refused with one line: backfill --dimensions newest first
+        self.version += 1
+        pin = self.pin()
         self.batches.append(
             BatchEntry(
                 self.epoch,
@@ -152,7 +197,7 @@ class Repairs(RuleBasedStateMachine):
                 start,
                 end,
                 state_version=self.version,
-                dimensions=(("m", self.table),),
+                dimensions=() if pin is None else (("m", pin),),
                 replayed=replayed,
             )
         )
@@ -167,15 +212,23 @@ class Repairs(RuleBasedStateMachine):
             self.model.pos[tp] = end[tp]
             recorded = self.recorded.setdefault(tp, {})
             for o in range(start[tp], end[tp]):
-                recorded[o] = recorded.get(o, self.table)
+                # Judged before: what the lineage held (a range judged without the
+                # enrichment: the table now); without enrich: nothing joined.
+                held = recorded.get(o)
+                recorded[o] = None if pin is None else pin if held is None else held
                 self.model.versions.setdefault(tp, {})[o] = recorded[o]
         self.points.append(self.model.copy())
 
     def replayed(self, start: dict[TP, int], end: dict[TP, int]) -> tuple[object, ...]:
         """What a run joins where it replays (``jobs/streaming/dimensions.replay_ranges``),
-        as a batch [start, end) records it."""
+        as a batch [start, end) records it: nothing without enrich:, and a range
+        judged without the enrichment joins the table now (``joined_versions``)."""
+        if self.pointing is None:
+            return ()
         history = self.history()
-        ranges = merged(history.replay_decisions(history.replay_from(self.cut), ("m",)), 1)
+        decisions = history.replay_decisions(history.replay_from(self.cut), ("m",))
+        filled = [(*d[:6], self.pin() if d[6] is None else d[6]) for d in decisions]
+        ranges = merged(filled, 1)
         return tuple(
             (tp, begin, stop, tuple(sorted(versions.items())))
             for topic, part, begin, stop, versions in pieces(ranges, ["m"], start, end)
@@ -184,14 +237,43 @@ class Repairs(RuleBasedStateMachine):
 
     def joined(
         self, replayed: tuple[object, ...], start: dict[TP, int], end: dict[TP, int]
-    ) -> dict[tuple[TP, int], int]:
-        """The version each offset of a batch joins: its replayed piece's, else the
+    ) -> dict[tuple[TP, int], Pin | None]:
+        """The table each offset of a batch joins: its replayed piece's, else the
         batch's own (the table's now)."""
-        found = {(tp, o): self.table for tp in end for o in range(start[tp], end[tp])}
+        found = {(tp, o): self.pin() for tp in end for o in range(start[tp], end[tp])}
         for tp, begin, stop, versions in replayed:  # type: ignore[misc]
             for o in range(begin, stop):
                 found[(tp, o)] = dict(versions)["m"]
         return found
+
+    def needs_gone(self, since: dict[TP, int] | None, reads: Intervals | None = None) -> bool:
+        """Whether a replay from ``since`` (None: the first offsets), or a
+        recomputation of ``reads`` with the recorded tables, needs a table that was
+        deleted and loaded again (the planner refuses it). The planner asks for at
+        least every table the model says those offsets joined."""
+        if self.pointing is None:
+            return False  # a pipeline without enrich: joins nothing
+        history = self.history()
+        if reads is None:
+            start = since or {}
+            decisions = history.replay_decisions(start, ("m",))
+            model = {
+                pin
+                for tp, held in self.recorded.items()
+                for o, pin in held.items()
+                if o >= start.get(tp, 0)
+            }
+        else:
+            decisions = history.head.decisions(("m",), reads)
+            model = {
+                self.model.versions.get(tp, {}).get(o)
+                for tp, spans in reads.items()
+                for begin, end in spans
+                for o in range(begin, end)
+            }
+        planned = {d[6] for d in decisions if d[6] is not None}
+        assert model - {None} <= planned, (model, planned)
+        return bool(planned & self.gone)
 
     @rule()
     def crash_an_operation_after_its_fence(self) -> None:
@@ -209,6 +291,8 @@ class Repairs(RuleBasedStateMachine):
     def rebuild_from_source(self) -> None:
         """From the first offsets: emptied state, or (a topic recreated) the state
         the repair kept, from the new log's first offsets."""
+        if self.needs_gone(None):
+            return  # refused with one line: backfill --dimensions newest first
         if self.floor is None:
             self.begin_epoch(Step("empty", None), {tp: 0 for tp in self.log})
         else:
@@ -259,6 +343,8 @@ class Repairs(RuleBasedStateMachine):
             self.rebuild_from_source()  # no point before the target: replay from the start
             return
         assert found.end_offsets == {tp: off for tp, off in point.pos.items()}
+        if self.needs_gone(found.end_offsets):
+            return  # refused with one line (``replay_notes``): backfill --dimensions newest
         self.begin_epoch(Step("restore", (found.epoch, found.batch_id)), found.end_offsets)
         self.model = point.copy()
         for tp, versions in point.versions.items():  # the lineage holds these again
@@ -283,8 +369,14 @@ class Repairs(RuleBasedStateMachine):
         expected = {tp: judged - base.get(tp, set()) for tp, judged in self.model.judged.items()}
         assert reads == as_intervals(expected)
         boundary = None if found is None else (found.epoch, found.batch_id)
-        self.table += newest  # a fix of the table, then a backfill with it
-        chosen = (("m", self.table),) if newest else ()
+        if self.pointing is None:
+            newest = False  # no enrich: nothing to join
+        elif not newest and self.needs_gone(None if found is None else found.end_offsets, reads):
+            return  # refused with one line (``check_readable``): the newest is the repair
+        if newest:  # a fix of the table, then a backfill with it
+            self.load_dimension(self.pointing)  # type: ignore[arg-type]
+        pin = self.pin()
+        chosen = (("m", pin),) if newest and pin is not None else ()
         self.begin_epoch(Step("publish", boundary), self.reads)
         self.steps[self.epoch] = replace(self.steps[self.epoch], dimensions=chosen)
         assert self.history().recomputed(self.epoch) == reads  # its dead letters' ranges
@@ -292,12 +384,12 @@ class Repairs(RuleBasedStateMachine):
         if newest:  # what it recomputed stands judged with the newest version
             for tp, offsets in expected.items():
                 for o in offsets:
-                    self.model.versions.setdefault(tp, {})[o] = self.table
+                    self.model.versions.setdefault(tp, {})[o] = pin
             # and so does what a rewind discarded after its boundary (still to replay)
             for tp, recorded in self.recorded.items():
                 for o in recorded:
                     if o not in base.get(tp, set()):
-                        recorded[o] = self.table
+                        recorded[o] = pin
         kept = [] if point is None else self.points[: self.points.index(point) + 1]
         self.points = [*kept, self.model.copy()]
 

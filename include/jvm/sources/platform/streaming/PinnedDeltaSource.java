@@ -20,6 +20,7 @@ import org.apache.spark.sql.SparkSession;
 import org.apache.spark.sql.functions;
 import org.apache.spark.sql.catalyst.InternalRow;
 import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
+import org.apache.spark.sql.delta.DeltaLog;
 import org.apache.spark.sql.connector.catalog.Table;
 import org.apache.spark.sql.connector.catalog.TableProvider;
 import org.apache.spark.sql.connector.expressions.Transform;
@@ -43,17 +44,20 @@ import org.apache.spark.unsafe.types.UTF8String;
  * one. Options: path (the Delta table), checkpoint (the query's), or version (a fixed
  * one, for recomputations in batch); schema and key (the columns the run was checked
  * with: a version whose columns changed type is an error, never NULLs). One row: the
- * version and a JSON object of the table's rows by key (a key cast to a string, each
- * row's columns as JSON, timestamps to the microsecond).
+ * version, the table's id (Delta's metaData.id: a table deleted and loaded again at the
+ * same path is another table) and a JSON object of the table's rows by key (a key cast
+ * to a string, each row's columns as JSON, timestamps to the microsecond).
  */
 public final class PinnedDeltaSource implements TableProvider {
   public static final String VERSION = "_dim_version";
   public static final String ROW = "_dim_row";
+  public static final String TABLE = "_dim_table";
   /** The largest table read, as its JSON rows (PLATFORM_DIMENSION_MAX_BYTES). */
   static final long DEFAULT_MAX_BYTES = 64L << 20;
   private static final StructType SCHEMA =
       new StructType()
           .add(VERSION, DataTypes.LongType, false)
+          .add(TABLE, DataTypes.StringType, false)
           .add(ROW, DataTypes.StringType, true);
 
   @Override
@@ -81,9 +85,13 @@ public final class PinnedDeltaSource implements TableProvider {
   }
 
   /**
-   * The version the batch joins: the one recorded for it under the checkpoint, else the
-   * newest committed at or before its planned time, recorded there before it is used (a
-   * replay reads it back instead of choosing again from commit times).
+   * The version the batch joins: the one recorded for it under the checkpoint (its
+   * version, path and table id: what the ledger records for the batch), else the newest
+   * committed at or before its planned time, recorded there before it is used (a replay
+   * reads it back instead of choosing again from commit times, so that Spark's state
+   * after the replay is what the first run's changes recorded). A record of another
+   * table (deleted and loaded again since) cannot be joined again: an error naming the
+   * repair, a rebuild (the state from Delta at the last committed batch, a new checkpoint).
    */
   static long versionForBatch(SparkSession spark, String path, String checkpoint) {
     BatchWatermarkSource.Entry entry = BatchWatermarkSource.newestEntry(checkpoint);
@@ -91,23 +99,73 @@ public final class PinnedDeltaSource implements TableProvider {
     Path file = new Path(new Path(checkpoint, "dimensions"), name);
     try {
       FileSystem fs = file.getFileSystem(spark.sparkContext().hadoopConfiguration());
-      if (!fs.exists(file)) {
-        long planned = BatchWatermarkSource.longField(entry.metadata, "batchTimestampMs");
-        long chosen = versionAt(spark, path, planned);
-        Path tmp = new Path(file.getParent(), "." + name + ".tmp");
-        try (FSDataOutputStream out = fs.create(tmp, true)) {
-          out.write((chosen + "\n" + path + "\n").getBytes(StandardCharsets.UTF_8));
-        }
-        if (!fs.rename(tmp, file) && !fs.exists(file)) {
-          throw new IOException("could not record the version in " + file);
+      if (fs.exists(file)) {
+        try (BufferedReader reader =
+            new BufferedReader(new InputStreamReader(fs.open(file), StandardCharsets.UTF_8))) {
+          long recorded = Long.parseLong(reader.readLine().trim());
+          reader.readLine(); // the path, as the file's name hashes it
+          String id = reader.readLine();
+          String now = id == null ? null : tableIdOrNull(spark, path, recorded);
+          if (id == null || id.equals(now)) {
+            return recorded;
+          }
+          throw new PlatformError(
+              "dimension table "
+                  + path
+                  + " is not the table batch "
+                  + entry.batchId
+                  + " joined before the run stopped (table id "
+                  + id
+                  + " version "
+                  + recorded
+                  + " recorded, "
+                  + (now == null ? "no such version" : "table id " + now)
+                  + " now: it was deleted and loaded again), so Spark cannot run the batch"
+                  + " again as it ran; repair: rebuild (restores the state from Delta at the"
+                  + " last committed batch), then run");
         }
       }
-      try (BufferedReader reader =
-          new BufferedReader(new InputStreamReader(fs.open(file), StandardCharsets.UTF_8))) {
-        return Long.parseLong(reader.readLine().trim());
+      long planned = BatchWatermarkSource.longField(entry.metadata, "batchTimestampMs");
+      long chosen = versionAt(spark, path, planned);
+      String id = tableId(spark, path, chosen);
+      Path tmp = new Path(file.getParent(), "." + name + ".tmp");
+      try (FSDataOutputStream out = fs.create(tmp, true)) {
+        out.write((chosen + "\n" + path + "\n" + id + "\n").getBytes(StandardCharsets.UTF_8));
       }
+      if (!fs.rename(tmp, file) && !fs.exists(file)) {
+        throw new IOException("could not record the version in " + file);
+      }
+      return chosen;
     } catch (IOException e) {
       throw new UncheckedIOException("recording the dimension version in " + file, e);
+    }
+  }
+
+  /** Delta's id of the table at path as of version (metaData.id), read once per commit. */
+  static String tableId(SparkSession spark, String path, long version) {
+    String commit = path + "\n" + version + "\n" + commitTime(spark, path, version);
+    String known = IDS.get(commit);
+    if (known != null) {
+      return known;
+    }
+    DeltaLog log = DeltaLog.forTable(spark, path);
+    String id =
+        log.getSnapshotAt(
+                version,
+                log.getSnapshotAt$default$2(),
+                log.getSnapshotAt$default$3(),
+                log.getSnapshotAt$default$4())
+            .metadata()
+            .id();
+    IDS.put(commit, id);
+    return id;
+  }
+
+  private static String tableIdOrNull(SparkSession spark, String path, long version) {
+    try {
+      return tableId(spark, path, version);
+    } catch (RuntimeException e) {
+      return null; // that version is gone: another table, or one cleaned
     }
   }
 
@@ -117,9 +175,14 @@ public final class PinnedDeltaSource implements TableProvider {
    * columns and the key: each batch that joins an unchanged table then costs no Spark job.
    * Small tables, few kept.
    */
-  private static final Map<String, List<String>> ROWS = lru(16);
+  private static final Map<String, Read> ROWS = lru(16);
+
+  /** A version as read: the table's id and its rows by key (one JSON object). */
+  record Read(String tableId, String rows) {}
 
   private static final Map<String, List<Row>> HISTORIES = lru(16);
+
+  private static final Map<String, String> IDS = lru(64);
 
   private static <V> Map<String, V> lru(int size) {
     return java.util.Collections.synchronizedMap(
@@ -164,23 +227,24 @@ public final class PinnedDeltaSource implements TableProvider {
     }
   }
 
-  /** The table at version as JSON rows, after checking its columns against the run's. */
-  static List<String> rowsAt(
+  /** The table at version, after checking its columns against the run's. */
+  static Read rowsAt(
       SparkSession spark, String path, long version, String schema, String key, long maxBytes) {
     String id =
         String.join(
             "\n", path, Long.toString(version), Long.toString(commitTime(spark, path, version)),
-            String.valueOf(schema), key);
-    List<String> known = ROWS.get(id);
+            String.valueOf(schema), key, Long.toString(maxBytes)); // a lower limit checks again
+    Read known = ROWS.get(id);
     if (known != null) {
       return known;
     }
-    List<String> rows = readRows(spark, path, version, schema, key, maxBytes);
-    ROWS.put(id, rows);
-    return rows;
+    String rows = readRows(spark, path, version, schema, key, maxBytes);
+    Read read = new Read(tableId(spark, path, version), rows);
+    ROWS.put(id, read);
+    return read;
   }
 
-  private static List<String> readRows(
+  private static String readRows(
       SparkSession spark, String path, long version, String schema, String key, long maxBytes) {
     Dataset<Row> table = spark.read().format("delta").option("versionAsOf", version).load(path);
     if (schema != null && !schema.isEmpty()) {
@@ -249,7 +313,7 @@ public final class PinnedDeltaSource implements TableProvider {
       json.append('"').append(quote.quoteAsString(entry.getKey())).append("\":[");
       json.append(String.join(",", entry.getValue())).append(']');
     }
-    return List.of(json.append('}').toString());
+    return json.append('}').toString();
   }
 
   private static PlatformError tooLarge(String path, long version, long size, long maxBytes) {
@@ -344,8 +408,8 @@ public final class PinnedDeltaSource implements TableProvider {
         }
         chosen = versionForBatch(spark, path, checkpoint);
       }
-      List<String> rows = rowsAt(spark, path, chosen, schema, key, maxBytes);
-      return new InputPartition[] {new Rows(chosen, new ArrayList<>(rows))};
+      Read read = rowsAt(spark, path, chosen, schema, key, maxBytes);
+      return new InputPartition[] {new Rows(chosen, read.tableId(), read.rows())};
     }
 
     @Override
@@ -357,10 +421,12 @@ public final class PinnedDeltaSource implements TableProvider {
   private static final class Rows implements InputPartition, Serializable {
     private static final long serialVersionUID = 1L;
     final long version;
-    final ArrayList<String> rows;
+    final String tableId;
+    final String rows;
 
-    Rows(long version, ArrayList<String> rows) {
+    Rows(long version, String tableId, String rows) {
       this.version = version;
+      this.tableId = tableId;
       this.rows = rows;
     }
   }
@@ -372,20 +438,23 @@ public final class PinnedDeltaSource implements TableProvider {
     public PartitionReader<InternalRow> createReader(InputPartition partition) {
       Rows rows = (Rows) partition;
       return new PartitionReader<InternalRow>() {
-        private int at = -1;
+        private boolean done;
 
         @Override
         public boolean next() {
-          at += 1;
-          return at < Math.max(rows.rows.size(), 1);
+          boolean first = !done;
+          done = true;
+          return first;
         }
 
         @Override
         public InternalRow get() {
-          // An empty table still yields its version (with no row): the batch records it.
-          String row = at < rows.rows.size() ? rows.rows.get(at) : null;
           return new GenericInternalRow(
-              new Object[] {rows.version, row == null ? null : UTF8String.fromString(row)});
+              new Object[] {
+                rows.version,
+                UTF8String.fromString(rows.tableId),
+                UTF8String.fromString(rows.rows)
+              });
         }
 
         @Override
