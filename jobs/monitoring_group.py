@@ -18,6 +18,7 @@ corrects the group. A secured cluster needs the ACL ``READ`` on group
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import time
@@ -37,14 +38,55 @@ def group_id(application_id: str) -> str:
     return PREFIX + application_id
 
 
+class _Member:
+    """The one consumer this process commits to a group with, and its commits not
+    answered yet: commits through one connection reach Kafka in the order sent, so
+    a late one of an earlier run never lands after a newer run's."""
+
+    def __init__(self, config: Mapping[str, Any], group: str) -> None:
+        self.group = group
+        self.pending = 0
+        self.consumer = Consumer(
+            {**config, "group.id": group, "enable.auto.commit": False, "on_commit": self.answered}
+        )
+
+    def answered(self, error: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        self.pending = max(0, self.pending - 1)
+        failed = [p.error for p in partitions if p.error is not None]
+        if error is not None or failed:
+            log.warning("group %s refused offsets: %s", self.group, error or failed[0])
+
+
+_MEMBERS: dict[tuple[str, str], _Member] = {}
+_MEMBERS_LOCK = threading.Lock()
+
+
+def _member(config: Mapping[str, Any], group: str, create: bool = True) -> _Member | None:
+    key = (group, repr(sorted((k, str(v)) for k, v in config.items())))
+    with _MEMBERS_LOCK:
+        if key not in _MEMBERS and create:
+            _MEMBERS[key] = _Member(config, group)
+        return _MEMBERS.get(key)
+
+
+@atexit.register
+def _let_go() -> None:
+    """A consumer's close waits for its unanswered commits (45 s and more while the
+    group's coordinator has no quorum): each runs on a thread of its own, which a
+    process that ends first ends."""
+    with _MEMBERS_LOCK:
+        members = list(_MEMBERS.values())
+        _MEMBERS.clear()
+    for member in members:
+        threading.Thread(target=member.consumer.close, name="monitoring-group", daemon=True).start()
+
+
 class MonitoringGroup:
     """Commits to one application's group; ``close`` waits a moment for them."""
 
     def __init__(self, config: Mapping[str, Any], application_id: str) -> None:
         self.config = dict(config)
         self.group = group_id(application_id)
-        self._consumer: Consumer | None = None
-        self._pending = 0  # commits sent and not answered yet
 
     def commit(self, offsets: Offsets) -> None:
         """Send ``offsets``. Never raises, never waits."""
@@ -56,46 +98,25 @@ class MonitoringGroup:
         if not partitions:
             return
         try:
-            consumer = self._open()
-            consumer.poll(0)  # the answers to earlier commits
-            consumer.commit(offsets=partitions, asynchronous=True)
-            self._pending += 1
+            member = _member(self.config, self.group)
+            assert member is not None
+            member.consumer.poll(0)  # the answers to earlier commits
+            member.consumer.commit(offsets=partitions, asynchronous=True)
+            member.pending += 1
         except Exception as exc:  # monitoring only: the batch or operation stands
             log.warning("could not commit offsets to group %s: %s", self.group, exc)
 
     def close(self, timeout_s: float = TIMEOUT_S) -> None:
-        """Wait (at most ``timeout_s``) for the commits to reach Kafka, then let the
-        consumer go."""
-        consumer, self._consumer = self._consumer, None
-        if consumer is None:
+        """Wait (at most ``timeout_s``) for the commits to reach Kafka. The consumer
+        stays for the process's next commits to the group (in order after these)."""
+        member = _member(self.config, self.group, create=False)
+        if member is None:
             return
         deadline = time.monotonic() + timeout_s
-        while self._pending and time.monotonic() < deadline:
-            consumer.poll(0.1)
-        if self._pending:
+        while member.pending and time.monotonic() < deadline:
+            member.consumer.poll(0.1)
+        if member.pending:
             log.warning("%s: the last offsets did not reach Kafka in time", self.group)
-        # A consumer's close waits for its unanswered commits (45 s and more while
-        # the group's coordinator has no quorum): it runs on a thread of its own,
-        # which alone holds the consumer, and a process that ends first ends it.
-        threading.Thread(target=consumer.close, name="monitoring-group", daemon=True).start()
-
-    def _open(self) -> Consumer:
-        if self._consumer is None:
-            self._consumer = Consumer(
-                {
-                    **self.config,
-                    "group.id": self.group,
-                    "enable.auto.commit": False,
-                    "on_commit": self._answered,
-                }
-            )
-        return self._consumer
-
-    def _answered(self, error: KafkaError | None, partitions: list[TopicPartition]) -> None:
-        self._pending = max(0, self._pending - 1)
-        failed = [p.error for p in partitions if p.error is not None]
-        if error is not None or failed:
-            log.warning("group %s refused offsets: %s", self.group, error or failed[0])
 
 
 def commit_once(config: Mapping[str, Any], application_id: str, offsets: Offsets) -> None:

@@ -16,7 +16,8 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -54,33 +55,43 @@ class Answer(Enum):
     STOPPED = "a stop was requested (SIGTERM, SIGINT)"
 
 
-def wait_for_brokers(config: Mapping[str, str], topics: Iterable[str], deadline: float) -> Answer:
-    """Ask the cluster for ``topics``' metadata every ``PROBE_S`` until each of their
-    partitions has a leader, the ``deadline`` (monotonic seconds) passes, or the
-    process is asked to stop."""
+@contextmanager
+def stop_signals() -> Iterator[threading.Event]:
+    """An event SIGTERM and SIGINT set while the block runs (in the main thread; a
+    warm driver's runs are stopped otherwise): one for a whole run, so a stop asked
+    while a query fails or while the run waits for Kafka is never lost."""
     stop = threading.Event()
     previous = {}
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             previous[sig] = signal.signal(sig, lambda _signum, _frame: stop.set())
-    client = kafka_admin.admin(config)
     try:
-        # A pause first, also when the brokers answer at once: a restart that fails
-        # again at once does not spin.
-        while not stop.wait(min(PROBE_S, max(0.0, deadline - time.monotonic()))):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return Answer.NONE
-            try:
-                metadata = client.list_topics(timeout=max(0.5, min(PROBE_S, remaining)))
-                if _leaders(metadata, topics):
-                    return Answer.LEADERS
-            except KafkaException:
-                kafka_admin.serve_callbacks(client)
-        return Answer.STOPPED
+        yield stop
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def wait_for_brokers(
+    config: Mapping[str, str], topics: Iterable[str], deadline: float, stop: threading.Event
+) -> Answer:
+    """Ask the cluster for ``topics``' metadata every ``PROBE_S`` until each of their
+    partitions has a leader, the ``deadline`` (monotonic seconds) passes, or ``stop``
+    is set (``stop_signals``)."""
+    client = kafka_admin.admin(config)
+    # A pause first, also when the brokers answer at once: a restart that fails
+    # again at once does not spin.
+    while not stop.wait(min(PROBE_S, max(0.0, deadline - time.monotonic()))):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return Answer.NONE
+        try:
+            metadata = client.list_topics(timeout=max(0.5, min(PROBE_S, remaining)))
+            if _leaders(metadata, topics):
+                return Answer.LEADERS
+        except KafkaException:
+            kafka_admin.serve_callbacks(client)
+    return Answer.STOPPED
 
 
 def _leaders(metadata: Any, topics: Iterable[str]) -> bool:

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import json
 import logging
-import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 
 from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.streaming.readwriter import DataStreamWriter
 
 from jobs import kafka_admin
@@ -44,7 +44,7 @@ from jobs.resolved import Resolved, store
 from jobs.settings import Settings
 from jobs.streaming import dimensions, offset_log, query, records
 from jobs.streaming.batch import BatchCommitter, BatchResult, refuse_unrepaired_drops
-from jobs.streaming.outage import Answer, OutageClock, wait_for_brokers
+from jobs.streaming.outage import Answer, OutageClock, stop_signals, wait_for_brokers
 from jobs.streaming.seed import seed_stream
 from jobs.streaming.spark import state_stores_for
 from jobs.superseded import remove_superseded_dead_letters
@@ -166,13 +166,29 @@ def run_pipeline(
     (``outage.py``)."""
     resolved = records.resolve(spark, pipeline, settings.warehouse)
     layout = AppLayout(settings.warehouse, pipeline.application_id)
+    with stop_signals() as stop:
+        return _run_until_stopped(spark, resolved, settings, layout, trigger, stop)
+
+
+def _run_until_stopped(
+    spark: SparkSession,
+    resolved: Resolved,
+    settings: Settings,
+    layout: AppLayout,
+    trigger: str | None,
+    stop: threading.Event,
+) -> RunSummary:
+    pipeline = resolved.pipeline
     mode = trigger or pipeline.trigger_mode
     clock = OutageClock(settings.outage_wait_s if mode != "available-now" else 0)
     while True:
         progress_before = _committed(layout)
         try:
-            return _run_once(spark, resolved, settings, layout, trigger)
+            return _run_once(spark, resolved, settings, layout, trigger, stop)
         except KafkaUnavailableError as exc:
+            if stop.is_set():
+                log.info("%s: stopped (Kafka did not answer: %s)", pipeline.application_id, exc)
+                return RunSummary(pipeline.application_id, current_epoch(layout))
             if not (exc.while_running or clock.began is not None):
                 raise  # at the run's start: more likely a wrong address than an outage
             deadline = clock.deadline(time.monotonic(), _committed(layout) != progress_before)
@@ -186,12 +202,21 @@ def run_pipeline(
                 deadline - time.monotonic(),
             )
             config = kafka_admin.client_config(settings.bootstrap_servers, settings.kafka_client)
-            answer = wait_for_brokers(config, pipeline.topics, deadline)
+            answer = wait_for_brokers(config, pipeline.topics, deadline, stop)
             if answer is Answer.STOPPED:
                 log.info("%s: stopped while waiting for Kafka", pipeline.application_id)
                 return RunSummary(pipeline.application_id, current_epoch(layout))
             if answer is Answer.NONE:
                 raise
+            moved = _committed(layout)[0]
+            if progress_before[0] >= 0 and moved != progress_before[0]:
+                # An operation ran during the wait: its cut may carry another definition
+                # than the one this process resolved at its start.
+                raise FencedError(
+                    f"{pipeline.application_id} moved to epoch {moved} while this run waited "
+                    f"for Kafka; this run of epoch {progress_before[0]} stops: start it again "
+                    "(it runs what the operation left)"
+                ) from None
             log.info("%s: Kafka answers again: the run starts again", pipeline.application_id)
 
 
@@ -210,11 +235,12 @@ def _run_once(
     settings: Settings,
     layout: AppLayout,
     trigger: str | None,
+    stop: threading.Event,
 ) -> RunSummary:
     pipeline = resolved.pipeline
     try:
         with application_lock(layout, f"run --trigger {trigger or pipeline.trigger_mode}"):
-            return _run_locked(spark, resolved, settings, layout, trigger)
+            return _run_locked(spark, resolved, settings, layout, trigger, stop)
     except Exception as exc:
         # From foreachBatch the fence arrives wrapped in Spark's exception.
         if isinstance(exc, FencedError) or f"jobs.errors.{FencedError.__name__}" in str(exc):
@@ -242,6 +268,7 @@ def _run_locked(
     settings: Settings,
     layout: AppLayout,
     trigger: str | None,
+    stop: threading.Event,
 ) -> RunSummary:
     started = time.monotonic()
     pipeline = resolved.pipeline
@@ -267,7 +294,9 @@ def _run_locked(
     try:
         if output is not None:
             output.publish_pending()
-        return _stream(spark, resolved, settings, layout, trigger, epoch, cut, output, started)
+        return _stream(
+            spark, resolved, settings, layout, trigger, epoch, cut, output, started, stop
+        )
     finally:
         if output is not None:
             output.close()
@@ -283,6 +312,7 @@ def _stream(
     cut: Cut,
     output: OutputPublisher | None,
     started: float,
+    stop: threading.Event,
 ) -> RunSummary:
     pipeline = resolved.pipeline
     config = kafka_admin.client_config(settings.bootstrap_servers, settings.kafka_client)
@@ -363,11 +393,6 @@ def _stream(
     else:
         interval = f"{pipeline.trigger_interval_seconds} seconds"
         running = writer(hold=False).trigger(processingTime=interval).start()
-    stop_requested = threading.Event()
-
-    def request_stop(_signum: int, _frame: FrameType | None) -> None:
-        stop_requested.set()
-
     # An available-now run (a replay after a rewind or rebuild, say) shows how far
     # it is through what was there when it started.
     head = {tp: high for tp, (_low, high) in marks.items()}
@@ -389,12 +414,31 @@ def _stream(
                 )
             )
 
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            previous[sig] = signal.signal(sig, request_stop)
     if progress is not None:
         progress.__enter__()
+    finished = False
+    try:
+        _await_query(running, committer, layout, epoch, stop, report)
+        finished = True
+    finally:
+        committer.close()
+        if progress is not None:  # an unfinished run's bar is not filled up
+            progress.__exit__(None if finished else RuntimeError, None, None)
+    return RunSummary(pipeline.application_id, epoch, committer.results, time.monotonic() - started)
+
+
+def _await_query(
+    running: StreamingQuery,
+    committer: BatchCommitter,
+    layout: AppLayout,
+    epoch: int,
+    stop: threading.Event,
+    report: Callable[[], None],
+) -> None:
+    """Wait for the query to end: its input done (available-now), ``stop`` set, or
+    an operation that moved the application on (a fence). Spark's drops of late
+    records are checked for every batch it ran, also when the query failed: the
+    restart's new query has no progress of them."""
     finished = False
     try:
         checked = time.monotonic()
@@ -402,24 +446,24 @@ def _stream(
         # (PySpark takes float seconds, though typed int).
         while not running.awaitTermination(POLL_S):  # type: ignore[arg-type]
             report()
-            if stop_requested.is_set():
+            if stop.is_set():
                 running.stop()
             elif time.monotonic() - checked > FENCE_CHECK_S:
                 checked = time.monotonic()
                 if current_epoch(layout) > epoch:  # an idle stream would never commit
                     running.stop()
                     raise FencedError(
-                        f"{pipeline.application_id} moved to epoch {current_epoch(layout)}; "
+                        f"{layout.application_id} moved to epoch {current_epoch(layout)}; "
                         f"this run of epoch {epoch} stopped without committing anything more"
                     )
         running.awaitTermination()
         report()
-        committer.check_watermark_drops(running.recentProgress)
         finished = True
     finally:
-        committer.close()
-        if progress is not None:  # an unfinished run's bar is not filled up
-            progress.__exit__(None if finished else RuntimeError, None, None)
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    return RunSummary(pipeline.application_id, epoch, committer.results, time.monotonic() - started)
+        try:
+            progress = running.recentProgress
+        except Exception:
+            if finished:
+                raise
+            progress = []  # Spark itself is gone: the error on its way says why
+        committer.check_watermark_drops(progress)

@@ -4,6 +4,8 @@ wait-and-restart budget (``outage.py``) follows a plain model of it."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from jobs.errors import EXIT_ERROR, KafkaUnavailableError, failure
@@ -139,5 +141,5 @@ def test_the_wait_needs_a_leader_for_every_partition_and_ends_at_its_deadline() 
     assert not _leaders(Meta(topics={"a": topic(1)}), ["a", "missing"])
     started = time.monotonic()
     nobody = client_config("127.0.0.1:9")  # the discard port: nothing answers
-    assert wait_for_brokers(nobody, ["a"], started + 1.0) is Answer.NONE
+    assert wait_for_brokers(nobody, ["a"], started + 1.0, threading.Event()) is Answer.NONE
     assert time.monotonic() - started < 5
