@@ -4,6 +4,8 @@ operations and checks the state against the plain-Python model after every step.
 
     .venv/bin/python -m benchmarks.sequences [--count 20] [--seed 1] [--steps 8]
         [--windowed no|yes|alternate]   (alternate, the default: odd seeds windowed)
+        [--enriched]                    (unwindowed, joined to dimension tables that
+                                         are loaded, reloaded and re-pointed)
         [--check-every-step]            (verify and status after every operation)
 
 Prints each sequence's operations and how long it took; the first failure stops
@@ -40,6 +42,11 @@ def main() -> None:
         default="alternate",
         help="windowed pipeline (records out of order, some late): alternate = odd seeds",
     )
+    parser.add_argument(
+        "--enriched",
+        action="store_true",
+        help="enrich from two dimension tables that change under the stream (unwindowed)",
+    )
     args = parser.parse_args()
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from tests.conftest import long_lived_session, run_jobs, run_with_fault
@@ -59,11 +66,14 @@ def main() -> None:
                 warehouse=work / f"warehouse-{seed}",
             )
             begun = time.monotonic()
-            windowed = args.windowed == "yes" or (args.windowed == "alternate" and seed % 2 == 1)
+            windowed = not args.enriched and (
+                args.windowed == "yes" or (args.windowed == "alternate" and seed % 2 == 1)
+            )
             done = run_sequence(
                 seed,
                 args.steps,
                 windowed=windowed,
+                enriched=args.enriched,
                 check_every_step=args.check_every_step,
                 spark=spark,
                 settings=settings,
@@ -73,7 +83,7 @@ def main() -> None:
                 run_jobs=run_jobs,
                 run_with_fault=run_with_fault,
             )
-            kind = "windowed" if windowed else "unwindowed"
+            kind = "enriched" if args.enriched else "windowed" if windowed else "unwindowed"
             line = f"seed {seed}, {kind} ({time.monotonic() - begun:.0f} s): {', '.join(done)}"
             print(line, flush=True)
             lines.append(line)
@@ -82,10 +92,11 @@ def main() -> None:
     write_section(
         "\n".join(
             [
-                "## Random repair sequences",
+                "## Random repair sequences" + (" with dimension changes" if args.enriched else ""),
                 "",
                 f"{datetime.now():%Y-%m-%d}, {machine()}: `python -m benchmarks.sequences "
                 f"--count {args.count} --seed {args.seed} --steps {args.steps}"
+                f"{' --enriched' if args.enriched else ''}"
                 f"{' --check-every-step' if args.check_every_step else ''}`: "
                 f"{args.count} sequences, all equal to the model after every step, "
                 f"{total:.0f} s.",

@@ -18,6 +18,19 @@ Kafka or the raw archive, saved plans applied after another operation, maintain,
 verify. The model keeps which offsets the state judged and with which version,
 which a skip left out, and the lineage's points; the expected state is a sum over
 the judged records. ``python -m benchmarks.sequences`` runs long ones.
+
+Enriched (issue 42), the quantity is multiplied by a factor per SKU from one of
+two Delta dimension tables (a SKU the version lacks: a dead letter), and the
+sequence also draws: a new version of a table loaded, a table deleted and loaded
+again (another table: what batches joined of it can no longer be read, and each
+recomputation or replay that needs it is refused with one line until
+``backfill --dimensions newest``), a new pipeline version that re-points
+``enrich`` to the other table, removes it or adds it back (each also changes the
+sign of returns: a derived column), and ``backfill --dimensions newest``. The
+model knows the table (name, generation, version) each judgment joined, the one
+the lineage holds for each offset (what a replay joins: a judgment without the
+enrichment joins the table now at the version loaded before its batch, or its
+oldest), and what ``verify`` joins.
 """
 
 from __future__ import annotations
@@ -25,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,15 +46,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import yaml
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewPartitions
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 
 from jobs import kafka_admin
 from jobs.settings import REPO_ROOT, Settings
 
 TP = tuple[str, int]
+Pin = tuple[str, int, int]  # a dimension table as joined: (name, generation, version)
+TABLES = ["sa", "sb"]
 SIGNS = {1: {"receipt": 1, "sale": -1, "return": -1}, 0: {"receipt": 1, "sale": -1, "return": 1}}
 KINDS = ["receipt", "receipt", "sale", "return"]
 FAULTS = ["after_dead_letter", "after_changelog", "after_state", "after_ledger"]
@@ -62,6 +79,12 @@ class Judgment:
     version: int
     late: bool = False
     watermark_ms: int = 0
+    # Enriched: the table the ledger's coverage records for it (None: judged by a
+    # version without enrich:), the one the state was computed with, and the
+    # logical time of its batch (what a later join without a record goes by).
+    dim: Pin | None = None
+    used: Pin | None = None
+    clock: int = 0
 
 
 @dataclass
@@ -123,6 +146,17 @@ class Sequence:
     floor_ms: int = 0
     newest_ms: int | None = None
     done: list[str] = field(default_factory=list)
+    # Enriched: each table's generations (a delete and reload starts one), each a
+    # list of versions (rows: SKU -> factor, and the logical time it was loaded);
+    # the table enrich points at (None: a version without it); generations deleted.
+    enriched: bool = False
+    tables: dict[str, list[list[tuple[dict[str, int], int]]]] = field(default_factory=dict)
+    pointing: str | None = None
+    gone: set[tuple[str, int]] = field(default_factory=set)
+    clock: int = 0
+    # The judgment the lineage last held for each offset ever judged (what a
+    # replay joins), beyond the points' too (a rewind discarded them).
+    recorded: dict[TP, dict[int, Judgment]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.records = {(self.topic, 0): [], (self.topic, 1): []}
@@ -131,6 +165,10 @@ class Sequence:
         self.base_ms = (int(time.time()) // 3600 - 48) * HOUR_MS
         self.clock_s = int(time.time()) - 86400
         self.archive = self.rng.random() < 0.5
+        if self.enriched:
+            for name in TABLES:
+                self._load(name)
+            self.pointing = "sa"
         self.path = self.pipeline_file(self.version)
 
     def live(self) -> list[TP]:
@@ -146,6 +184,16 @@ class Sequence:
         if self.maintenance is not None:
             data["maintenance"] = self.maintenance
         data["derived"][0]["expr"] = signed_qty(version)
+        if self.pointing is not None:
+            data["enrich"] = [
+                {
+                    "name": "s",
+                    "table": "${warehouse}/dims/" + self.pointing,
+                    "on": "sku = s.sku",
+                    "missing": "dead_letter",
+                }
+            ]
+            data["derived"][0]["expr"] = f"({signed_qty(version)}) * s.factor"
         if self.windowed:
             data["window"] = {"type": "tumbling", "size": "1 minute"}
             data["watermark"] = "1 minute"
@@ -190,14 +238,108 @@ class Sequence:
             for offset, judgment in judged.items():
                 recorded = version_now is None or offset in kept.get(tp, {})
                 version = judgment.version if recorded else version_now
+                pin = judgment.used if recorded else self._verify_pin(judgment)
                 event = self.records[tp][offset]
-                if event is None or judgment.late:
+                factor = 1 if pin is None or event is None else self._factor(pin, event["sku"])
+                if event is None or judgment.late or factor is None:
                     continue  # a dead letter
                 key = self._key(event["sku"], event["timestamp"] // 60 * 60)
                 qty, count = totals.get(key, (0, 0))
                 sign = SIGNS[version % 2][event["kind"]]
-                totals[key] = (qty + sign * event["qty"], count + 1)
+                totals[key] = (qty + sign * event["qty"] * factor, count + 1)
         return totals
+
+    def _dead_letter(self, event: dict[str, Any] | None, judgment: Judgment) -> bool:
+        """Bad, late, or its SKU not in the table version it joined."""
+        if event is None or judgment.late:
+            return True
+        return judgment.used is not None and self._factor(judgment.used, event["sku"]) is None
+
+    # -- the dimension tables (enriched) ---------------------------------------------
+    def _load(self, name: str, again: bool = False) -> None:
+        """A new version of table ``name`` (``again``: deleted and loaded again)."""
+        rows = {f"S{i}": self.rng.randint(1, 5) for i in range(7) if self.rng.random() > 0.15}
+        path = self.settings.warehouse / "dims" / name
+        if again:
+            self.gone.add((name, len(self.tables[name]) - 1))
+            shutil.rmtree(path)
+        table = pa.table(
+            {
+                "sku": pa.array(list(rows), pa.string()),
+                "factor": pa.array(list(rows.values()), pa.int64()),
+            }
+        )
+        write_deltalake(str(path), table, mode="overwrite")
+        self.clock += 1
+        if again or name not in self.tables:
+            self.tables.setdefault(name, []).append([])
+        self.tables[name][-1].append((rows, self.clock))
+
+    def _pin(self) -> Pin | None:
+        """What a new batch joins: the newest version of the table enrich points at."""
+        if self.pointing is None:
+            return None
+        versions = self.tables[self.pointing]
+        return (self.pointing, len(versions) - 1, len(versions[-1]) - 1)
+
+    def _filled(self, clock: int) -> Pin | None:
+        """What a judgment without a recorded table joins now: the table enrich points
+        at, at the version loaded before its batch, or its oldest."""
+        if self.pointing is None:
+            return None
+        generation = len(self.tables[self.pointing]) - 1
+        before = [v for v, (_r, at) in enumerate(self.tables[self.pointing][-1]) if at < clock]
+        return (self.pointing, generation, max(before, default=0))
+
+    def _verify_pin(self, judgment: Judgment) -> Pin | None:
+        """What a recomputation with the recorded tables joins for ``judgment``."""
+        if self.pointing is None:
+            return None
+        return judgment.dim or self._filled(judgment.clock)
+
+    def _factor(self, pin: Pin, sku: str) -> int | None:
+        name, generation, version = pin
+        return self.tables[name][generation][version][0].get(sku)
+
+    def _needs_gone(self, judgments: list[Judgment]) -> bool:
+        """Whether joining ``judgments`` as recorded needs a deleted table."""
+        if self.pointing is None:
+            return False
+        return any(j.dim is not None and j.dim[:2] in self.gone for j in judgments)
+
+    def _beyond(self, pos: dict[TP, int]) -> list[Judgment]:
+        """The lineage's judgments of the offsets of the current log at or after ``pos``:
+        what a replay from there joins again."""
+        return [
+            j
+            for tp, held in self.recorded.items()
+            if tp[0] == self.topic
+            for o, j in held.items()
+            if o >= pos.get(tp, 0)
+        ]
+
+    def _refused_for_a_deleted_table(self, done: Any) -> None:
+        lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+        assert done.returncode != 0 and len(lines) == 1, f"{self.done}: {done.stderr[-1500:]}"
+        assert "deleted and loaded again" in lines[0], lines[0]
+
+    def load_dimension(self) -> None:
+        name = self.rng.choice(TABLES)
+        self._load(name)
+        self.done.append(f"load {name}")
+
+    def reload_dimension(self) -> None:
+        name = self.rng.choice(TABLES)
+        self._load(name, again=True)
+        self.done.append(f"{name} deleted and loaded again")
+
+    def new_definition(self) -> None:
+        """A new pipeline version: enrich re-pointed, removed or added back; the sign
+        of returns (a derived column) changes with every version."""
+        self.pointing = self.rng.choice([*TABLES, None])
+        self.version += 1
+        self.path = self.pipeline_file(self.version)
+        self.done.append(f"v{self.version} enrich -> {self.pointing}")
 
     # -- the watermark (windowed) ------------------------------------------------------
     def _batch_watermark(self) -> int:
@@ -246,7 +388,7 @@ class Sequence:
             (tp[0], tp[1], offset)
             for tp, judged in self.model.judged.items()
             for offset, judgment in judged.items()
-            if self.records[tp][offset] is None or judgment.late
+            if self._dead_letter(self.records[tp][offset], judgment)
         )
         assert found == wanted, f"after {self.done}: dead letters {found} != {wanted}"
 
@@ -296,7 +438,15 @@ class Sequence:
                     and event is not None
                     and (event["timestamp"] // 60 * 60 + 60) * 1000 <= watermark
                 )
-                judged[offset] = Judgment(self.version, late, watermark)
+                held = self.recorded.get(tp, {}).get(offset)
+                if self.pointing is None:
+                    dim = None
+                elif held is not None:  # judged before: a replay joins what it held
+                    dim = held.dim or self._filled(held.clock)
+                else:
+                    dim = self._pin()
+                judged[offset] = Judgment(self.version, late, watermark, dim, dim, self.clock)
+                self.recorded.setdefault(tp, {})[offset] = judged[offset]
                 lates += late
                 if self.windowed and event is not None and not late:
                     newest = event["timestamp"] * 1000
@@ -309,6 +459,12 @@ class Sequence:
         return lates
 
     def run(self) -> None:
+        self.clock += 1  # its batches are planned after every load so far
+        if self._needs_gone(self._beyond(self.model.pos)):
+            refused = self.run_jobs(self.path, self.settings, "run", "--quiet", spark=self.spark)
+            self._refused_for_a_deleted_table(refused)
+            self.done.append("run refused: a replay needs a deleted table")
+            return
         self.run_with_fault(
             self.path,
             self.settings.bootstrap_servers,
@@ -321,12 +477,15 @@ class Sequence:
 
     def crash_and_run(self) -> None:
         fault = self.rng.choice(FAULTS)
+        if self._needs_gone(self._beyond(self.model.pos)):
+            self.run()  # refused before any batch: nothing to kill
+            return
         if all(self.model.pos.get(tp, 0) == len(self.records[tp]) for tp in self.live()):
             self.produce()  # something to read: a batch to kill
         code = self.run_with_fault(
             self.path, self.settings.bootstrap_servers, self.settings.warehouse, fault
         )
-        self.run()
+        self.run()  # (its batches' tables: those the killed ones recorded, the same)
         self.done[-1] = f"run killed {fault} ({code}), run"
 
     def add_partition(self) -> None:
@@ -363,6 +522,8 @@ class Sequence:
                 self.model.judged[(old, tp[1])] = self.model.judged.pop(tp)
             if tp in self.model.skipped:
                 self.model.skipped[(old, tp[1])] = self.model.skipped.pop(tp)
+            if tp in self.recorded:
+                self.recorded[(old, tp[1])] = self.recorded.pop(tp)
         for part in range(count):
             self.records[(self.topic, part)] = []
             self.stamps[(self.topic, part)] = []
@@ -386,6 +547,8 @@ class Sequence:
         if operation == "reprocess":
             where, target = self._rewind_target()
             args = ["rewind", *where, "--reason", "reprocess"]
+            if self._needs_gone(self._replayed_from(target)):
+                operation, args = "rebuild", ["rebuild", "--reason", "checkpoint lost"]
         elif operation == "skip":
             target = self._target(lambda tp: self.model.pos.get(tp, 0))
             args = ["rewind", "--mode", "skip", "--to-offset", self._offsets(target)]
@@ -476,9 +639,28 @@ class Sequence:
 
     def reprocess(self) -> None:
         where, target = self._rewind_target()
+        if self._needs_gone(self._replayed_from(target)):
+            refused = self.run_jobs(
+                self.path,
+                self.settings,
+                "rewind",
+                *where,
+                "--reason",
+                "reprocess",
+                spark=self.spark,
+            )
+            self._refused_for_a_deleted_table(refused)
+            self.done.append(f"reprocess {where[0]} refused: needs a deleted table")
+            return
         self.jobs("rewind", *where, "--reason", "reprocess")
         self._restored(target)
         self.done.append(f"reprocess {where[0]} {sorted(target.values())}")
+
+    def _replayed_from(self, target: dict[TP, int]) -> list[Judgment]:
+        """The lineage's judgments a rewind to ``target`` replays (from its boundary,
+        or from the first offsets)."""
+        point = self._chosen(target)
+        return self._beyond({} if point is None else point.pos)
 
     def _chosen(self, target: dict[TP, int]) -> Point | None:
         """The model's boundary for a target: the last point that judged nothing at
@@ -499,6 +681,9 @@ class Sequence:
         """A reviewed rewind applied after something else happened: refused (nothing
         changes) when a batch committed since the dry run, applied exactly otherwise."""
         target = self._target(lambda tp: 0)
+        if self._needs_gone(self._replayed_from(target)):
+            self.reprocess()  # (refused, or another target)
+            return
         out = self.jobs(
             "rewind", "--to-offset", self._offsets(target), "--reason", "review", "--dry-run"
         )
@@ -544,6 +729,13 @@ class Sequence:
         self.done.append("rebuild")
 
     def rebuild_from_source(self) -> None:
+        if self._needs_gone(self._beyond({})):
+            args = ("rebuild", "--from-source", "--reason", "recompute")
+            self._refused_for_a_deleted_table(
+                self.run_jobs(self.path, self.settings, *args, spark=self.spark)
+            )
+            self.done.append("rebuild --from-source refused: needs a deleted table")
+            return
         self.jobs("rebuild", "--from-source", "--reason", "recompute")
         self._emptied()
         self.done.append("rebuild --from-source")
@@ -573,13 +765,42 @@ class Sequence:
         if self.archive and self.rng.random() < 0.5:
             start += ["--source", "archive"]
             label += " --source archive"
+        reads = [
+            j
+            for tp, judged in self.model.judged.items()
+            for o, j in judged.items()
+            if base is None or o not in base.judged.get(tp, {})
+        ]
+        newest = self.pointing is not None and self.rng.random() < 0.4
+        if not newest and self._needs_gone(reads):
+            args = ("backfill", *start, "--reason", f"v{self.version}")
+            self._refused_for_a_deleted_table(
+                self.run_jobs(self.path, self.settings, *args, spark=self.spark)
+            )
+            label += " refused (a deleted table), then the repair:"
+            newest = True
+        if newest:
+            start += ["--dimensions", "newest"]
+            label += " --dimensions newest"
         self.jobs("backfill", *start, "--reason", f"v{self.version}")
+        pin = self._pin() if newest else None
         for tp, judged in self.model.judged.items():
             kept = {} if base is None else base.judged.get(tp, {})
             for offset, judgment in judged.items():  # each decision as it was made
-                judged[offset] = kept.get(
-                    offset, dataclasses.replace(judgment, version=self.version)
+                redone = dataclasses.replace(
+                    judgment,
+                    version=self.version,
+                    dim=pin or judgment.dim,
+                    used=pin or self._verify_pin(judgment),
                 )
+                judged[offset] = kept.get(offset, redone)
+                self.recorded.setdefault(tp, {})[offset] = judged[offset]
+        if pin is not None:  # what a rewind discarded after its boundary stands with it too
+            for tp, held in self.recorded.items():
+                kept = {} if base is None else base.judged.get(tp, {})
+                for offset, judgment in held.items():
+                    if offset not in kept:
+                        held[offset] = dataclasses.replace(judgment, dim=pin)
         # The new epoch: seeded with the published state, its floor the highest
         # watermark the judgments hold.
         highest = max(
@@ -606,7 +827,16 @@ class Sequence:
         was judged by an older one (a backfill from a boundary keeps what it found
         there), which verify must then report."""
         done = self.run_jobs(self.path, self.settings, "verify", spark=self.spark)
-        if self.expected(self.version) == self.expected():
+        kept = {} if self.floor is None else self.floor.judged  # not recomputed
+        recomputed = [
+            j
+            for tp, judged in self.model.judged.items()
+            for o, j in judged.items()
+            if o not in kept.get(tp, {})
+        ]
+        if self._needs_gone(recomputed):
+            self._refused_for_a_deleted_table(done)
+        elif self.expected(self.version) == self.expected():
             assert done.returncode == 0 and ", 0 differ" in done.stdout, (
                 f"after {self.done}: {done.stdout[-1500:]}{done.stderr[-1500:]}"
             )
@@ -630,6 +860,9 @@ class Sequence:
             (self.verify, 1),
             (self.maintain, 1),
         ]
+        if self.enriched:
+            choices += [(self.load_dimension, 2), (self.reload_dimension, 1)]
+            choices += [(self.new_definition, 1)]
         if self.has_batches():
             choices += [
                 (self.skip, 2),

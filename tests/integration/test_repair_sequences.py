@@ -42,6 +42,19 @@ def test_a_random_sequence_of_repairs_keeps_the_state_exact(
     print(f"seed {seed}: {done}")
 
 
+# Enriched from two dimension tables that are loaded, deleted and loaded again, and
+# re-pointed, added and removed by new pipeline versions (issue 42).
+ENRICHED_SEEDS = [21, 22, 23]
+
+
+@pytest.mark.parametrize("seed", ENRICHED_SEEDS)
+def test_a_random_sequence_with_dimension_changes_keeps_the_state_exact(
+    seed: int, context: dict[str, Any]
+) -> None:
+    done = run_sequence(seed, 6, enriched=True, **context)
+    print(f"seed {seed}: {done}")
+
+
 class Scripted(random.Random):
     """Draws ``queue``'s values first: a sequence's choices, fixed."""
 
