@@ -12,13 +12,14 @@ from deltalake import DeltaTable
 from jobs import kafka_admin
 from jobs.coverage import Intervals
 from jobs.cut import (
+    check_readable,
     current_log_history,
     latest_cut,
     live_boundaries,
     needs_rekeying,
 )
 from jobs.delta.layout import AppLayout
-from jobs.errors import PlatformError
+from jobs.errors import ConfigError, PlatformError
 from jobs.kafka_source import offsets as plan
 from jobs.ledger import (
     IS_BATCH,
@@ -145,6 +146,8 @@ def application_status(
             "the published state (unchanged)"
         )
         repair = "rebuild"
+    if repair is None and audit and cut is not None and pipeline.enrich:
+        repair = _check_replayed_tables(pipeline, layout, epoch, cut.offsets(), problems)
     lags = []
     if with_broker:
         committed, topic_ids = reading_from(layout, epoch, last, problems)
@@ -266,6 +269,30 @@ def _check_batches(
                 f"batch {ident}: starts at {row['start_offsets']}, previous ended at {end}"
             )
         previous_end[row["epoch"]] = row["end_offsets"]
+
+
+def _check_replayed_tables(
+    pipeline: Pipeline, layout: AppLayout, epoch: int, cut: plan.Offsets, problems: list[str]
+) -> str | None:
+    """What ``run`` refuses before its first batch: a replay of records judged before
+    (after a rewind) that needs a dimension table no longer readable as its batches
+    joined it (a version gone, or the table deleted and loaded again)."""
+    snap = snapshot(layout)
+    if snap is None:
+        return None
+    history = current_log_history(layout, snap)
+    committed = offset_log.committed_batches(layout.checkpoint(epoch))
+    reading = history.replay_from(cut, committed[-1] if committed else None)
+    names = tuple(e.name for e in pipeline.enrich)
+    decisions = history.replay_decisions(reading, names)
+    for i, e in enumerate(pipeline.enrich):
+        pins = {d[6 + i] for d in decisions if d[6 + i] is not None}
+        try:
+            check_readable(pipeline.application_id, e.name, e.path(layout.warehouse), pins)
+        except ConfigError as exc:
+            problems.append(f"the next run's replay: {str(exc).split('; repair:')[0]}")
+            return "backfill --from-earliest --dimensions newest"
+    return None
 
 
 def _check_checkpoint(

@@ -740,13 +740,15 @@ class Sequence:
         self._emptied()
         self.done.append("rebuild --from-source")
 
-    def backfill(self) -> None:
+    def backfill(self, repair: bool = False) -> None:
         """A new version republishes the state: from the earliest offsets, or from the
-        boundary at or before a target (the state there stays as it was judged)."""
+        boundary at or before a target (the state there stays as it was judged).
+        ``repair``: from the earliest offsets with each table's newest version (what
+        a refusal for a deleted table names)."""
         self.version += 1
         self.path = self.pipeline_file(self.version)
         base: Point | None = None
-        draw = self.rng.random()
+        draw = 1.0 if repair else self.rng.random()
         if draw < 0.25:
             target = self._target(lambda tp: 0)
             start = ["--from-offset", self._offsets(target)]
@@ -762,7 +764,7 @@ class Sequence:
         if start[0] == "--from-earliest":
             base = self.floor
         label = start[0]
-        if self.archive and self.rng.random() < 0.5:
+        if self.archive and not repair and self.rng.random() < 0.5:
             start += ["--source", "archive"]
             label += " --source archive"
         reads = [
@@ -771,7 +773,7 @@ class Sequence:
             for o, j in judged.items()
             if base is None or o not in base.judged.get(tp, {})
         ]
-        newest = self.pointing is not None and self.rng.random() < 0.4
+        newest = self.pointing is not None and (repair or self.rng.random() < 0.4)
         if not newest and self._needs_gone(reads):
             args = ("backfill", *start, "--reason", f"v{self.version}")
             self._refused_for_a_deleted_table(
@@ -845,8 +847,14 @@ class Sequence:
         self.done.append("verify")
 
     def check_status(self) -> None:
-        """``status`` names no problem that is not there (nothing is damaged)."""
+        """``status`` names no problem that is not there (nothing is damaged), and the
+        one that is: a replay the next run refuses, and its repair."""
         status = json.loads(self.jobs("status", "--json"))
+        if self._needs_gone(self._beyond(self.model.pos)):  # the next run is refused
+            assert status["repair"] == "backfill --from-earliest --dimensions newest", status
+            (problem,) = status["problems"]
+            assert "deleted and loaded again" in problem, (self.done, status)
+            return
         assert status["problems"] == [] and status["repair"] is None, (self.done, status)
 
     def step(self) -> None:
@@ -861,8 +869,8 @@ class Sequence:
             (self.maintain, 1),
         ]
         if self.enriched:
-            choices += [(self.load_dimension, 2), (self.reload_dimension, 1)]
-            choices += [(self.new_definition, 1)]
+            choices += [(self.load_dimension, 3), (self.reload_dimension, 2)]
+            choices += [(self.new_definition, 2)]
         if self.has_batches():
             choices += [
                 (self.skip, 2),
@@ -898,4 +906,10 @@ def run_sequence(
     sequence.check()
     sequence.verify()
     sequence.check_status()
+    if sequence.enriched and sequence._needs_gone(sequence._beyond(sequence.model.pos)):
+        sequence.backfill(repair=True)  # the repair the refusals name
+        sequence.run()
+        sequence.check()
+        sequence.verify()
+        sequence.check_status()
     return sequence.done
