@@ -54,6 +54,8 @@ class Pin:
             )
         if isinstance(value, Pin):
             return value
+        if isinstance(value, int | float):
+            return Pin(int(value))
         return Pin(int(str(value)))
 
     def to_json(self) -> dict[str, Any]:

@@ -534,20 +534,23 @@ def check_readable(application_id: str, name: str, path: str, pins: set[Pin | No
                 "batch's time" + repair
             )
         where = pin.path or path
+        # Another table there first: a reloaded one starts again at version 0, so the
+        # recorded version may be missing for that reason.
+        if pin.table_id and table_id(where, pin.version) != pin.table_id:
+            found = table_id(where)
+            if found is not None and found != pin.table_id:
+                raise ConfigError(
+                    f"{application_id}: enrich {name}: {where} is not the table the batches "
+                    f"that judged its records joined (table id {pin.table_id} recorded, "
+                    f"{found} there now: it was deleted and loaded again), so version "
+                    f"{pin.version} is not what they read" + repair
+                )
         if not loadable(Path(where), pin.version):
             raise ConfigError(
                 f"{application_id}: enrich {name}: {where} version {pin.version}, which a "
                 "replay joins (the version recorded by the batches that judged its records, "
                 "or the table's oldest), can no longer be read (its log or files were "
                 "removed)" + repair
-            )
-        found = table_id(where, pin.version) if pin.table_id else None
-        if pin.table_id and found != pin.table_id:
-            raise ConfigError(
-                f"{application_id}: enrich {name}: {where} is not the table the batches that "
-                f"judged its records joined (table id {pin.table_id} recorded, {found} there "
-                f"now: it was deleted and loaded again), so version {pin.version} is not "
-                "what they read" + repair
             )
 
 

@@ -46,12 +46,14 @@ class _Member:
     def __init__(self, config: Mapping[str, Any], group: str) -> None:
         self.group = group
         self.pending = 0
+        self.lock = threading.Lock()  # (the warm driver's runs share it)
         self.consumer = Consumer(
             {**config, "group.id": group, "enable.auto.commit": False, "on_commit": self.answered}
         )
 
     def answered(self, error: KafkaError | None, partitions: list[TopicPartition]) -> None:
-        self.pending = max(0, self.pending - 1)
+        with self.lock:
+            self.pending = max(0, self.pending - 1)
         failed = [p.error for p in partitions if p.error is not None]
         if error is not None or failed:
             log.warning("group %s refused offsets: %s", self.group, error or failed[0])
@@ -101,8 +103,13 @@ class MonitoringGroup:
             member = _member(self.config, self.group)
             assert member is not None
             member.consumer.poll(0)  # the answers to earlier commits
-            member.consumer.commit(offsets=partitions, asynchronous=True)
-            member.pending += 1
+            with member.lock:
+                member.pending += 1  # before: its answer may come on another thread
+            try:
+                member.consumer.commit(offsets=partitions, asynchronous=True)
+            except Exception:
+                member.answered(None, [])
+                raise
         except Exception as exc:  # monitoring only: the batch or operation stands
             log.warning("could not commit offsets to group %s: %s", self.group, exc)
 

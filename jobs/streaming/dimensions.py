@@ -135,14 +135,20 @@ def joined_versions(
         path = resolved.dimensions[e.name].path
         kept = history(spark, path)
         picked = (chosen or {}).get(e.name)
-        newest_pins.append(picked or current_pin(path, max(v for v, _ms in kept)))
+        known: dict[int, Pin] = {}  # one read of the log per version, however many ranges
+
+        def pin_at(version: int, path: str = path, known: dict[int, Pin] = known) -> Pin:
+            if version not in known:
+                known[version] = current_pin(path, version)
+            return known[version]
+
+        newest_pins.append(picked or pin_at(max(v for v, _ms in kept)))
         for r in filled:
             if picked is not None:
                 r[6 + i] = picked
             elif r[6 + i] is None:
                 at_its_time = version_at(kept, int(r[5]))
-                version = min(v for v, _ms in kept) if at_its_time is None else at_its_time
-                r[6 + i] = current_pin(path, version)
+                r[6 + i] = pin_at(min(v for v, _ms in kept) if at_its_time is None else at_its_time)
         check_readable(resolved.application_id, e.name, path, {r[6 + i] for r in filled})
     return newest_pins, [tuple(r) for r in filled]
 

@@ -202,6 +202,7 @@ def _run_until_stopped(
                 deadline - time.monotonic(),
             )
             config = kafka_admin.client_config(settings.bootstrap_servers, settings.kafka_client)
+            waited_in = _committed(layout)[0]  # the epoch the failed attempt ran in
             answer = wait_for_brokers(config, pipeline.topics, deadline, stop)
             if answer is Answer.STOPPED:
                 log.info("%s: stopped while waiting for Kafka", pipeline.application_id)
@@ -209,12 +210,12 @@ def _run_until_stopped(
             if answer is Answer.NONE:
                 raise
             moved = _committed(layout)[0]
-            if progress_before[0] >= 0 and moved != progress_before[0]:
+            if moved != waited_in:
                 # An operation ran during the wait: its cut may carry another definition
                 # than the one this process resolved at its start.
                 raise FencedError(
                     f"{pipeline.application_id} moved to epoch {moved} while this run waited "
-                    f"for Kafka; this run of epoch {progress_before[0]} stops: start it again "
+                    f"for Kafka; this run of epoch {waited_in} stops: start it again "
                     "(it runs what the operation left)"
                 ) from None
             log.info("%s: Kafka answers again: the run starts again", pipeline.application_id)
@@ -460,10 +461,19 @@ def _await_query(
         report()
         finished = True
     finally:
-        try:
-            progress = running.recentProgress
-        except Exception:
-            if finished:
-                raise
-            progress = []  # Spark itself is gone: the error on its way says why
-        committer.check_watermark_drops(progress)
+        if finished:
+            committer.check_watermark_drops(running.recentProgress)
+        else:
+            _check_drops_of_a_failed_query(running, committer)
+
+
+def _check_drops_of_a_failed_query(running: StreamingQuery, committer: BatchCommitter) -> None:
+    """A drop found stops the run (``ConsistencyError``, recorded first) in place of
+    the failure on its way; a check that cannot be made leaves that failure as it is
+    (an outage or a fence must reach the run's loop as what it is)."""
+    try:
+        committer.check_watermark_drops(running.recentProgress)
+    except ConsistencyError:
+        raise
+    except Exception as exc:
+        log.warning("could not check the failed query's batches for late drops: %s", exc)

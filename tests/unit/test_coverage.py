@@ -316,3 +316,15 @@ def test_a_rebuild_from_the_source_after_a_rewind_reproduces_the_state_it_replac
     }
     decided = History([first, second], steps, 3).replay_decisions({}, ("m",))
     assert [d[2:4] + d[6:] for d in decided] == [(0, 400, 3), (400, 900, 7)]
+
+
+def test_a_run_replays_the_last_batch_only_when_spark_did_not_commit_it() -> None:
+    # Spark runs its last batch again when it died between the ledger row and its
+    # own commit: that batch then joins what it recorded; once Spark committed it,
+    # the replay starts after it (a table reloaded since does not stop the run).
+    batches = [entry(0, 0, 0, 400), entry(0, 1, 400, 900)]
+    history = History(batches, {}, 0)
+    assert history.replay_from({P: 0}) == {P: 400}
+    assert history.replay_from({P: 0}, spark_committed=0) == {P: 400}
+    assert history.replay_from({P: 0}, spark_committed=1) == {P: 900}
+    assert History([], {}, 0).replay_from({P: 7}, spark_committed=3) == {P: 7}

@@ -185,9 +185,9 @@ class Repairs(RuleBasedStateMachine):
         end = {tp: min(self.log[tp], start[tp] + most) for tp in self.log}
         if all(end[tp] == start[tp] for tp in self.log):
             return  # Spark runs no batch when nothing is new
+        if self.pointing is not None and any(r[6] in self.gone for r in self.ahead()):
+            return  # refused with one line (every range ahead is checked): backfill first
         replayed = self.replayed(start, end)
-        if any(pin in self.gone for *_r, versions in replayed for _n, pin in versions):  # type: ignore[misc]
-            return  # refused with one line: backfill --dimensions newest first
         self.version += 1
         pin = self.pin()
         self.batches.append(
@@ -225,15 +225,19 @@ class Repairs(RuleBasedStateMachine):
         judged without the enrichment joins the table now (``joined_versions``)."""
         if self.pointing is None:
             return ()
-        history = self.history()
-        decisions = history.replay_decisions(history.replay_from(self.cut), ("m",))
-        filled = [(*d[:6], self.pin() if d[6] is None else d[6]) for d in decisions]
-        ranges = merged(filled, 1)
+        ranges = merged(self.ahead(), 1)
         return tuple(
             (tp, begin, stop, tuple(sorted(versions.items())))
             for topic, part, begin, stop, versions in pieces(ranges, ["m"], start, end)
             for tp in [(topic, part)]
         )
+
+    def ahead(self) -> list[tuple[object, ...]]:
+        """The ranges a run replays (``dimensions.replay_ranges``), a range judged
+        without the enrichment with the table now (``joined_versions``)."""
+        history = self.history()
+        decisions = history.replay_decisions(history.replay_from(self.cut), ("m",))
+        return [(*d[:6], self.pin() if d[6] is None else d[6]) for d in decisions]
 
     def joined(
         self, replayed: tuple[object, ...], start: dict[TP, int], end: dict[TP, int]

@@ -112,17 +112,19 @@ public final class PinnedDeltaSource implements TableProvider {
           throw new PlatformError(
               "dimension table "
                   + path
-                  + " is not the table batch "
+                  + " no longer holds what batch "
                   + entry.batchId
                   + " joined before the run stopped (table id "
                   + id
                   + " version "
                   + recorded
-                  + " recorded, "
-                  + (now == null ? "no such version" : "table id " + now)
-                  + " now: it was deleted and loaded again), so Spark cannot run the batch"
-                  + " again as it ran; repair: rebuild (restores the state from Delta at the"
-                  + " last committed batch), then run");
+                  + " recorded; "
+                  + (now == null
+                      ? "that version cannot be read now: removed, or the table was deleted"
+                          + " and loaded again"
+                      : "table id " + now + " there now: it was deleted and loaded again")
+                  + "), so Spark cannot run the batch again as it ran; repair: rebuild"
+                  + " (restores the state from Delta at the last committed batch), then run");
         }
       }
       long planned = BatchWatermarkSource.longField(entry.metadata, "batchTimestampMs");
