@@ -167,24 +167,32 @@ def run_pipeline(
     resolved = records.resolve(spark, pipeline, settings.warehouse)
     layout = AppLayout(settings.warehouse, pipeline.application_id)
     with stop_signals() as stop:
-        return _run_until_stopped(spark, resolved, settings, layout, trigger, stop)
+        return _run_until_stopped(RunContext(spark, resolved, settings, layout, trigger, stop))
 
 
-def _run_until_stopped(
-    spark: SparkSession,
-    resolved: Resolved,
-    settings: Settings,
-    layout: AppLayout,
-    trigger: str | None,
-    stop: threading.Event,
-) -> RunSummary:
-    pipeline = resolved.pipeline
+@dataclass(frozen=True)
+class RunContext:
+    """What every attempt of one run shares: the session, the resolved pipeline, the
+    settings, where the application lives, the trigger asked for, and the stop event
+    (SIGTERM/SIGINT, ``outage.stop_signals``)."""
+
+    spark: SparkSession
+    resolved: Resolved
+    settings: Settings
+    layout: AppLayout
+    trigger: str | None
+    stop: threading.Event
+
+
+def _run_until_stopped(run: RunContext) -> RunSummary:
+    settings, layout, stop, trigger = run.settings, run.layout, run.stop, run.trigger
+    pipeline = run.resolved.pipeline
     mode = trigger or pipeline.trigger_mode
     clock = OutageClock(settings.outage_wait_s if mode != "available-now" else 0)
     while True:
         progress_before = _committed(layout)
         try:
-            return _run_once(spark, resolved, settings, layout, trigger, stop)
+            return _run_once(run)
         except KafkaUnavailableError as exc:
             if stop.is_set():
                 log.info("%s: stopped (Kafka did not answer: %s)", pipeline.application_id, exc)
@@ -230,18 +238,12 @@ def _committed(layout: AppLayout) -> tuple[int, int | None]:
     return epoch, committed_batch(DeltaTable(str(path)), layout.application_id, epoch)
 
 
-def _run_once(
-    spark: SparkSession,
-    resolved: Resolved,
-    settings: Settings,
-    layout: AppLayout,
-    trigger: str | None,
-    stop: threading.Event,
-) -> RunSummary:
-    pipeline = resolved.pipeline
+def _run_once(run: RunContext) -> RunSummary:
+    settings, layout = run.settings, run.layout
+    pipeline = run.resolved.pipeline
     try:
-        with application_lock(layout, f"run --trigger {trigger or pipeline.trigger_mode}"):
-            return _run_locked(spark, resolved, settings, layout, trigger, stop)
+        with application_lock(layout, f"run --trigger {run.trigger or pipeline.trigger_mode}"):
+            return _run_locked(run)
     except Exception as exc:
         # From foreachBatch the fence arrives wrapped in Spark's exception.
         if isinstance(exc, FencedError) or f"jobs.errors.{FencedError.__name__}" in str(exc):
@@ -263,15 +265,9 @@ def _run_once(
         METRICS.unwatch_lag(pipeline.application_id)
 
 
-def _run_locked(
-    spark: SparkSession,
-    resolved: Resolved,
-    settings: Settings,
-    layout: AppLayout,
-    trigger: str | None,
-    stop: threading.Event,
-) -> RunSummary:
+def _run_locked(run: RunContext) -> RunSummary:
     started = time.monotonic()
+    resolved, settings, layout = run.resolved, run.settings, run.layout
     pipeline = resolved.pipeline
     tables.ensure_tables(layout, resolved)
     store(layout, resolved)  # for the tools that run without Spark
@@ -295,26 +291,17 @@ def _run_locked(
     try:
         if output is not None:
             output.publish_pending()
-        return _stream(
-            spark, resolved, settings, layout, trigger, epoch, cut, output, started, stop
-        )
+        return _stream(run, epoch, cut, output, started)
     finally:
         if output is not None:
             output.close()
 
 
 def _stream(
-    spark: SparkSession,
-    resolved: Resolved,
-    settings: Settings,
-    layout: AppLayout,
-    trigger: str | None,
-    epoch: int,
-    cut: Cut,
-    output: OutputPublisher | None,
-    started: float,
-    stop: threading.Event,
+    run: RunContext, epoch: int, cut: Cut, output: OutputPublisher | None, started: float
 ) -> RunSummary:
+    spark, resolved, settings, layout = run.spark, run.resolved, run.settings, run.layout
+    trigger, stop = run.trigger, run.stop
     pipeline = resolved.pipeline
     config = kafka_admin.client_config(settings.bootstrap_servers, settings.kafka_client)
     kafka_admin.check_same_topics(
