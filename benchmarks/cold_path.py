@@ -33,7 +33,7 @@ from deltalake import DeltaTable
 from benchmarks.report import machine, scratch_broker, write_section
 from include.sample_data import click_events, encoded
 from jobs import kafka_admin
-from jobs.broker import find_free_port
+from jobs.local_server import find_free_port
 from jobs.settings import REPO_ROOT
 
 MODES = "off,on,warm"

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import psutil
 
-from jobs.broker import port_is_free
 from jobs.errors import ConfigError, PlatformError
+from jobs.local_server import port_is_free
 from jobs.settings import REPO_ROOT, load_settings
 
 STATE = "standalone.json"

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pyspark
 
-from jobs.broker import find_free_port
 from jobs.errors import PlatformError
+from jobs.local_server import find_free_port
 from jobs.settings import REPO_ROOT
 
 SPARK_HOME = Path(pyspark.__file__).parent

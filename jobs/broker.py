@@ -23,7 +23,6 @@ import os
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import uuid
@@ -31,11 +30,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
 from jobs.errors import BrokerError
 from jobs.jars import broker_classpath, tools_classpath
 from jobs.kafka_settings import jaas_quoted
+from jobs.local_server import alive, ended, find_free_port, port_is_free, started
 from jobs.settings import REPO_ROOT, java_options
 
 STATE_FILE = "broker.json"
@@ -63,61 +61,6 @@ class BrokerInfo:
         return f"127.0.0.1:{self.port}"
 
 
-def port_is_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def find_free_port(
-    start: int = 20000, end: int = 32000, avoid: tuple[int, ...] = (), run: int = 1
-) -> int:
-    """The first of ``run`` consecutive free loopback ports in [start, end), for
-    tests and local tools. Keep ranges below the kernel's ephemeral range
-    (32768-60999 by default): a port there may be taken by any outgoing
-    connection between this check and the bind."""
-    span = end - start - run + 1
-    if span <= 0:
-        raise BrokerError(f"no free loopback port in {start}-{end}")
-    offset = os.getpid() % span  # parallel processes start at different places
-    for i in range(span):
-        port = start + (offset + i) % span
-        ports = range(port, port + run)
-        if all(p not in avoid and port_is_free(p) for p in ports):
-            return port
-    raise BrokerError(f"no free loopback port in {start}-{end}")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie (ended, not yet reaped: reaped here if it is our child) is not a broker.
-    with contextlib.suppress(ChildProcessError):
-        if os.waitpid(pid, os.WNOHANG)[0] == pid:
-            return False
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def _started(pid: int) -> int:
-    """When a process started (ms): with the pid, it names the process, whose pid
-    alone the system may give to another process after it ends."""
-    try:
-        return int(psutil.Process(pid).create_time() * 1000)
-    except psutil.Error:
-        return 0
-
-
 def _state(data_dir: Path) -> dict[str, int] | None:
     state = data_dir / STATE_FILE
     if not state.exists():
@@ -132,7 +75,7 @@ def _state(data_dir: Path) -> dict[str, int] | None:
 def status(data_dir: Path) -> BrokerInfo | None:
     """The running broker of this data directory, or None."""
     info = _state(data_dir)
-    if info is None or not _alive(info["pid"]) or _started(info["pid"]) != info["started"]:
+    if info is None or not alive(info["pid"]) or started(info["pid"]) != info["started"]:
         return None
     return BrokerInfo(pid=info["pid"], port=info["port"], data_dir=data_dir)
 
@@ -325,7 +268,7 @@ def _launch(data_dir: Path, port: int, controller_port: int) -> _Launched:
     log.close()
     state = {
         "pid": proc.pid,
-        "started": _started(proc.pid),
+        "started": started(proc.pid),
         "port": port,
         "controller_port": controller_port,
     }
@@ -356,24 +299,8 @@ def stop(data_dir: Path, timeout_s: float = 30.0) -> bool:
     if info is None:
         return False
     os.kill(info.pid, signal.SIGTERM)
-    _ended([info.pid], timeout_s)
+    ended([info.pid], timeout_s)
     return True
-
-
-def _ended(pids: list[int], timeout_s: float) -> None:
-    """Wait for ``pids`` to end; SIGKILL what is left after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
-        time.sleep(0.1)
-    for pid in pids:
-        if _alive(pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 30
-    while any(_alive(p) for p in pids):
-        if time.monotonic() > deadline:
-            raise BrokerError(f"broker process(es) {pids} did not end after SIGKILL")
-        time.sleep(0.05)
 
 
 @dataclass(frozen=True)
@@ -479,7 +406,7 @@ def kill_node(data_dir: Path, node_id: int) -> bool:
     if info is None:
         return False
     os.kill(info.pid, signal.SIGKILL)
-    _ended([info.pid], 0)
+    ended([info.pid], 0)
     return True
 
 
@@ -489,5 +416,5 @@ def stop_cluster(data_dir: Path, timeout_s: float = 60.0) -> int:
     running = [info for info in cluster_status(data_dir).values() if info is not None]
     for info in running:
         os.kill(info.pid, signal.SIGTERM)
-    _ended([info.pid for info in running], timeout_s)
+    ended([info.pid for info in running], timeout_s)
     return len(running)

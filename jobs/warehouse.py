@@ -1,0 +1,477 @@
+"""The warehouse: where applications keep their tables, cuts, plans, Spark
+checkpoints and leases. It is a local folder (the embedded default) or
+``s3://bucket/prefix`` on any S3-compatible store with conditional writes.
+
+Every read, write, listing and delete of a warehouse file goes through a
+``Location`` from here, so the rest of the platform says what it wants (a whole
+file, a file that must not exist yet, a replacement of the version it read) and
+never how a store gets it:
+
+* ``write_bytes``: whole or absent. A local file is written under a temporary
+  name and renamed; an S3 object is one PUT (S3 has no rename and needs none).
+* ``create``: only if nothing is there (``If-None-Match: *``; locally a hard
+  link, which fails on an existing name). Per-epoch files that must never be
+  overwritten use it.
+* ``update``: only if the object is still the version read (``If-Match: <etag>``),
+  the lease's renewal. S3 only: local applications are held with ``flock``.
+* ``copy_to``: a server-side copy, stamped with the copy's time (what Delta's
+  add actions and vacuum judge a data file's age by), then the source deleted by
+  the caller when it wants a move.
+
+S3 is reached with obstore (the Rust ``object_store`` that delta-rs uses too),
+configured by the standard AWS variables (``AWS_ENDPOINT_URL``,
+``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``,
+``AWS_ALLOW_HTTP``) that delta-rs and Spark's S3A read as well. A throttled or
+failing request is retried with backoff (obstore's retries: 10 attempts within
+``RETRY_TIMEOUT``) before it becomes a ``StorageError``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from jobs.errors import ConfigError, PlatformError
+
+if TYPE_CHECKING:
+    from obstore.store import S3Store
+
+Scheme = Literal["file", "s3"]
+# An S3 bucket's name (the rules AWS gives: 3-63 of lowercase letters, digits, dots
+# and hyphens, starting and ending with a letter or digit).
+BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+# A key's folder names: no empty, '.' or '..' part (a prefix never escapes its
+# bucket), no control characters.
+KEY_PART = re.compile(r"^(?!\.{1,2}$)[^\x00-\x1f\x7f/]+$")
+RETRY_TIMEOUT = timedelta(minutes=3)
+
+
+class StorageError(PlatformError):
+    """The warehouse's store failed or refused a request."""
+
+
+class AlreadyExistsError(StorageError):
+    """A ``create`` found something there already."""
+
+
+class ChangedError(StorageError):
+    """An ``update`` found another version than the one it was given."""
+
+
+@dataclass(frozen=True)
+class Stat:
+    size: int
+    modified_s: float  # seconds since the epoch, the store's clock
+    etag: str | None  # S3's version tag (None locally)
+
+
+@dataclass(frozen=True, order=True)
+class Location:
+    """A file or folder in a warehouse: ``/abs/path`` or ``s3://bucket/key``."""
+
+    uri: str
+
+    @classmethod
+    def parse(cls, text: str | Path, what: str = "the warehouse") -> Location:
+        """A local path (made absolute) or ``s3://bucket[/prefix]``; anything else
+        is refused with a line that says what is accepted."""
+        raw = str(text).strip()
+        if raw.startswith("s3a://"):
+            raw = "s3://" + raw[len("s3a://") :]
+        if raw.startswith("s3://"):
+            bucket, _, key = raw[len("s3://") :].partition("/")
+            parts = [p for p in key.split("/") if p]
+            if not BUCKET.match(bucket) or not all(KEY_PART.match(p) for p in parts):
+                raise ConfigError(
+                    f"{what} {raw!r} is not a valid s3://bucket/prefix (a bucket is 3-63 "
+                    "lowercase letters, digits, '.' and '-'; no '.' or '..' folder)"
+                )
+            return cls("/".join(["s3:/", bucket, *parts]))
+        scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", raw)
+        if scheme and scheme.group(1) != "file":
+            raise ConfigError(
+                f"{what} {raw!r} has scheme {scheme.group(1)}://, which the platform does not "
+                "store to: use a local path or s3://bucket/prefix"
+            )
+        if not raw.removeprefix("file://"):
+            raise ConfigError(f"{what} is empty: give a local path or s3://bucket/prefix")
+        return cls(str(Path(raw.removeprefix("file://")).expanduser().resolve()))
+
+    @classmethod
+    def local_path(cls, path: Path) -> Location:
+        return cls(str(path.resolve()))
+
+    @property
+    def scheme(self) -> Scheme:
+        return "s3" if self.uri.startswith("s3://") else "file"
+
+    @property
+    def is_s3(self) -> bool:
+        return self.scheme == "s3"
+
+    @property
+    def bucket(self) -> str:
+        return self.uri[len("s3://") :].partition("/")[0]
+
+    @property
+    def key(self) -> str:
+        """The object key (S3), without a leading or trailing '/'."""
+        return self.uri[len("s3://") :].partition("/")[2]
+
+    @property
+    def path(self) -> Path:
+        """The local path; an S3 location has none (the caller has a bug)."""
+        if self.is_s3:
+            raise ValueError(f"{self.uri} is not a local path")
+        return Path(self.uri)
+
+    @property
+    def name(self) -> str:
+        return self.uri.rstrip("/").rsplit("/", 1)[-1]
+
+    @property
+    def parent(self) -> Location:
+        head = self.uri.rstrip("/").rsplit("/", 1)[0]
+        if self.is_s3 and "/" not in head[len("s3://") :]:
+            return Location(head)  # the bucket
+        return Location(head or "/")
+
+    def __truediv__(self, name: str) -> Location:
+        if not all(KEY_PART.match(p) for p in name.split("/")):
+            raise ValueError(f"invalid name {name!r} under {self.uri}")
+        return Location(f"{self.uri.rstrip('/')}/{name}")
+
+    def __str__(self) -> str:
+        return self.uri
+
+    @property
+    def spark_uri(self) -> str:
+        """How Spark's Hadoop file systems name it (S3A for S3)."""
+        return "s3a://" + self.uri[len("s3://") :] if self.is_s3 else self.uri
+
+    # -- reads ---------------------------------------------------------------
+
+    def read_bytes(self) -> bytes:
+        """The file's bytes; FileNotFoundError when there is none."""
+        return _backend(self).read(self)
+
+    def read_text(self) -> str:
+        return self.read_bytes().decode()
+
+    def stat(self) -> Stat | None:
+        """The file's size, time and version tag, or None when there is none."""
+        return _backend(self).stat(self)
+
+    def exists(self) -> bool:
+        """A file is here (a folder with files in it counts locally, as on S3)."""
+        return self.stat() is not None or self.is_dir()
+
+    def is_dir(self) -> bool:
+        """Something is stored under this folder (S3 has folders only as prefixes)."""
+        return _backend(self).is_dir(self)
+
+    def iterdir(self) -> list[Location]:
+        """What is directly in this folder, files and folders, sorted; [] if none."""
+        return sorted(_backend(self).children(self))
+
+    # -- writes --------------------------------------------------------------
+
+    def write_bytes(self, data: bytes) -> None:
+        """Replace the file with ``data``, whole: a reader sees the old or the new."""
+        _backend(self).write(self, data)
+
+    def write_text(self, text: str) -> None:
+        self.write_bytes(text.encode())
+
+    def create(self, data: bytes) -> Stat:
+        """Write ``data`` only if nothing is here; AlreadyExistsError otherwise."""
+        return _backend(self).create(self, data)
+
+    def update(self, data: bytes, etag: str) -> Stat:
+        """Replace the file only if it is still version ``etag``; ChangedError
+        otherwise (someone else wrote it, or it is gone)."""
+        return _backend(self).update(self, data, etag)
+
+    def copy_to(self, target: Location) -> None:
+        """Copy this file to ``target`` (replacing it), stamped now."""
+        _backend(self).copy(self, target)
+
+    def delete(self) -> None:
+        """Remove the file; nothing happens when there is none."""
+        _backend(self).delete(self)
+
+    def delete_tree(self) -> None:
+        """Remove everything under this folder."""
+        _backend(self).delete_tree(self)
+
+
+class _LocalFiles:
+    """A warehouse on a local (or mounted) file system."""
+
+    @staticmethod
+    def read(loc: Location) -> bytes:
+        return loc.path.read_bytes()
+
+    @staticmethod
+    def stat(loc: Location) -> Stat | None:
+        try:
+            found = loc.path.stat()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        if not os.path.isfile(loc.path):
+            return None
+        return Stat(found.st_size, found.st_mtime, None)
+
+    @staticmethod
+    def is_dir(loc: Location) -> bool:
+        return loc.path.is_dir()
+
+    @staticmethod
+    def children(loc: Location) -> Iterator[Location]:
+        if not loc.path.is_dir():
+            return
+        for child in loc.path.iterdir():
+            yield Location(str(child))
+
+    @staticmethod
+    def _temporary(loc: Location, data: bytes) -> Path:
+        path = loc.path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.parent / f".{path.name}.{uuid.uuid4().hex[:12]}.tmp"
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        return tmp
+
+    def write(self, loc: Location, data: bytes) -> None:
+        os.replace(self._temporary(loc, data), loc.path)
+
+    def create(self, loc: Location, data: bytes) -> Stat:
+        tmp = self._temporary(loc, data)
+        try:
+            os.link(tmp, loc.path)  # atomic, and refused when the name exists
+        except FileExistsError:
+            raise AlreadyExistsError(f"{loc} exists already") from None
+        finally:
+            tmp.unlink(missing_ok=True)
+        found = self.stat(loc)
+        assert found is not None
+        return found
+
+    @staticmethod
+    def update(loc: Location, data: bytes, etag: str) -> Stat:
+        raise StorageError(
+            f"{loc}: a conditional replacement needs an object store (a local warehouse is "
+            "held with flock instead)"
+        )
+
+    @staticmethod
+    def copy(source: Location, target: Location) -> None:
+        target.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.path.parent / f".{target.name}.{uuid.uuid4().hex[:12]}.tmp"
+        shutil.copyfile(source.path, tmp)
+        os.replace(tmp, target.path)  # a new file: its time is now
+
+    @staticmethod
+    def delete(loc: Location) -> None:
+        loc.path.unlink(missing_ok=True)
+
+    @staticmethod
+    def delete_tree(loc: Location) -> None:
+        shutil.rmtree(loc.path, ignore_errors=True)
+
+
+class _S3Objects:
+    """A warehouse on an S3-compatible store, through obstore."""
+
+    @staticmethod
+    def _store(loc: Location) -> S3Store:
+        return _s3_store(loc.bucket, _s3_environment())
+
+    def read(self, loc: Location) -> bytes:
+        import obstore
+        from obstore.exceptions import NotFoundError
+
+        try:
+            with _failures(loc, "read"):
+                return bytes(obstore.get(self._store(loc), loc.key).bytes())
+        except (FileNotFoundError, NotFoundError):
+            raise FileNotFoundError(loc.uri) from None
+
+    def stat(self, loc: Location) -> Stat | None:
+        import obstore
+        from obstore.exceptions import NotFoundError
+
+        if not loc.key:
+            return None
+        try:
+            with _failures(loc, "read"):
+                meta = obstore.head(self._store(loc), loc.key)
+        except (FileNotFoundError, NotFoundError):
+            return None
+        return Stat(meta["size"], meta["last_modified"].timestamp(), meta["e_tag"])
+
+    def is_dir(self, loc: Location) -> bool:
+        import obstore
+
+        prefix = f"{loc.key}/" if loc.key else None
+        with _failures(loc, "list"):
+            for chunk in obstore.list(self._store(loc), prefix, chunk_size=1):
+                if chunk:
+                    return True
+        return False
+
+    def children(self, loc: Location) -> Iterator[Location]:
+        import obstore
+
+        prefix = f"{loc.key}/" if loc.key else None
+        with _failures(loc, "list"):
+            found = obstore.list_with_delimiter(self._store(loc), prefix)
+        root = f"s3://{loc.bucket}"
+        for folder in found["common_prefixes"]:
+            yield Location(f"{root}/{folder.rstrip('/')}")
+        for meta in found["objects"]:
+            yield Location(f"{root}/{meta['path']}")
+
+    def write(self, loc: Location, data: bytes) -> None:
+        import obstore
+
+        with _failures(loc, "write"):
+            obstore.put(self._store(loc), loc.key, data)
+
+    def create(self, loc: Location, data: bytes) -> Stat:
+        import obstore
+        from obstore.exceptions import AlreadyExistsError as Exists
+        from obstore.exceptions import PreconditionError
+
+        try:
+            with _failures(loc, "write"):
+                done = obstore.put(self._store(loc), loc.key, data, mode="create")
+        except (Exists, FileExistsError, PreconditionError):
+            raise AlreadyExistsError(f"{loc} exists already") from None
+        return Stat(len(data), _now_s(), done["e_tag"])
+
+    def update(self, loc: Location, data: bytes, etag: str) -> Stat:
+        import obstore
+        from obstore.exceptions import NotFoundError, PreconditionError
+
+        try:
+            with _failures(loc, "write"):
+                done = obstore.put(self._store(loc), loc.key, data, mode={"e_tag": etag})
+        except (PreconditionError, NotFoundError, FileNotFoundError):
+            raise ChangedError(f"{loc} is no longer version {etag}") from None
+        return Stat(len(data), _now_s(), done["e_tag"])
+
+    def copy(self, source: Location, target: Location) -> None:
+        import obstore
+
+        if source.bucket != target.bucket:
+            raise StorageError(f"cannot copy {source} to another bucket ({target})")
+        with _failures(source, "copy"):
+            obstore.copy(self._store(source), source.key, target.key)
+
+    def delete(self, loc: Location) -> None:
+        import obstore
+        from obstore.exceptions import NotFoundError
+
+        with contextlib.suppress(FileNotFoundError, NotFoundError), _failures(loc, "delete"):
+            obstore.delete(self._store(loc), loc.key)
+
+    def delete_tree(self, loc: Location) -> None:
+        import obstore
+
+        store = self._store(loc)
+        prefix = f"{loc.key}/" if loc.key else None
+        with _failures(loc, "delete"):
+            for chunk in obstore.list(store, prefix, chunk_size=1000):
+                obstore.delete(store, [meta["path"] for meta in chunk])
+
+
+def _now_s() -> float:
+    import time
+
+    return time.time()
+
+
+_LOCAL, _S3 = _LocalFiles(), _S3Objects()
+
+
+def _backend(loc: Location) -> _LocalFiles | _S3Objects:
+    return _S3 if loc.is_s3 else _LOCAL
+
+
+# The AWS variables a store is made from: a change (a test's other server, an
+# Airflow connection applied to the environment) makes a new client.
+AWS_VARIABLES = (
+    "AWS_ENDPOINT_URL",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "AWS_ALLOW_HTTP",
+)
+
+
+def _s3_environment() -> tuple[tuple[str, str], ...]:
+    return tuple((name, os.environ[name]) for name in AWS_VARIABLES if name in os.environ)
+
+
+@cache
+def _s3_store(bucket: str, environment: tuple[tuple[str, str], ...]) -> S3Store:
+    """One client per bucket and configuration (its connections are pooled)."""
+    from obstore.store import S3Store
+
+    settings = dict(environment)
+    return S3Store(
+        bucket,
+        # Path-style requests: what S3-compatible stores on premises serve.
+        virtual_hosted_style_request=False,
+        client_options={"allow_http": settings.get("AWS_ALLOW_HTTP", "").lower() == "true"},
+        retry_config={"max_retries": 10, "retry_timeout": RETRY_TIMEOUT},
+    )
+
+
+@contextlib.contextmanager
+def _failures(loc: Location, action: str) -> Iterator[None]:
+    """obstore's errors other than the ones a caller handles (not found, exists,
+    precondition) as one line naming the object and what to check."""
+    from obstore.exceptions import (
+        AlreadyExistsError as Exists,
+    )
+    from obstore.exceptions import (
+        BaseError,
+        NotFoundError,
+        PermissionDeniedError,
+        PreconditionError,
+        UnauthenticatedError,
+    )
+
+    try:
+        yield
+    except (NotFoundError, FileNotFoundError, FileExistsError, Exists, PreconditionError):
+        raise
+    except (PermissionDeniedError, UnauthenticatedError) as exc:
+        raise StorageError(
+            f"the store refused to {action} {loc}: check AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY "
+            f"and the bucket's permissions ({_first_line(exc)})"
+        ) from None
+    except BaseError as exc:
+        raise StorageError(
+            f"could not {action} {loc}: {_first_line(exc)} (check AWS_ENDPOINT_URL and that the "
+            "store is up)"
+        ) from None
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
