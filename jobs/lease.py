@@ -12,13 +12,13 @@ time to live and a generation:
 * **take over**: a lease not renewed for a whole ``ttl`` is expired. Expiry is
   judged on the taker's own clock only: it watches the object's version for
   ``ttl`` seconds, and takes it over (``If-Match``, generation + 1) only if no
-  renewal came. No two machines' clocks are compared. A lease that looks fresh
-  by its record's time is busy at once, without the watch.
+  renewal came. Safety never rests on two machines' clocks agreeing: a record's
+  time only decides whether a taker refuses at once (it looks fresh) or watches.
 * **release**: replace it (``If-Match``) with a released record, which the next
   taker takes over at once.
 
 A holder stops committing before its lease could expire: ``check`` refuses once
-``ttl * SAFE_FRACTION`` has passed on its monotonic clock since its last
+``ttl * SAFE_FRACTION`` has passed on its clock (one that counts a suspend too) since its last
 successful renewal started. A process frozen (SIGSTOP, a long GC pause, a
 suspended VM) past that finds on waking that it may commit nothing. The
 generation is the fencing token a commit can carry for the rest of the window.
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import socket
 import threading
@@ -45,6 +46,8 @@ log = logging.getLogger(__name__)
 
 LEASE = "_lease"
 DEFAULT_TTL_S = 30.0
+# A lease's time to live, and the bounds a taker reads another's record within.
+MIN_TTL_S, MAX_TTL_S = 1.0, 600.0
 # A holder commits nothing after this much of its lease has passed unrenewed: the
 # rest covers the difference in rate between two machines' clocks and a commit
 # that started just before.
@@ -60,6 +63,22 @@ class LeaseLostError(LeaseError):
     """This holder may not commit any more: its lease expired or was taken over."""
 
 
+def _clock() -> float:
+    """Seconds on this machine's clock that counts a suspend too (Linux's boot
+    time; a monotonic clock elsewhere): a host asleep past the lease wakes late."""
+    return (
+        time.clock_gettime(time.CLOCK_BOOTTIME)
+        if hasattr(time, "CLOCK_BOOTTIME")
+        else time.monotonic()
+    )
+
+
+def checked_ttl(ttl_s: float) -> float:
+    if not (math.isfinite(ttl_s) and MIN_TTL_S <= ttl_s <= MAX_TTL_S):
+        raise ValueError(f"a lease lasts {MIN_TTL_S:.0f}-{MAX_TTL_S:.0f} s, not {ttl_s}")
+    return ttl_s
+
+
 @dataclass
 class Lease:
     """A held lease; ``check`` before every commit."""
@@ -69,10 +88,11 @@ class Lease:
     ttl_s: float
     etag: str
     generation: int
-    _renewed_at: float = field(default_factory=time.monotonic)
+    _renewed_at: float  # _clock() when the write that gave this version started
     _lost: str | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _renewer: threading.Thread | None = None
 
     def check(self) -> None:
         """Raise LeaseLostError when this holder may no longer commit."""
@@ -80,7 +100,7 @@ class Lease:
             lost, renewed_at = self._lost, self._renewed_at
         if lost is not None:
             raise LeaseLostError(lost)
-        idle = time.monotonic() - renewed_at
+        idle = _clock() - renewed_at
         if idle > self.ttl_s * SAFE_FRACTION:
             raise LeaseLostError(
                 f"the lease on {self.location.parent.name} went {idle:.0f} s without a renewal "
@@ -91,20 +111,23 @@ class Lease:
 
     def renew(self) -> None:
         """Replace the lease with a fresh record if it is still ours."""
-        started = time.monotonic()
+        started = _clock()
+        with self._lock:
+            etag = self.etag
         record = {**self.holder, "renewed_s": time.time(), "generation": self.generation}
         try:
-            written = self.location.update(_encode(record, self.ttl_s), self.etag)
+            written = self.location.update(_encode(record, self.ttl_s), etag)
         except ChangedError:
+            taker = describe(_read(self.location)[0])  # outside the lock: a network call
             with self._lock:
                 self._lost = (
                     f"the lease on {self.location.parent.name} was taken over by another "
-                    f"holder ({describe(_read(self.location)[0])}) after this one went "
-                    "unrenewed: this process commits nothing more"
+                    f"holder ({taker}) after this one went unrenewed: this process commits "
+                    "nothing more"
                 )
             return
         with self._lock:
-            self.etag = written.etag or self.etag
+            self.etag = written.etag or etag
             self._renewed_at = started
 
     def _keep_renewing(self) -> None:
@@ -116,17 +139,27 @@ class Lease:
             except StorageError as exc:  # the store is down: retried at the next turn
                 log.warning("could not renew the lease %s: %s", self.location, exc)
 
+    def start_renewing(self) -> None:
+        self._renewer = threading.Thread(
+            target=self._keep_renewing, name="lease-renewal", daemon=True
+        )
+        self._renewer.start()
+
     def release(self) -> None:
         """Hand the lease back (the next taker has it at once); a second call, or one
         after the lease was lost, does nothing."""
         self._stop.set()
+        if self._renewer is not None:
+            # A renewal under way would change the version the release replaces.
+            self._renewer.join(self.ttl_s)
         with self._lock:
             if self._lost is not None:
                 return
             self._lost = f"the lease on {self.location.parent.name} was released"
+            etag = self.etag
         record = {**self.holder, "released": True, "generation": self.generation}
         try:
-            self.location.update(_encode(record, self.ttl_s), self.etag)
+            self.location.update(_encode(record, self.ttl_s), etag)
         except (ChangedError, StorageError) as exc:
             log.warning("could not release the lease %s: %s", self.location, exc)
 
@@ -138,6 +171,7 @@ def _encode(record: dict[str, Any], ttl_s: float) -> bytes:
 
 
 def _read(location: Location) -> tuple[dict[str, Any], Stat | None]:
+    """The record ({} when it is not a JSON object) and its version, or ({}, None)."""
     stat = location.stat()
     if stat is None:
         return {}, None
@@ -150,8 +184,17 @@ def _read(location: Location) -> tuple[dict[str, Any], Stat | None]:
     return (record if isinstance(record, dict) else {}), stat
 
 
+def _number(record: dict[str, Any], name: str) -> float | None:
+    """A finite number field of a record someone else wrote, or None."""
+    value = record.get(name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
 def describe(record: dict[str, Any]) -> str:
-    since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(record.get("since", 0)))
+    when = _number(record, "since")
+    since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(when)) if when else "?"
     return (
         f"{record.get('purpose', 'unknown')} (pid {record.get('pid', '?')} on "
         f"{record.get('host', '?')}, user {record.get('user', '?')}, since {since})"
@@ -181,50 +224,68 @@ def current(location: Location) -> dict[str, Any] | None:
 
 def take(location: Location, purpose: str, user: str, ttl_s: float = DEFAULT_TTL_S) -> Lease:
     """Take the lease at ``location`` or raise LeaseError naming its holder."""
-    if ttl_s <= 0:
-        raise ValueError(f"a lease lasts more than 0 s, not {ttl_s}")
+    ttl_s = checked_ttl(ttl_s)
     record = holder_record(purpose, user)
+    started = _clock()
     try:
         created = location.create(_encode({**record, "generation": 1}, ttl_s))
-        return _held(location, record, ttl_s, created, 1)
+        return _held(location, record, ttl_s, created, 1, started)
     except AlreadyExistsError:
         pass
     found, stat = _read(location)
     if stat is None or stat.etag is None:  # released and deleted by hand meanwhile
         raise LeaseError(f"the lease {location} changed while taking it: try again")
-    generation = int(found.get("generation", 0)) + 1
+    if found.get("holder") == record["holder"]:
+        # Our own create went through although its answer was lost (a retried PUT).
+        return _held(location, record, ttl_s, stat, int(found["generation"]), started)
+    previous = _number(found, "generation")
+    generation = max(int(previous), 0) + 1 if previous is not None else 1
     if not found.get("released"):
-        age = time.time() - float(found.get("renewed_s", found.get("since", 0)))
-        their_ttl = float(found.get("ttl_s", ttl_s))
-        if age < their_ttl:
+        renewed = _number(found, "renewed_s") or _number(found, "since")
+        age = None if renewed is None else time.time() - renewed
+        # Their time to live, within the bounds any holder takes (a record is
+        # another machine's text).
+        their_ttl = min(max(_number(found, "ttl_s") or ttl_s, MIN_TTL_S), MAX_TTL_S)
+        if age is not None and 0 <= age < their_ttl:
             raise LeaseError(
                 f"application {location.parent.name} is busy: held by {describe(found)}, "
-                f"renewed {max(age, 0):.0f} s ago; if that process is gone, its lease expires "
+                f"renewed {age:.0f} s ago; if that process is gone, its lease expires "
                 f"{their_ttl:.0f} s after its last renewal: try again then"
             )
-        # Stale by its writer's clock: prove it on ours, by watching for a renewal.
-        deadline = time.monotonic() + their_ttl
-        while time.monotonic() < deadline:
-            now = location.stat()
-            if now is None or now.etag != stat.etag:
-                raise LeaseError(
-                    f"application {location.parent.name} is busy: its lease was renewed "
-                    "while this taker waited for it to expire"
-                )
-            time.sleep(min(1.0, their_ttl / 10))
+        # Stale by its writer's clock (or a clock ahead of ours, or a record that
+        # does not say): prove it on ours, by watching for a renewal.
+        _watch(location, stat, their_ttl)
+    started = _clock()
     try:
         taken = location.update(_encode({**record, "generation": generation}, ttl_s), stat.etag)
     except ChangedError:
         raise LeaseError(
             f"application {location.parent.name} is busy: another holder took its lease first"
         ) from None
-    return _held(location, record, ttl_s, taken, generation)
+    return _held(location, record, ttl_s, taken, generation, started)
 
 
-def _held(location: Location, record: dict[str, Any], ttl_s: float, stat: Stat, gen: int) -> Lease:
-    assert stat.etag is not None, "a lease needs a store with version tags"
-    lease = Lease(location, record, ttl_s, stat.etag, gen)
-    threading.Thread(target=lease._keep_renewing, name="lease-renewal", daemon=True).start()
+def _watch(location: Location, seen: Stat, ttl_s: float) -> None:
+    """Return once ``seen`` stayed the lease's version for ``ttl_s`` on this
+    machine's clock; LeaseError when its holder renews it meanwhile."""
+    deadline = _clock() + ttl_s
+    while _clock() < deadline:
+        now = location.stat()
+        if now is None or now.etag != seen.etag:
+            raise LeaseError(
+                f"application {location.parent.name} is busy: its lease was renewed "
+                "while this taker waited for it to expire"
+            )
+        time.sleep(min(1.0, ttl_s / 10))
+
+
+def _held(
+    location: Location, record: dict[str, Any], ttl_s: float, stat: Stat, gen: int, since: float
+) -> Lease:
+    if stat.etag is None:
+        raise LeaseError(f"the store of {location} gives no version tags: it cannot hold a lease")
+    lease = Lease(location, record, ttl_s, stat.etag, gen, since)
+    lease.start_renewing()
     return lease
 
 

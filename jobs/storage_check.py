@@ -95,11 +95,14 @@ def listing_is_consistent(folder: Location, objects: int, writers: int) -> Findi
     done = threading.Event()
 
     def lister() -> None:
-        while not done.is_set():
-            for child in listed.iterdir():
-                if child.name not in expected:
-                    problems.append(f"listed {child.name}, which no writer wrote")
-                    return
+        try:
+            while not done.is_set():
+                for child in listed.iterdir():
+                    if child.name not in expected:
+                        problems.append(f"listed {child.name}, which no writer wrote")
+                        return
+        except Exception as exc:  # a listing that fails under writes fails the check
+            problems.append(f"a listing failed while writers ran: {exc}")
 
     watcher = threading.Thread(target=lister)
     watcher.start()

@@ -163,7 +163,7 @@ def start(
     if not port_is_free(port):
         raise StorageServerError(f"port {port} on 127.0.0.1 is already in use; choose another port")
     data_dir.mkdir(parents=True, exist_ok=True)
-    (data_dir / DATA).mkdir(exist_ok=True)
+    (data_dir / DATA).mkdir(mode=0o700, exist_ok=True)  # the objects, whatever the keys
     access, secret = _keys(data_dir)
     run = 2 * len(SIDE_SERVERS) + 1
     for attempt in range(PORT_ATTEMPTS):
@@ -214,10 +214,13 @@ def _launch(
         "access_key": access,
         "secret_key": secret,
     }
-    state_file = data_dir / STATE_FILE
-    state_file.touch(mode=0o600)
-    state_file.chmod(0o600)
-    state_file.write_text(json.dumps(state))
+    # Whole, and its owner's alone from the first byte (it holds the secret key).
+    tmp = data_dir / f".{STATE_FILE}.tmp"
+    tmp.unlink(missing_ok=True)
+    handle = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(handle, "w") as out:
+        out.write(json.dumps(state))
+    os.replace(tmp, data_dir / STATE_FILE)
     return StorageInfo(proc.pid, port, bucket, access, secret, data_dir), proc, offset
 
 

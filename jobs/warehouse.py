@@ -48,10 +48,13 @@ if TYPE_CHECKING:
 Scheme = Literal["file", "s3"]
 # An S3 bucket's name (the rules AWS gives: 3-63 of lowercase letters, digits, dots
 # and hyphens, starting and ending with a letter or digit).
-BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
-# A key's folder names: no empty, '.' or '..' part (a prefix never escapes its
-# bucket), no control characters.
-KEY_PART = re.compile(r"^(?!\.{1,2}$)[^\x00-\x1f\x7f/]+$")
+BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+# A key's folder names (matched whole): no empty, '.' or '..' part (a prefix never
+# escapes its bucket), no control characters, and none of '%', '#', '?' and '\',
+# which the stores' URL parsers read as escapes or delimiters ('%2E%2E' is '..').
+KEY_PART = re.compile(r"(?!\.{1,2}\Z)[^\x00-\x1f\x7f/%#?\\]+")
+# The temporary files of a local write in progress (``_LocalFiles._temporary``).
+LOCAL_TEMPORARY = re.compile(r"\..+\.[0-9a-f]{12}\.tmp")
 RETRY_TIMEOUT = timedelta(minutes=3)
 
 
@@ -90,10 +93,11 @@ class Location:
         if raw.startswith("s3://"):
             bucket, _, key = raw[len("s3://") :].partition("/")
             parts = [p for p in key.split("/") if p]
-            if not BUCKET.match(bucket) or not all(KEY_PART.match(p) for p in parts):
+            if not BUCKET.fullmatch(bucket) or not all(KEY_PART.fullmatch(p) for p in parts):
                 raise ConfigError(
                     f"{what} {raw!r} is not a valid s3://bucket/prefix (a bucket is 3-63 "
-                    "lowercase letters, digits, '.' and '-'; no '.' or '..' folder)"
+                    "lowercase letters, digits, '.' and '-'; no '.' or '..' folder, no '%', '#', "
+                    "'?' or '\\' in a name)"
                 )
             return cls("/".join(["s3:/", bucket, *parts]))
         scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", raw)
@@ -140,13 +144,13 @@ class Location:
 
     @property
     def parent(self) -> Location:
-        head = self.uri.rstrip("/").rsplit("/", 1)[0]
-        if self.is_s3 and "/" not in head[len("s3://") :]:
-            return Location(head)  # the bucket
-        return Location(head or "/")
+        """The folder above; a bucket's and the root's is itself."""
+        if self.is_s3 and not self.key:
+            return self
+        return Location(self.uri.rstrip("/").rsplit("/", 1)[0] or "/")
 
     def __truediv__(self, name: str) -> Location:
-        if not all(KEY_PART.match(p) for p in name.split("/")):
+        if not all(KEY_PART.fullmatch(p) for p in name.split("/")):
             raise ValueError(f"invalid name {name!r} under {self.uri}")
         return Location(f"{self.uri.rstrip('/')}/{name}")
 
@@ -240,7 +244,8 @@ class _LocalFiles:
         if not loc.path.is_dir():
             return
         for child in loc.path.iterdir():
-            yield Location(str(child))
+            if not LOCAL_TEMPORARY.fullmatch(child.name):  # a write still in progress
+                yield Location(str(child))
 
     @staticmethod
     def _temporary(loc: Location, data: bytes) -> Path:
@@ -363,12 +368,15 @@ class _S3Objects:
 
     def update(self, loc: Location, data: bytes, etag: str) -> Stat:
         import obstore
+        from obstore.exceptions import AlreadyExistsError as Exists
         from obstore.exceptions import NotFoundError, PreconditionError
 
         try:
             with _failures(loc, "write"):
                 done = obstore.put(self._store(loc), loc.key, data, mode={"e_tag": etag})
-        except (PreconditionError, NotFoundError, FileNotFoundError):
+        # 412: another version; 404: gone; 409 (after object_store's retries, as
+        # AlreadyExistsError): a concurrent conditional write won.
+        except (PreconditionError, NotFoundError, FileNotFoundError, Exists, FileExistsError):
             raise ChangedError(f"{loc} is no longer version {etag}") from None
         return Stat(len(data), _now_s(), done["e_tag"])
 

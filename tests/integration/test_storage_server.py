@@ -3,6 +3,7 @@ the check that qualifies a store."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -37,8 +38,6 @@ def test_start_status_stop_and_a_restart_keeps_the_objects_and_keys(tmp_path: Pa
         )
         assert exports["AWS_ENDPOINT_URL"] == f"http://127.0.0.1:{port}"
         assert (data_dir / "storage.json").stat().st_mode & 0o077 == 0  # its keys: owner only
-        import os
-
         env = {**os.environ, **exports}
         os.environ.update(exports)
         try:
@@ -52,6 +51,12 @@ def test_start_status_stop_and_a_restart_keeps_the_objects_and_keys(tmp_path: Pa
         again = _storage("start", "--data-dir", str(data_dir), "--port", port)
         assert again.returncode == 0, again.stderr
         assert again.stdout.splitlines()[1:] == started.stdout.splitlines()[1:]  # same keys
+        os.environ.update(exports)
+        try:
+            assert (Location.parse("s3://warehouse/kept") / "a").read_bytes() == b"1"
+        finally:
+            for name in exports:
+                os.environ.pop(name, None)
         check = _storage(
             "check",
             "--warehouse",
@@ -68,8 +73,6 @@ def test_start_status_stop_and_a_restart_keeps_the_objects_and_keys(tmp_path: Pa
 
 
 def test_check_qualifies_the_project_s3_server(s3_server: StorageInfo) -> None:
-    import os
-
     done = _storage(
         "check",
         "--warehouse",

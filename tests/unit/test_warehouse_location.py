@@ -38,6 +38,9 @@ def test_s3_warehouses_are_normalised(given: str, uri: str) -> None:
         "",
         "s3://bad_bucket/x",
         "s3://warehouse/a\x00b",
+        "s3://warehouse/a%2E%2E/x",  # '..' to the stores' URL parsers
+        "s3://warehouse/a#b",
+        "s3://warehouse/a?b",
     ],
 )
 def test_anything_else_is_refused_with_what_is_accepted(given: str) -> None:
@@ -59,7 +62,8 @@ def test_names_compose_and_never_climb() -> None:
     assert root.parent == Location("s3://warehouse")
     assert table.spark_uri == "s3a://warehouse/prefix/app/state"
     assert table.bucket == "warehouse" and table.key == "prefix/app/state"
-    for bad in ("..", ".", "a/../b", ""):
+    assert Location.parse("s3://warehouse").parent == Location("s3://warehouse")
+    for bad in ("..", ".", "a/../b", "", "%2e%2e", "a\n"):
         with pytest.raises(ValueError):
             root / bad
 
@@ -69,3 +73,10 @@ def test_a_local_warehouse_refuses_a_conditional_replacement(tmp_path: Path) -> 
     target.create(b"1")
     with pytest.raises(StorageError, match="flock"):
         target.update(b"2", "etag")
+
+
+def test_a_local_write_in_progress_is_not_listed(tmp_path: Path) -> None:
+    folder = Location.local_path(tmp_path)
+    (folder / "a.json").write_bytes(b"1")
+    (tmp_path / ".b.json.0123456789ab.tmp").write_bytes(b"half")
+    assert [c.name for c in folder.iterdir()] == ["a.json"]

@@ -1,0 +1,168 @@
+"""The lease's taking rules against records another machine wrote, on an
+in-memory store with version tags (the store itself is tested on the real S3
+server: tests/integration/test_lease.py)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from jobs import lease
+from jobs.warehouse import AlreadyExistsError, ChangedError, Stat
+
+
+@dataclass
+class FakeStore:
+    objects: dict[str, tuple[bytes, str]] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass
+class FakeLocation:
+    """The calls the lease makes, with S3's conditional semantics."""
+
+    store: FakeStore
+    key: str = "app/_lease"
+    lose_create_answer: bool = False
+
+    @property
+    def parent(self) -> Any:
+        return type("Folder", (), {"name": "app"})()
+
+    def stat(self) -> Stat | None:
+        with self.store.lock:
+            found = self.store.objects.get(self.key)
+        return None if found is None else Stat(len(found[0]), time.time(), found[1])
+
+    def read_bytes(self) -> bytes:
+        with self.store.lock:
+            found = self.store.objects.get(self.key)
+        if found is None:
+            raise FileNotFoundError(self.key)
+        return found[0]
+
+    def create(self, data: bytes) -> Stat:
+        with self.store.lock:
+            if self.key in self.store.objects:
+                raise AlreadyExistsError(self.key)
+            self.store.objects[self.key] = (data, uuid.uuid4().hex)
+        if self.lose_create_answer:  # written, but the answer never came back
+            raise AlreadyExistsError(self.key)
+        return Stat(len(data), time.time(), self.store.objects[self.key][1])
+
+    def update(self, data: bytes, etag: str) -> Stat:
+        with self.store.lock:
+            found = self.store.objects.get(self.key)
+            if found is None or found[1] != etag:
+                raise ChangedError(self.key)
+            self.store.objects[self.key] = (data, uuid.uuid4().hex)
+            return Stat(len(data), time.time(), self.store.objects[self.key][1])
+
+    def put_raw(self, data: bytes) -> None:
+        with self.store.lock:
+            self.store.objects[self.key] = (data, uuid.uuid4().hex)
+
+
+def _record(**fields: Any) -> bytes:
+    return json.dumps({"purpose": "run", "holder": "other", **fields}).encode()
+
+
+@pytest.fixture
+def where() -> FakeLocation:
+    return FakeLocation(FakeStore())
+
+
+def _take(where: FakeLocation, ttl_s: float = lease.MIN_TTL_S) -> lease.Lease:
+    return lease.take(where, "op", "me", ttl_s)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("ttl", [0, -1, float("nan"), float("inf"), 1e9, 0.5])
+def test_a_lease_time_out_of_bounds_is_refused(where: FakeLocation, ttl: float) -> None:
+    with pytest.raises(ValueError, match="a lease lasts"):
+        _take(where, ttl)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"not json",
+        b"[1, 2]",
+        _record(generation="x", renewed_s="soon", ttl_s="long"),
+        _record(generation=4, renewed_s=float("nan"), ttl_s=float("nan")),
+        _record(generation=4, renewed_s=time.time(), ttl_s=-1),  # would be taken at once
+        _record(generation=4, renewed_s=time.time() + 3600, ttl_s=1),  # a clock ahead
+    ],
+    ids=["not-json", "a-list", "wrong-types", "nan", "negative-ttl", "clock-ahead"],
+)
+def test_a_record_that_does_not_say_when_it_expires_is_watched_then_taken(
+    where: FakeLocation, raw: bytes
+) -> None:
+    where.put_raw(raw)
+    started = time.monotonic()
+    held = _take(where)
+    try:
+        assert time.monotonic() - started >= lease.MIN_TTL_S  # watched, not taken at once
+        assert held.generation >= 1
+        if b'"generation": 4' in raw:
+            assert held.generation == 5  # never backwards
+    finally:
+        held.release()
+
+
+def test_a_huge_lease_time_in_a_record_is_bounded(where: FakeLocation) -> None:
+    where.put_raw(_record(generation=1, renewed_s=time.time() - 2 * lease.MAX_TTL_S, ttl_s=1e12))
+    watched: list[float] = []
+    real_watch = lease._watch
+    lease._watch = lambda loc, seen, ttl: watched.append(ttl)  # type: ignore[assignment]
+    try:
+        _take(where).release()
+    finally:
+        lease._watch = real_watch
+    assert watched == [lease.MAX_TTL_S]
+
+
+def test_a_stale_looking_lease_renewed_during_the_watch_stays_busy(where: FakeLocation) -> None:
+    where.put_raw(_record(generation=2, renewed_s=time.time() - 60, ttl_s=2))
+    stop = threading.Event()
+
+    def renew() -> None:  # a live holder whose clock is behind ours
+        while not stop.wait(0.3):
+            where.put_raw(_record(generation=2, renewed_s=time.time() - 60, ttl_s=2))
+
+    renewer = threading.Thread(target=renew)
+    renewer.start()
+    try:
+        with pytest.raises(lease.LeaseError, match="renewed while this taker waited"):
+            _take(where, 2)
+    finally:
+        stop.set()
+        renewer.join()
+
+
+def test_a_create_whose_answer_was_lost_is_ours(where: FakeLocation) -> None:
+    where.lose_create_answer = True
+    held = _take(where)
+    assert held.generation == 1
+    held.check()
+    held.release()
+    assert json.loads(where.read_bytes())["released"] is True
+
+
+def test_a_release_waits_for_a_renewal_under_way(where: FakeLocation) -> None:
+    held = _take(where)
+    real_update = where.update
+
+    def slow_update(data: bytes, etag: str) -> Stat:
+        time.sleep(0.2)
+        return real_update(data, etag)
+
+    where.update = slow_update  # type: ignore[method-assign]
+    time.sleep(lease.MIN_TTL_S / lease.RENEWALS_PER_TTL + 0.05)  # a renewal has started
+    held.release()
+    assert json.loads(where.read_bytes())["released"] is True
