@@ -148,7 +148,7 @@ def main() -> None:
         sent = produce_at(config, args.rate, args.warm_up)  # Spark's first batches are cold
         since = time.time()
         sent += produce_at(config, args.rate, args.seconds)
-        ledger_path = settings.warehouse / "user_clicks" / "_ledger"
+        ledger_path = Path(settings.warehouse / "user_clicks" / "_ledger")
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             rows = DeltaTable(str(ledger_path)).to_pyarrow_table().to_pylist()

@@ -27,6 +27,7 @@ from jobs.pipeline import load_pipeline
 from jobs.settings import load_settings
 from jobs.streaming.run import run_pipeline
 from jobs.streaming.spark import get_spark
+from jobs.warehouse import Location
 
 
 def p99(values: list[float]) -> float:
@@ -36,7 +37,10 @@ def p99(values: list[float]) -> float:
 
 def disk(root: Path) -> tuple[int, int]:
     """(parquet files of every table, all files under the application)."""
-    tables = sum(files_on_disk(root / t) for t in ("state", "changelog", "dead_letter", "_ledger"))
+    tables = sum(
+        files_on_disk(Location.local_path(root / t))
+        for t in ("state", "changelog", "dead_letter", "_ledger")
+    )
     return tables, sum(1 for p in root.rglob("*") if p.is_file())
 
 
@@ -63,7 +67,7 @@ def main() -> None:
             reader_grace_hours=0,
         )
         spark = get_spark("local[2]", "benchmark-soak")
-        root = settings.warehouse / pipeline.application_id
+        root = Path(settings.warehouse / pipeline.application_id)
         for round_ in range(args.batches // args.every):
             now = int(time.time())
             events = (

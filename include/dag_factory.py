@@ -26,7 +26,6 @@ from __future__ import annotations
 import logging
 import re
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any, NoReturn
 
 from airflow.providers.standard.operators.python import PythonOperator
@@ -36,6 +35,7 @@ from jobs.dimension import Dimension, load_each_dimension
 from jobs.errors import ConfigError
 from jobs.pipeline import DIMENSIONS_DIR, Pipeline, load_each_pipeline
 from jobs.settings import Settings, load_settings
+from jobs.warehouse import Location
 from platform_airflow.operators import PlatformJobOperator
 from platform_airflow.sensors import ApplicationHealthSensor
 
@@ -62,7 +62,7 @@ def table_assets(pipeline: Pipeline, settings: Settings) -> list[Asset]:
     ]
 
 
-def dimension_asset(table: Path, settings: Settings) -> Asset:
+def dimension_asset(table: Location, settings: Settings) -> Asset:
     """A Delta table pipelines enrich from: ``dims.<name>`` for the warehouse's
     ``dims/<name>`` (what ``dimension_<name>`` keeps), else named by its path. (No
     application's Asset has a '.' in its name.)"""
@@ -76,7 +76,7 @@ def enrichment_doc(pipeline: Pipeline, settings: Settings) -> tuple[str, list[As
     """What a stream DAG says about the tables it reads, and their Assets."""
     assets, lines = [], []
     for e in pipeline.enrich:
-        table = Path(e.path(settings.warehouse))
+        table = Location.parse(e.path(settings.warehouse), f"enrich {e.name}'s table")
         asset = dimension_asset(table, settings)
         assets.append(asset)
         kept = asset.name.startswith(DIMENSIONS_DIR + ".")

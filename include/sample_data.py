@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             categories = parse_categories(args.category)
         except ValueError as exc:
             parser.error(str(exc))
-        out = args.out or settings.warehouse / "incoming" / "merchants.jsonl"
+        out = args.out or (settings.warehouse / "incoming" / "merchants.jsonl").path
         written = write_merchants(out, categories, args.seed)
         print(f"wrote {written} merchants to {out}")
         return 0

@@ -26,7 +26,7 @@ from jobs.errors import (
 )
 from jobs.lock import LockedError
 from jobs.pipeline import Pipeline, load_pipeline
-from jobs.settings import Settings, bootstrap_servers, load_settings
+from jobs.settings import Settings, bootstrap_servers, load_settings, warehouse_location
 
 METRICS_EXPORTER_PORT = 9464  # the exporter's default port
 
@@ -221,7 +221,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         )
     warehouse = getattr(args, "warehouse", None)
     if warehouse is not None:
-        settings = replace(settings, warehouse=warehouse.resolve())
+        settings = replace(settings, warehouse=warehouse_location(str(warehouse), "--warehouse"))
     return settings
 
 

@@ -25,7 +25,6 @@ import json
 import logging
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -35,7 +34,7 @@ from deltalake import CommitProperties, DeltaTable
 
 from jobs.coverage import Boundary, History, Pin, origin
 from jobs.delta import layout as tables
-from jobs.delta.layout import AppLayout, file_path
+from jobs.delta.layout import AppLayout, file_location
 from jobs.delta.log import commit_infos
 from jobs.delta.writer import bump_epoch
 from jobs.errors import ConfigError, ConsistencyError, SourceError
@@ -52,6 +51,7 @@ from jobs.ledger import (
     unfinished_epochs,
 )
 from jobs.pipeline import Pipeline, definition_changes, shape_changes
+from jobs.warehouse import Location
 
 log = logging.getLogger(__name__)
 Offsets = kafka_offsets.Offsets
@@ -101,20 +101,22 @@ class Cut:
         return kafka_offsets.from_json_dict(self.starting_offsets)
 
 
-def cut_file(layout: AppLayout, epoch: int) -> Path:
+def cut_file(layout: AppLayout, epoch: int) -> Location:
     return layout.checkpoints / f"epoch={epoch}.json"
 
 
-def seed_file(layout: AppLayout, epoch: int) -> Path:
+def seed_file(layout: AppLayout, epoch: int) -> Location:
     return layout.checkpoints / f"epoch={epoch}.seed.parquet"
 
 
 def read_cut(layout: AppLayout, epoch: int) -> Cut | None:
     path = cut_file(layout, epoch)
-    if not path.exists():
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
         return None
     try:
-        data: dict[str, Any] = json.loads(path.read_text())
+        data: dict[str, Any] = json.loads(text)
         cut = Cut(
             epoch=int(data["epoch"]),
             starting_offsets=data["starting_offsets"],
@@ -257,11 +259,8 @@ def _highest_version(layout: AppLayout) -> int:
 
 
 def write_cut(layout: AppLayout, cut: Cut) -> None:
-    path = cut_file(layout, cut.epoch)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(cut.to_json())
-    tmp.rename(path)  # atomic: a crash leaves either no file or a whole one
+    # Whole: a crash leaves either no file or a whole one.
+    cut_file(layout, cut.epoch).write_text(cut.to_json())
 
 
 def starting_offsets(
@@ -330,7 +329,7 @@ def _check_kept(start: Offsets, marks: kafka_offsets.Watermarks, what: str) -> N
         )
 
 
-def fenced_tables(layout: AppLayout, pipeline: Pipeline) -> list[Path]:
+def fenced_tables(layout: AppLayout, pipeline: Pipeline) -> list[Location]:
     """Every table of the application, in fencing order: the ledger first, so that no
     batch of an older epoch can complete once a bump has started."""
     names = [tables.LEDGER] + [n for n in tables.table_names(pipeline) if n != tables.LEDGER]
@@ -499,13 +498,13 @@ def log_floor(layout: AppLayout, snap: LedgerSnapshot | None = None) -> Boundary
     )
 
 
-def loadable(table: Path, version: int) -> bool:
+def loadable(table: Location, version: int) -> bool:
     """Whether ``table`` at ``version`` can be read: its log and every data file."""
     try:
         files = DeltaTable(str(table), version=version).file_uris()
     except Exception:
         return False
-    return all(file_path(uri).exists() for uri in files)
+    return all(file_location(uri).stat() is not None for uri in files)
 
 
 def table_id(table: str, version: int | None = None) -> str | None:
@@ -545,7 +544,7 @@ def check_readable(application_id: str, name: str, path: str, pins: set[Pin | No
                     f"{found} there now: it was deleted and loaded again), so version "
                     f"{pin.version} is not what they read" + repair
                 )
-        if not loadable(Path(where), pin.version):
+        if not loadable(Location.parse(where, "a dimension table"), pin.version):
             raise ConfigError(
                 f"{application_id}: enrich {name}: {where} version {pin.version}, which a "
                 "replay joins (the version recorded by the batches that judged its records, "
@@ -634,8 +633,10 @@ def apply_cut(
     return remove_orphans(layout, pipeline, cut.epoch, props, unfinished)
 
 
-def write_seed(rows: pa.Table, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    pq.write_table(rows, tmp)
-    tmp.rename(path)  # a crash leaves no half-written seed
+def write_seed(rows: pa.Table, path: Location) -> None:
+    landing = path.landing()  # a crash leaves no half-written seed
+    try:
+        pq.write_table(rows, landing.path)
+        landing.land()
+    finally:
+        landing.discard()

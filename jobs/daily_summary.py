@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from deltalake import DeltaTable as RsDeltaTable
@@ -32,6 +31,7 @@ from jobs.delta.layout import AppLayout
 from jobs.errors import ConfigError, ConsistencyError
 from jobs.pipeline import Pipeline
 from jobs.settings import Settings
+from jobs.warehouse import Location
 
 log = logging.getLogger(__name__)
 SUFFIX = "_daily"
@@ -39,7 +39,7 @@ TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 
 
-def summary_path(settings: Settings, pipeline: Pipeline) -> Path:
+def summary_path(settings: Settings, pipeline: Pipeline) -> Location:
     return settings.warehouse / f"{pipeline.application_id}{SUFFIX}"
 
 
@@ -47,7 +47,7 @@ def txn_app_id(pipeline: Pipeline) -> str:
     return f"{pipeline.application_id}/daily_summary"
 
 
-def summarized_version(path: Path, pipeline: Pipeline) -> int | None:
+def summarized_version(path: Location, pipeline: Pipeline) -> int | None:
     """The state version the summary covers (its Delta marker), or None."""
     if not RsDeltaTable.is_deltatable(str(path)):
         return None
@@ -72,7 +72,9 @@ def daily_rows(pipeline: Pipeline, state: DataFrame, version: int) -> DataFrame:
     )
 
 
-def touched_days(spark: SparkSession, state_path: Path, after: int, until: int) -> list[Any] | None:
+def touched_days(
+    spark: SparkSession, state_path: Location, after: int, until: int
+) -> list[Any] | None:
     """The days of the state rows that versions ``after+1..until`` changed, from the
     change data feed; None when the feed no longer covers them (then every day is
     recomputed: exact, only slower)."""
@@ -82,7 +84,7 @@ def touched_days(spark: SparkSession, state_path: Path, after: int, until: int) 
             .option("readChangeFeed", "true")
             .option("startingVersion", after + 1)
             .option("endingVersion", until)
-            .load(str(state_path))
+            .load(state_path.spark_uri)
         )
         return [row[0] for row in changes.select(F.to_date("window_start")).distinct().collect()]
     except Exception as exc:  # versions vacuumed or the log dropped below them
@@ -90,7 +92,7 @@ def touched_days(spark: SparkSession, state_path: Path, after: int, until: int) 
         return None
 
 
-def check_summarizable(pipeline: Pipeline, settings: Settings) -> Path:
+def check_summarizable(pipeline: Pipeline, settings: Settings) -> Location:
     """The state table to summarize; refused before Spark starts when there is none."""
     app = pipeline.application_id
     if pipeline.window is None:
@@ -115,7 +117,7 @@ def summarize(
     if done is not None and done >= current:
         echo(f"daily summary of {app}: up to date with state version {current}")
         return {"state_version": current, "days": 0, "skipped": True}
-    state = spark.read.format("delta").option("versionAsOf", current).load(str(state_path))
+    state = spark.read.format("delta").option("versionAsOf", current).load(state_path.spark_uri)
     days = None if done is None else touched_days(spark, state_path, done, current)
     if days is not None:
         state = state.where(F.to_date("window_start").isin(days))
@@ -124,7 +126,10 @@ def summarize(
     from delta.tables import DeltaTable
 
     table = (
-        DeltaTable.createIfNotExists(spark).location(str(target)).addColumns(rows.schema).execute()
+        DeltaTable.createIfNotExists(spark)
+        .location(target.spark_uri)
+        .addColumns(rows.schema)
+        .execute()
     )
     gone = F.lit(True) if days is None else F.col("t.day").isin(days)
     merge = (

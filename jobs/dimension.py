@@ -35,6 +35,7 @@ from jobs.pipeline import (
     parse_columns,
 )
 from jobs.settings import load_settings, size_text
+from jobs.warehouse import Location
 
 log = logging.getLogger(__name__)
 CORRUPT = "_corrupt_record"
@@ -54,13 +55,13 @@ class Dimension:
     columns: dict[str, str]  # column -> Spark SQL type (normalized)
     schedule_minutes: int | None  # None: only when triggered
 
-    def table(self, warehouse: Path) -> Path:
+    def table(self, warehouse: Location) -> Location:
         return warehouse / DIMENSIONS_DIR / self.name
 
-    def source_file(self, warehouse: Path) -> Path:
+    def source_file(self, warehouse: Location) -> Location:
         if self.source.startswith(WAREHOUSE + "/"):
             return warehouse / self.source[len(WAREHOUSE) + 1 :]
-        return Path(self.source)
+        return Location.parse(self.source, f"dimension {self.name}'s source")
 
     def ddl(self) -> str:
         return ", ".join(f"`{c}` {kind}" for c, kind in self.columns.items())
@@ -121,7 +122,7 @@ def load_each_dimension(dimensions_dir: Path) -> tuple[list[Dimension], dict[str
     return load_each(dimensions_dir, load_dimension)
 
 
-def refresh(spark: SparkSession, dimension: Dimension, warehouse: Path) -> Refreshed:
+def refresh(spark: SparkSession, dimension: Dimension, warehouse: Location) -> Refreshed:
     """Read the file, check it, and commit it as the table's next version when its
     rows differ from the current version's."""
     source = dimension.source_file(warehouse)
@@ -133,9 +134,9 @@ def refresh(spark: SparkSession, dimension: Dimension, warehouse: Path) -> Refre
         rows.unpersist()
 
 
-def read_checked(spark: SparkSession, dimension: Dimension, source: Path) -> DataFrame:
+def read_checked(spark: SparkSession, dimension: Dimension, source: Location) -> DataFrame:
     """The file's rows (cached), each line parsed into the columns, one per key."""
-    if not source.is_file():
+    if source.stat() is None:
         raise ConfigError(
             f"dimension {dimension.name}: no source file {source} "
             "(the sample: python -m include.sample_data merchants)"
@@ -144,7 +145,7 @@ def read_checked(spark: SparkSession, dimension: Dimension, source: Path) -> Dat
         spark.read.schema(f"{dimension.ddl()}, {CORRUPT} string")
         .option("mode", "PERMISSIVE")
         .option("columnNameOfCorruptRecord", CORRUPT)
-        .json(str(source))
+        .json(source.spark_uri)
         .cache()
     )
     try:
@@ -196,15 +197,15 @@ def _checked(rows: DataFrame, dimension: Dimension, where: str) -> DataFrame:
 
 
 def _commit(
-    spark: SparkSession, dimension: Dimension, warehouse: Path, data: DataFrame, count: int
+    spark: SparkSession, dimension: Dimension, warehouse: Location, data: DataFrame, count: int
 ) -> Refreshed:
     where = f"dimension {dimension.name}: {dimension.source_file(warehouse)}"
     table = dimension.table(warehouse)
-    target = "delta.`" + str(table).replace("`", "``") + "`"
+    target = "delta.`" + table.spark_uri.replace("`", "``") + "`"
     if not (table / "_delta_log").is_dir():
-        data.write.format("delta").save(str(table))
+        data.write.format("delta").save(table.spark_uri)
         return Refreshed(0, count, True)
-    current = spark.read.format("delta").load(str(table))
+    current = spark.read.format("delta").load(table.spark_uri)
     changed_types = [
         f"{f.name} ({current.schema[f.name].dataType.simpleString()} -> "
         f"{f.dataType.simpleString()})"
@@ -225,7 +226,9 @@ def _commit(
     if same_columns and not differ(current.select(*data.columns), data):
         log.info("%s: unchanged (version %d)", dimension.name, version)
         return Refreshed(version, count, False)
-    data.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(str(table))
+    data.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(
+        table.spark_uri
+    )
     return Refreshed(newest_version(spark, target), count, True)
 
 

@@ -1,10 +1,13 @@
-"""One writer per application: an exclusive lock every run and operation holds.
+"""One writer per application: an exclusive hold every run and operation takes.
 
 Airflow pools cannot see a ``spark-submit`` started by hand, so the platform
-itself decides: ``<warehouse>/<application_id>/_lock`` is locked with ``flock``
-for as long as a run or a maintenance operation works on the application. The
-kernel drops the lock when the holder dies, so a crash never leaves it stuck. The
-file names the holder, and a refused run says who it is.
+itself decides. On a local warehouse ``<warehouse>/<application_id>/_lock`` is
+locked with ``flock`` for as long as a run or a maintenance operation works on
+the application: the kernel drops the lock when the holder dies, so a crash never
+leaves it stuck. On object storage, shared by machines that share nothing else,
+the hold is a lease (``jobs/lease.py``), ``<application_id>/_lease``. Either names
+its holder, and a refused run says who it is. A holder ``check``s before each
+commit (a lease can be lost; a ``flock`` cannot).
 """
 
 from __future__ import annotations
@@ -17,10 +20,12 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+from jobs import lease
 from jobs.delta.layout import AppLayout
 from jobs.errors import PlatformError
+from jobs.warehouse import Location
 
 
 class LockedError(PlatformError):
@@ -28,7 +33,7 @@ class LockedError(PlatformError):
 
 
 def lock_path(layout: AppLayout) -> Path:
-    return layout.root / "_lock"
+    return layout.root.path / "_lock"
 
 
 # ``holder`` probes by taking the lock for an instant: a taker that meets a probe
@@ -48,8 +53,26 @@ def _read_info(handle: Any) -> dict[str, Any]:
     return info if isinstance(info, dict) and info else {"purpose": "unknown"}
 
 
+class Holding(Protocol):
+    def check(self) -> None:
+        """Raise when this holder may no longer commit."""
+
+
+class _Flocked:
+    """A ``flock`` is held until this process ends or lets it go."""
+
+    def check(self) -> None:
+        return None
+
+
+def lease_location(layout: AppLayout) -> Location:
+    return layout.root / lease.LEASE
+
+
 def holder(layout: AppLayout) -> dict[str, Any] | None:
     """Who holds the application now, or None."""
+    if layout.root.is_s3:
+        return lease.current(lease_location(layout))
     path = lock_path(layout)
     if not path.exists():
         return None
@@ -71,9 +94,19 @@ def describe(info: dict[str, Any]) -> str:
 
 
 @contextmanager
-def application_lock(layout: AppLayout, purpose: str) -> Iterator[None]:
+def application_lock(layout: AppLayout, purpose: str) -> Iterator[Holding]:
     """Hold the application exclusively, or raise LockedError naming the holder."""
-    layout.root.mkdir(parents=True, exist_ok=True)
+    if layout.root.is_s3:
+        try:
+            held = lease.take(lease_location(layout), purpose, _user())
+        except lease.LeaseError as exc:
+            raise LockedError(str(exc)) from None
+        try:
+            yield held
+        finally:
+            held.release()
+        return
+    layout.root.path.mkdir(parents=True, exist_ok=True)
     handle = open(lock_path(layout), "a+")  # noqa: SIM115 - held for the whole block
     try:
         deadline = time.monotonic() + PROBE_GRACE_S
@@ -92,16 +125,20 @@ def application_lock(layout: AppLayout, purpose: str) -> Iterator[None]:
             "purpose": purpose,
             "pid": os.getpid(),
             "host": socket.gethostname(),
-            "user": os.environ.get("AIRFLOW_CTX_DAG_OWNER") or _os_user(),
+            "user": _user(),
             "since": time.time(),
         }
         handle.seek(0)
         handle.truncate()
         handle.write(json.dumps(info))
         handle.flush()
-        yield
+        yield _Flocked()
     finally:
         handle.close()  # releases the lock
+
+
+def _user() -> str:
+    return os.environ.get("AIRFLOW_CTX_DAG_OWNER") or _os_user()
 
 
 def _os_user() -> str:

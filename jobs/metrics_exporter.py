@@ -18,7 +18,6 @@ import time
 from collections import Counter as Tally
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
@@ -32,6 +31,7 @@ from jobs.delta import layout as tables
 from jobs.errors import ConfigError, PlatformError
 from jobs.pipeline import APPLICATION_ID, load_pipeline
 from jobs.settings import Settings
+from jobs.warehouse import Location
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ class LedgerCollector(Collector):
         # the same new files.
         self._lock = threading.Lock()
 
-    def applications(self) -> list[tuple[str, Path]]:
+    def applications(self) -> list[tuple[str, Location]]:
         root = self.settings.warehouse
         if not root.is_dir():
             return []
@@ -101,17 +101,17 @@ class LedgerCollector(Collector):
             and DeltaTable.is_deltatable(str(path / tables.LEDGER))
         ]
 
-    def read(self, application: str, ledger: Path) -> LedgerTotals:
+    def read(self, application: str, ledger: Location) -> LedgerTotals:
         files = set(DeltaTable(str(ledger)).file_uris())
         totals = self.totals.get(application)
         if totals is None or not totals.files <= files:
             totals = LedgerTotals()  # new, or compacted since: from scratch
         for uri in sorted(files - totals.files):
-            path = tables.file_path(uri)
-            present = set(pq.read_schema(path).names)  # older files lack newer columns
-            totals.add(
-                pq.read_table(path, columns=[c for c in COLUMNS if c in present]).to_pylist()
-            )
+            with tables.file_location(uri).open_reader() as handle:
+                present = set(pq.read_schema(handle).names)  # older files lack newer columns
+                totals.add(
+                    pq.read_table(handle, columns=[c for c in COLUMNS if c in present]).to_pylist()
+                )
             totals.files.add(uri)
         self.totals[application] = totals
         return totals

@@ -21,6 +21,7 @@ import yaml
 
 from jobs import sql_text
 from jobs.errors import ConfigError
+from jobs.warehouse import Location
 
 APPLICATION_ID = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 FIELD_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,127}$")
@@ -124,7 +125,7 @@ class Enrichment:
     table_key: str  # a column of the table
     missing: MissingRow = "dead_letter"  # a record whose key has no row; keep: NULL
 
-    def path(self, warehouse: Path) -> str:
+    def path(self, warehouse: Location) -> str:
         if self.table.startswith(WAREHOUSE + "/"):
             return str(warehouse / self.table[len(WAREHOUSE) + 1 :])
         return self.table

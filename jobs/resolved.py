@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -45,6 +43,7 @@ from jobs.pipeline import (
     stored_column,
 )
 from jobs.snapshot import RECORDS, contribution, sketch_input
+from jobs.warehouse import Location
 
 
 @dataclass(frozen=True)
@@ -210,7 +209,7 @@ def _value_type(pipeline: Pipeline, columns: Mapping[str, str | None], name: str
     raise KeyError(name)
 
 
-def stored_file(layout: AppLayout, version: int) -> Path:
+def stored_file(layout: AppLayout, version: int) -> Location:
     return layout.checkpoints / f"pipeline-v{version}.json"
 
 
@@ -226,12 +225,9 @@ def store(layout: AppLayout, resolved: Resolved) -> None:
     if isinstance(before, dict) and before.get("definition") == resolved.pipeline.definition:
         origin = f"{resolved.application_id} version {resolved.pipeline.version}"
         sql_settings.check_recorded(origin, before.get("sql_settings") or {})
-    if path.exists() and path.read_text() == text:
+    if path.stat() is not None and path.read_text() == text:
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staged = path.with_suffix(".json.tmp")
-    staged.write_text(text)
-    os.replace(staged, path)
+    path.write_text(text)  # whole
 
 
 def load(layout: AppLayout, pipeline: Pipeline) -> Resolved:

@@ -93,7 +93,7 @@ class DriverError(PlatformError):
 
 
 def token_file(settings: Settings, port: int) -> Path:
-    return settings.warehouse / "_driver" / f"token-{port}"
+    return settings.warehouse.path / "_driver" / f"token-{port}"
 
 
 def driver_token(settings: Settings, port: int, given: str | None) -> tuple[str, Path | None]:

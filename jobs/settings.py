@@ -16,6 +16,7 @@ from pathlib import Path
 
 from jobs import kafka_settings
 from jobs.errors import ConfigError
+from jobs.warehouse import Location
 
 ENV_PREFIX = "PLATFORM_"
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -27,7 +28,7 @@ KAFKA_CLIENT_ENV_PREFIX = ENV_PREFIX + "KAFKA_"
 @dataclass(frozen=True)
 class Settings:
     bootstrap_servers: str
-    warehouse: Path
+    warehouse: Location
     spark_master: str
     spark_driver_memory: str
     # The Python that executors run (None: the driver's own on local masters,
@@ -62,6 +63,12 @@ class Settings:
     # How long a continuous run waits for Kafka to answer again before it stops
     # (``jobs/streaming/outage.py``; 0: it stops at once).
     outage_wait_s: int = 300
+
+    def __post_init__(self) -> None:
+        # A Path or text given (``dataclasses.replace(settings, warehouse=path)``) is
+        # parsed as the environment's value is.
+        if not isinstance(self.warehouse, Location):
+            object.__setattr__(self, "warehouse", warehouse_location(str(self.warehouse)))
 
     @property
     def scheduled_driver_url(self) -> str | None:
@@ -178,7 +185,7 @@ def load_settings() -> Settings:
             _env("BOOTSTRAP_SERVERS", f"127.0.0.1:{broker_port}"),
             ENV_PREFIX + "BOOTSTRAP_SERVERS",
         ),
-        warehouse=_directory("WAREHOUSE", REPO_ROOT / "warehouse").resolve(),
+        warehouse=warehouse_location(_env("WAREHOUSE", str(REPO_ROOT / "warehouse"))),
         spark_master=_spark_master(_env("SPARK_MASTER", "local[2]")),
         spark_driver_memory=_memory(_env("SPARK_DRIVER_MEMORY", "2g"), "SPARK_DRIVER_MEMORY"),
         spark_python=_env("SPARK_PYTHON", "").strip() or None,
@@ -219,6 +226,21 @@ def bootstrap_servers(raw: str, what: str) -> str:
     if not found or not all(f is not None and _port_number(f["port"]) for f in found):
         raise refused(what, "HOST:PORT[,HOST:PORT] with ports 1-65535", raw)
     return ",".join(entries)
+
+
+def warehouse_location(raw: str, name: str = ENV_PREFIX + "WAREHOUSE") -> Location:
+    """The warehouse: a local folder (it may not exist yet; a file there is no
+    folder) or s3://bucket/prefix."""
+    if not raw.strip() or (os.path.exists(raw) and not os.path.isdir(raw)):
+        raise refused(name, "the path of a directory or s3://bucket/prefix", raw)
+    found = Location.parse(raw, name)
+    if found.is_s3:
+        raise ConfigError(
+            f"{name} {raw!r}: runs, operations and DAGs on object storage are not available "
+            "yet (the store's own tools are: python -m jobs storage start|status|check); use "
+            "a local folder"
+        )
+    return found
 
 
 def _directory(name: str, default: Path) -> Path:

@@ -318,7 +318,7 @@ def _check_checkpoint(
         problems.append(f"the checkpoint is unreadable: {exc}")
         return "rebuild"
     state_dir = checkpoint / "state"
-    if commits and (not state_dir.is_dir() or not any(state_dir.rglob("*"))):
+    if commits and not state_dir.all_files():
         problems.append(
             f"Spark's state store under {state_dir} is empty but the ledger has "
             f"{batches}: the aggregation would restart from nothing"

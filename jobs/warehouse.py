@@ -29,16 +29,18 @@ failing request is retried with backoff (obstore's retries: 10 attempts within
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import re
 import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, BinaryIO, Literal
 
 from jobs.errors import ConfigError, PlatformError
 
@@ -53,8 +55,10 @@ BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 # escapes its bucket), no control characters, and none of '%', '#', '?' and '\',
 # which the stores' URL parsers read as escapes or delimiters ('%2E%2E' is '..').
 KEY_PART = re.compile(r"(?!\.{1,2}\Z)[^\x00-\x1f\x7f/%#?\\]+")
-# The temporary files of a local write in progress (``_LocalFiles._temporary``).
-LOCAL_TEMPORARY = re.compile(r"\..+\.[0-9a-f]{12}\.tmp")
+
+# A local folder's or file's name: any but '.', '..', '/' and NUL (a local
+# warehouse's names are data: spaces, '#', '%', Unicode).
+LOCAL_PART = re.compile(r"(?!\.{1,2}\Z)[^\x00/]+")
 RETRY_TIMEOUT = timedelta(minutes=3)
 
 
@@ -150,12 +154,23 @@ class Location:
         return Location(self.uri.rstrip("/").rsplit("/", 1)[0] or "/")
 
     def __truediv__(self, name: str) -> Location:
-        if not all(KEY_PART.fullmatch(p) for p in name.split("/")):
+        part = KEY_PART if self.is_s3 else LOCAL_PART
+        if not all(part.fullmatch(p) for p in name.split("/")):
             raise ValueError(f"invalid name {name!r} under {self.uri}")
         return Location(f"{self.uri.rstrip('/')}/{name}")
 
     def __str__(self) -> str:
         return self.uri
+
+    def __fspath__(self) -> str:
+        """A local location is a path to ``open`` and pyarrow; an S3 one never is."""
+        if self.is_s3:
+            raise TypeError(f"{self.uri} is not a local path: reach it through jobs/warehouse.py")
+        return self.uri
+
+    def as_uri(self) -> str:
+        """A URI naming it (a local path escaped as ``file://``)."""
+        return self.uri if self.is_s3 else self.path.as_uri()
 
     @property
     def spark_uri(self) -> str:
@@ -187,6 +202,15 @@ class Location:
         """What is directly in this folder, files and folders, sorted; [] if none."""
         return sorted(_backend(self).children(self))
 
+    def all_files(self) -> list[Location]:
+        """Every file under this folder, however deep, sorted."""
+        return sorted(_backend(self).all_files(self))
+
+    def files(self) -> list[tuple[Location, Stat]]:
+        """The files directly in this folder with their size and time, sorted, from
+        one listing (no request per file on S3)."""
+        return sorted(_backend(self).files(self), key=lambda found: found[0])
+
     # -- writes --------------------------------------------------------------
 
     def write_bytes(self, data: bytes) -> None:
@@ -205,9 +229,29 @@ class Location:
         otherwise (someone else wrote it, or it is gone)."""
         return _backend(self).update(self, data, etag)
 
+    def open_reader(self) -> BinaryIO:
+        """The file for reading, seekable (a Parquet footer is read from its end)."""
+        return _backend(self).open_reader(self)
+
+    def landing(self) -> Landing:
+        """A local file to write this location's content into, which ``land``
+        puts here whole (renamed beside it locally; uploaded from this machine's
+        temporary folder to S3, in parts when large) and ``discard`` removes."""
+        if self.is_s3:
+            handle, name = tempfile.mkstemp(prefix="landing-", suffix=".tmp")
+            os.close(handle)
+            return Landing(self, Path(name))
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        return Landing(self, self.path.parent / f".{self.name}.{uuid.uuid4().hex[:12]}.tmp")
+
     def copy_to(self, target: Location) -> None:
         """Copy this file to ``target`` (replacing it), stamped now."""
         _backend(self).copy(self, target)
+
+    def move_to(self, target: Location) -> None:
+        """Move this file to ``target`` (replacing it), stamped now: a rename
+        locally, a server-side copy and a delete on S3."""
+        _backend(self).move(self, target)
 
     def delete(self) -> None:
         """Remove the file; nothing happens when there is none."""
@@ -216,6 +260,20 @@ class Location:
     def delete_tree(self) -> None:
         """Remove everything under this folder."""
         _backend(self).delete_tree(self)
+
+
+@dataclass(frozen=True)
+class Landing:
+    """A file being written on this machine before it lands at ``target``."""
+
+    target: Location
+    path: Path
+
+    def land(self) -> None:
+        _backend(self.target).land(self.path, self.target)
+
+    def discard(self) -> None:
+        self.path.unlink(missing_ok=True)
 
 
 class _LocalFiles:
@@ -244,8 +302,19 @@ class _LocalFiles:
         if not loc.path.is_dir():
             return
         for child in loc.path.iterdir():
-            if not LOCAL_TEMPORARY.fullmatch(child.name):  # a write still in progress
-                yield Location(str(child))
+            yield Location(str(child))
+
+    @staticmethod
+    def all_files(loc: Location) -> Iterator[Location]:
+        for found in loc.path.rglob("*"):
+            if found.is_file():
+                yield Location(str(found))
+
+    def files(self, loc: Location) -> Iterator[tuple[Location, Stat]]:
+        for child in self.children(loc):
+            found = self.stat(child)
+            if found is not None:
+                yield child, found
 
     @staticmethod
     def _temporary(loc: Location, data: bytes) -> Path:
@@ -281,11 +350,25 @@ class _LocalFiles:
         )
 
     @staticmethod
+    def open_reader(loc: Location) -> BinaryIO:
+        return open(loc.path, "rb")
+
+    @staticmethod
+    def land(local: Path, target: Location) -> None:
+        os.replace(local, target.path)  # beside it: the same file system
+
+    @staticmethod
     def copy(source: Location, target: Location) -> None:
         target.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.path.parent / f".{target.name}.{uuid.uuid4().hex[:12]}.tmp"
         shutil.copyfile(source.path, tmp)
         os.replace(tmp, target.path)  # a new file: its time is now
+
+    @staticmethod
+    def move(source: Location, target: Location) -> None:
+        target.path.parent.mkdir(parents=True, exist_ok=True)
+        os.utime(source.path)  # stamped first: it never shows at target with an old time
+        os.replace(source.path, target.path)
 
     @staticmethod
     def delete(loc: Location) -> None:
@@ -348,6 +431,25 @@ class _S3Objects:
         for meta in found["objects"]:
             yield Location(f"{root}/{meta['path']}")
 
+    def all_files(self, loc: Location) -> Iterator[Location]:
+        import obstore
+
+        prefix = f"{loc.key}/" if loc.key else None
+        with _failures(loc, "list"):
+            for chunk in obstore.list(self._store(loc), prefix, chunk_size=1000):
+                for meta in chunk:
+                    yield Location(f"s3://{loc.bucket}/{meta['path']}")
+
+    def files(self, loc: Location) -> Iterator[tuple[Location, Stat]]:
+        import obstore
+
+        prefix = f"{loc.key}/" if loc.key else None
+        with _failures(loc, "list"):
+            found = obstore.list_with_delimiter(self._store(loc), prefix)
+        for meta in found["objects"]:
+            stat = Stat(meta["size"], meta["last_modified"].timestamp(), meta["e_tag"])
+            yield Location(f"s3://{loc.bucket}/{meta['path']}"), stat
+
     def write(self, loc: Location, data: bytes) -> None:
         import obstore
 
@@ -380,6 +482,28 @@ class _S3Objects:
             raise ChangedError(f"{loc} is no longer version {etag}") from None
         return Stat(len(data), _now_s(), done["e_tag"])
 
+    def open_reader(self, loc: Location) -> BinaryIO:
+        import obstore
+        from obstore.exceptions import NotFoundError
+
+        try:
+            with _failures(loc, "read"):
+                raw = _SeekableReader(obstore.open_reader(self._store(loc), loc.key))
+        except (FileNotFoundError, NotFoundError):
+            raise FileNotFoundError(loc.uri) from None
+        return io.BufferedReader(raw, buffer_size=256 * 1024)  # type: ignore[return-value]
+
+    def land(self, local: Path, target: Location) -> None:
+        import obstore
+
+        try:
+            with _failures(target, "write"):
+                # One request, or a multipart upload for a large file: the object
+                # appears only when it is complete.
+                obstore.put(self._store(target), target.key, local)
+        finally:
+            local.unlink(missing_ok=True)
+
     def copy(self, source: Location, target: Location) -> None:
         import obstore
 
@@ -387,6 +511,10 @@ class _S3Objects:
             raise StorageError(f"cannot copy {source} to another bucket ({target})")
         with _failures(source, "copy"):
             obstore.copy(self._store(source), source.key, target.key)
+
+    def move(self, source: Location, target: Location) -> None:
+        self.copy(source, target)
+        self.delete(source)
 
     def delete(self, loc: Location) -> None:
         import obstore
@@ -403,6 +531,34 @@ class _S3Objects:
         with _failures(loc, "delete"):
             for chunk in obstore.list(store, prefix, chunk_size=1000):
                 obstore.delete(store, [meta["path"] for meta in chunk])
+
+
+class _SeekableReader(io.RawIOBase):
+    """obstore's reader as the binary file pyarrow reads Parquet from."""
+
+    def __init__(self, reader: Any) -> None:
+        self._reader = reader
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        return int(self._reader.seek(offset, whence))
+
+    def tell(self) -> int:
+        return int(self._reader.tell())
+
+    def readinto(self, buffer: Any) -> int:
+        data = memoryview(self._reader.read(len(buffer)))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        self._reader.close()
+        super().close()
 
 
 def _now_s() -> float:

@@ -55,7 +55,6 @@ def append(layout: AppLayout, rows: list[dict[str, Any]]) -> None:
     """Append ``rows`` (of ``layout``'s application) to its ledger, creating it."""
     path = layout.table(tables.LEDGER)
     if not DeltaTable.is_deltatable(str(path)):
-        path.parent.mkdir(parents=True, exist_ok=True)
         DeltaTable.create(str(path), tables.LEDGER_SCHEMA)
     full = [
         {

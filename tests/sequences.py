@@ -215,7 +215,7 @@ class Sequence:
         return None if row is None else (int(row["epoch"]), int(row["batch_id"]))
 
     def state(self) -> dict[Any, tuple[int, int]]:
-        table = DeltaTable(str(self.settings.warehouse / "inventory" / "state"))
+        table = DeltaTable(str(Path(self.settings.warehouse) / "inventory" / "state"))
         return {
             self._key(r["sku"], r.get("window_start")): (r["quantity"], r["movements"])
             for r in table.to_pyarrow_table().to_pylist()
@@ -259,7 +259,7 @@ class Sequence:
     def _load(self, name: str, again: bool = False) -> None:
         """A new version of table ``name`` (``again``: deleted and loaded again)."""
         rows = {f"S{i}": self.rng.randint(1, 5) for i in range(7) if self.rng.random() > 0.15}
-        path = self.settings.warehouse / "dims" / name
+        path = Path(self.settings.warehouse) / "dims" / name
         if again:
             self.gone.add((name, len(self.tables[name]) - 1))
             shutil.rmtree(path)
@@ -378,7 +378,7 @@ class Sequence:
     def check_dead_letters(self) -> None:
         """Every judged record that could not be aggregated (bad, or late) is in
         ``dead_letter`` exactly once, whatever the repairs judged again."""
-        path = self.settings.warehouse / "inventory" / "dead_letter"
+        path = Path(self.settings.warehouse) / "inventory" / "dead_letter"
         found: list[tuple[str, int, int]] = []
         if DeltaTable.is_deltatable(str(path)):
             table = DeltaTable(str(path)).to_pyarrow_table()

@@ -9,18 +9,18 @@ files, so an unchanged row shows up as a delete and an identical insert).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
+
+from jobs.warehouse import Location
 
 CHANGE_TYPE = "_change_type"
 AFTER = ("insert", "update_postimage")
 BEFORE = ("delete", "update_preimage")
 
 
-def version_changes(path: Path, version: int) -> pa.Table:
+def version_changes(path: Location, version: int) -> pa.Table:
     """Every change row of one version, with ``_change_type``."""
     feed = DeltaTable(str(path)).load_cdf(starting_version=version, ending_version=version)
     return plain_strings(pa.table(feed.read_all()))

@@ -23,15 +23,14 @@ may have reported.
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from jobs.errors import ConsistencyError
+from jobs.warehouse import Location
 
 STAGING = "_staging"
 ROW_GROUP_BYTES = 16 * 2**20
@@ -54,27 +53,27 @@ def _checked(name: str) -> str:
     return name
 
 
-def staging(table: Path) -> Path:
+def staging(table: Location) -> Location:
     return table / STAGING
 
 
 class DataFileWriter:
-    """Streams record batches into ``table/_staging/name``: under a hidden temporary
-    name first, renamed when complete (a reader of the folder never sees half)."""
+    """Streams record batches into ``table/_staging/name``: into a file on this
+    machine first, landed whole when complete (a reader of the folder never sees
+    half: ``Location.landing``)."""
 
-    def __init__(self, table: Path, name: str, schema: pa.Schema, eager: bool = False) -> None:
-        self.folder = staging(table)
-        self.name = _checked(name)
+    def __init__(self, table: Location, name: str, schema: pa.Schema, eager: bool = False) -> None:
+        self.target = staging(table) / _checked(name)
+        self.name = name
         self.schema = schema
-        self._tmp = self.folder / f".{name}.tmp"
+        self._landing = self.target.landing()
         self._writer: pq.ParquetWriter | None = None
         if eager:  # the file exists even without a row
             self._open()
 
     def _open(self) -> pq.ParquetWriter:
         if self._writer is None:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            self._writer = pq.ParquetWriter(self._tmp, self.schema, compression="snappy")
+            self._writer = pq.ParquetWriter(self._landing.path, self.schema, compression="snappy")
         return self._writer
 
     def write(self, rows: pa.Table | pa.RecordBatch) -> None:
@@ -92,51 +91,50 @@ class DataFileWriter:
     def close(self) -> DataFile | None:
         """The file written, or None when no row came (and not ``eager``)."""
         if self._writer is None:
+            self._landing.discard()
             return None
         self._writer.close()
-        os.replace(self._tmp, self.folder / self.name)
-        return describe(self.folder, self.name)
+        written = DataFile(
+            self.name,
+            self._landing.path.stat().st_size,
+            pq.read_metadata(self._landing.path).num_rows,
+        )
+        self._landing.land()
+        return written
 
     def abort(self) -> None:
         if self._writer is not None:
             self._writer.close()
-            self._tmp.unlink(missing_ok=True)
+        self._landing.discard()
 
 
-def describe(folder: Path, name: str) -> DataFile:
-    path = folder / _checked(name)
-    return DataFile(name, path.stat().st_size, pq.read_metadata(path).num_rows)
-
-
-def publish(table: Path, files: list[DataFile], schema: pa.Schema) -> None:
+def publish(table: Location, files: list[DataFile], schema: pa.Schema) -> None:
     """Move staged ``files`` into the table's folder, stamped now (vacuum judges by
-    age), checking that each holds ``schema``'s columns and types: a file Delta's
-    readers could not read back is never committed."""
+    age), checking that each holds
+    ``schema``'s columns and types: a file Delta's readers could not read back is
+    never committed."""
     for f in files:
         staged, target = staging(table) / _checked(f.name), table / f.name
-        if staged.exists():
-            found = pq.read_schema(staged)
+        if staged.stat() is not None:
+            with staged.open_reader() as handle:
+                found = pq.read_schema(handle)
             if [(x.name, x.type) for x in found] != [(x.name, x.type) for x in schema]:
                 raise ConsistencyError(f"{staged} holds {found}, not the table's columns {schema}")
-            # Stamped before the move: the file never shows in the table's folder with
-            # its (possibly old) write time, where vacuum judges by age.
-            os.utime(staged)
-            os.replace(staged, target)
-        elif not target.exists():  # an earlier attempt of this commit moved it
+            # Stamped now: the file never shows in the table's folder with its
+            # (possibly old) write time, where vacuum judges by age.
+            staged.move_to(target)
+        elif target.stat() is None:  # an earlier attempt of this commit moved it
             raise ConsistencyError(
                 f"staged data file {staged} is gone; the batch is not committed (a run replays it)"
             )
 
 
-def stale_staged_files(table: Path, epoch: int, last_committed: int | None) -> list[Path]:
+def stale_staged_files(table: Location, epoch: int, last_committed: int | None) -> list[Location]:
     """Staged files (and tasks' temporary files) of batches that can no longer
     commit: an older epoch's (fenced), or a batch of ``epoch`` at or before the last
     one the ledger committed (a replay of it skips)."""
-    folder = staging(table)
-    if not folder.is_dir():
-        return []
     stale = []
-    for path in folder.iterdir():
+    for path in staging(table).iterdir():
         found = STAGED_NAME.match(path.name)
         if found is None:
             continue

@@ -25,6 +25,7 @@ from jobs import sql_text
 from jobs.delta.log import TABLE_CONFIGURATION
 from jobs.errors import ConfigError
 from jobs.pipeline import APPLICATION_ID, Pipeline
+from jobs.warehouse import Location
 
 if TYPE_CHECKING:
     from jobs.resolved import Resolved
@@ -57,31 +58,36 @@ LEDGER = "_ledger"
 
 @dataclass(frozen=True)
 class AppLayout:
-    warehouse: Path
+    """An application's places in its warehouse (a local folder or ``s3://``;
+    a ``Path`` or text given is parsed into a ``Location``)."""
+
+    warehouse: Location
     application_id: str
 
     def __post_init__(self) -> None:
+        if not isinstance(self.warehouse, Location):
+            object.__setattr__(self, "warehouse", Location.parse(self.warehouse))
         # The id becomes a directory name: never let it escape the warehouse.
         if not APPLICATION_ID.match(self.application_id):
             raise ValueError(f"invalid application id {self.application_id!r}")
         check_table_path(self.warehouse, "the warehouse")
 
     @property
-    def root(self) -> Path:
+    def root(self) -> Location:
         return self.warehouse / self.application_id
 
-    def table(self, name: str) -> Path:
+    def table(self, name: str) -> Location:
         return self.root / name
 
     @property
-    def checkpoints(self) -> Path:
+    def checkpoints(self) -> Location:
         return self.root / "_checkpoints"
 
-    def checkpoint(self, epoch: int) -> Path:
+    def checkpoint(self, epoch: int) -> Location:
         return self.checkpoints / f"epoch={epoch}"
 
 
-def check_table_path(path: Path | str, what: str) -> None:
+def check_table_path(path: Path | Location | str, what: str) -> None:
     """Refuse a folder delta-rs would read as another: spaces, '#', '%' and any
     Unicode are data, but '%' and two hex digits is an escaped character to it."""
     found = PERCENT_ESCAPE.search(str(path))
@@ -92,10 +98,10 @@ def check_table_path(path: Path | str, what: str) -> None:
         )
 
 
-def file_path(uri: str) -> Path:
-    """A data file of ``DeltaTable.file_uris()`` as a local path: delta-rs gives them
+def file_location(uri: str) -> Location:
+    """A data file of ``DeltaTable.file_uris()`` as a location: delta-rs gives them
     percent-encoded (a space is %20), with or without ``file://``."""
-    return Path(unquote(uri.removeprefix("file://")))
+    return Location.parse(unquote(uri.removeprefix("file://")), "a data file")
 
 
 def arrow_type(kind: str | None) -> pa.DataType:
@@ -247,14 +253,13 @@ def ensure_tables(layout: AppLayout, resolved: Resolved, republishing: bool = Fa
             continue
         if UNKNOWN in schema.types:
             continue  # only Spark knows a column's type: the first run creates it
-        path.parent.mkdir(parents=True, exist_ok=True)
         configuration = dict(TABLE_CONFIGURATION)
         if name == "state":
             configuration["delta.enableChangeDataFeed"] = "true"
         DeltaTable.create(str(path), schema, configuration=configuration)
 
 
-def upgrade_ledger(path: Path) -> None:
+def upgrade_ledger(path: Location) -> None:
     """A ledger written by an older platform lacks the columns added since (always
     nullable, at the end): add them, so its history stays where it is and every
     writer's rows fit. Called before any write to the ledger."""

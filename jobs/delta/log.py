@@ -17,10 +17,11 @@ import json
 import logging
 import re
 import time
-from pathlib import Path
 from typing import Any
 
 from deltalake import DeltaTable
+
+from jobs.warehouse import Location
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +32,9 @@ TABLE_CONFIGURATION = {EXPIRED_LOG_CLEANUP: "false"}
 ENTRY = re.compile(r"^(\d{20})\.(json|crc|checkpoint\.parquet|checkpoint\.\d+\.\d+\.parquet)$")
 
 
-def commit_infos(table: Path, first: int = 0, last: int | None = None) -> dict[int, dict[str, Any]]:
+def commit_infos(
+    table: Location, first: int = 0, last: int | None = None
+) -> dict[int, dict[str, Any]]:
     """The commit info of every version from ``first`` to ``last`` (or the newest)
     whose log entry is still there, read entry by entry: exact by version whatever
     commits land meanwhile. (delta-rs 1.6's ``history()`` labels versions from the
@@ -58,11 +61,13 @@ def commit_infos(table: Path, first: int = 0, last: int | None = None) -> dict[i
     return dict(sorted(found.items()))
 
 
-def checkpoint_file(table: Path, version: int) -> Path:
+def checkpoint_file(table: Location, version: int) -> Location:
     return table / "_delta_log" / f"{version:020d}.checkpoint.parquet"
 
 
-def keep_loadable_from(table: Path, floor: int, grace_s: float, now_s: float | None = None) -> int:
+def keep_loadable_from(
+    table: Location, floor: int, grace_s: float, now_s: float | None = None
+) -> int:
     """Make every version from ``floor`` on loadable without the entries below it,
     then delete the entries below the newest checkpoint at or under ``floor`` that
     is older than ``grace_s`` (and older than that themselves): a reader or writer
@@ -73,28 +78,28 @@ def keep_loadable_from(table: Path, floor: int, grace_s: float, now_s: float | N
     current = DeltaTable(uri).version()
     if not 0 <= floor <= current:
         raise ValueError(f"{table}: version {floor} is not between 0 and {current}")
-    if floor < current and not checkpoint_file(table, floor).exists():
+    if floor < current and checkpoint_file(table, floor).stat() is None:
         DeltaTable(uri, version=floor).create_checkpoint()
     # Last: readers start from the newest checkpoint (_last_checkpoint names it).
     DeltaTable(uri).create_checkpoint()
     cutoff = (time.time() if now_s is None else now_s) - grace_s
     entries = [
-        (int(found.group(1)), found.group(2), path)
-        for path in (table / "_delta_log").iterdir()
+        (int(found.group(1)), found.group(2), path, stat.modified_s)
+        for path, stat in (table / "_delta_log").files()
         if (found := ENTRY.match(path.name))
     ]
     settled = [
         version
-        for version, kind, path in entries
-        if kind.startswith("checkpoint") and version <= floor and path.stat().st_mtime <= cutoff
+        for version, kind, _path, modified_s in entries
+        if kind.startswith("checkpoint") and version <= floor and modified_s <= cutoff
     ]
     if not settled:
         log.info("%s: no checkpoint at or below version %d is settled yet", table.name, floor)
         return 0
     below = max(settled)
     deleted = 0
-    for version, _kind, path in entries:
-        if version < below and path.stat().st_mtime <= cutoff:
-            path.unlink(missing_ok=True)
+    for version, _kind, path, modified_s in entries:
+        if version < below and modified_s <= cutoff:
+            path.delete()
             deleted += 1
     return deleted

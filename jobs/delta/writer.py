@@ -20,7 +20,6 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -31,6 +30,7 @@ from deltalake.transaction import AddAction, RemoveAction
 from jobs.delta.files import DataFile, publish
 from jobs.delta.log import commit_infos
 from jobs.errors import ConsistencyError, FencedError
+from jobs.warehouse import Location
 
 log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 5
@@ -65,8 +65,11 @@ class BatchWriter:
     exactly_once: bool = True
     # Test hook: runs between the check and the commit (to provoke races).
     before_commit: Callable[[str], None] | None = None
+    # Before each commit: raises when this process may no longer commit (its hold
+    # on the application, a lease on object storage, was lost).
+    guard: Callable[[], None] | None = None
 
-    def _check_fence(self, table: DeltaTable, path: Path) -> None:
+    def _check_fence(self, table: DeltaTable, path: Location) -> None:
         current = table_epoch(table, self.application_id)
         if current > self.epoch:
             raise FencedError(
@@ -76,7 +79,7 @@ class BatchWriter:
 
     def commit(
         self,
-        path: Path,
+        path: Location,
         batch_id: int,
         operation: TableOperation,
         metadata: dict[str, str] | None = None,
@@ -95,6 +98,8 @@ class BatchWriter:
             **(metadata or {}),
         }
         for _attempt in range(MAX_ATTEMPTS):
+            if self.guard is not None:
+                self.guard()
             table = DeltaTable(str(path))
             self._check_fence(table, path)
             if self.exactly_once:
@@ -118,7 +123,7 @@ class BatchWriter:
 
     def append(
         self,
-        path: Path,
+        path: Location,
         batch_id: int,
         rows: pa.Table | Callable[[], pa.RecordBatchReader],
         metadata: dict[str, str] | None = None,
@@ -134,7 +139,7 @@ class BatchWriter:
 
     def add_files(
         self,
-        path: Path,
+        path: Location,
         batch_id: int,
         files: list[DataFile],
         schema: pa.Schema,
@@ -161,7 +166,7 @@ class BatchWriter:
 
     def merge(
         self,
-        path: Path,
+        path: Location,
         batch_id: int,
         rows: pa.Table | Callable[[], pa.Table | pa.RecordBatchReader],
         keys: tuple[str, ...],
@@ -210,7 +215,9 @@ def window_range(column: str, values: pa.ChunkedArray | pa.Array) -> str | None:
     return f"t.`{column}` BETWEEN {low} AND {high}"
 
 
-def add_actions(table: Path, files: list[DataFile], epoch: int, batch_id: int) -> list[AddAction]:
+def add_actions(
+    table: Location, files: list[DataFile], epoch: int, batch_id: int
+) -> list[AddAction]:
     """The Delta add actions of one batch's data files in ``table``. Statistics: row
     counts, and the batch's epoch and id (the same in every row), so that a reader
     of one batch skips every other file."""
@@ -220,7 +227,7 @@ def add_actions(table: Path, files: list[DataFile], epoch: int, batch_id: int) -
             path=f.name,
             size=f.size,
             partition_values={},
-            modification_time=int((table / f.name).stat().st_mtime * 1000),
+            modification_time=_modified_ms(table / f.name),
             data_change=True,
             stats=json.dumps(
                 {
@@ -235,8 +242,17 @@ def add_actions(table: Path, files: list[DataFile], epoch: int, batch_id: int) -
     ]
 
 
+def _modified_ms(data_file: Location) -> int:
+    found = data_file.stat()
+    if found is None:
+        raise ConsistencyError(
+            f"data file {data_file} is gone before its commit (a run replays it)"
+        )
+    return int(found.modified_s * 1000)
+
+
 def bump_epoch(
-    paths: list[Path],
+    paths: list[Location],
     application_id: str,
     new_epoch: int,
     reason: str,
@@ -295,7 +311,7 @@ def fenced_properties(
 
 
 def find_commit_version(
-    path: Path, application_id: str, epoch: int, batch_id: int, limit: int | None = None
+    path: Location, application_id: str, epoch: int, batch_id: int, limit: int | None = None
 ) -> int | None:
     """The table version that committed batch ``batch_id`` of ``epoch``, from the
     log (the newest ``limit`` commits, or all)."""

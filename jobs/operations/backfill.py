@@ -25,7 +25,6 @@ import operator
 import time
 from collections.abc import Callable
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 import numpy
@@ -76,6 +75,7 @@ from jobs.snapshot import seed_rows
 from jobs.streaming import dimensions, records
 from jobs.streaming.query import aggregate
 from jobs.streaming.records import BATCH_TIME_COLUMN, WATERMARK_COLUMN
+from jobs.warehouse import Location
 
 SAMPLES = 10
 
@@ -497,14 +497,19 @@ def histogram(values: list[float], bins: int = 30) -> dict[str, list[float]] | N
     return {"edges": [float(e) for e in edges], "counts": [int(c) for c in counts]}
 
 
-def write_preview(layout: AppLayout, plan: Plan, report: dict[str, Any]) -> Path:
+def write_preview(layout: AppLayout, plan: Plan, report: dict[str, Any]) -> Location:
     """The preview as JSON, and its plot as a PNG beside it (``report["plot"]``)."""
     from jobs.operations.preview_plot import write_plot
 
-    directory = layout.root / "_backfill"
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"preview-epoch{plan.epoch_before}-{int(time.time())}.json"
-    report["plot"] = str(write_plot(plan, report, path.with_suffix(".png")))
+    name = f"preview-epoch{plan.epoch_before}-{int(time.time())}"
+    path, plot = (layout.root / "_backfill" / f"{name}.{kind}" for kind in ("json", "png"))
+    landing = plot.landing()
+    try:
+        write_plot(plan, report, landing.path)
+        landing.land()
+    finally:
+        landing.discard()
+    report["plot"] = str(plot)
     path.write_text(json.dumps({"plan": plan.to_dict(), "preview": report}, indent=2, default=str))
     return path
 
@@ -605,7 +610,7 @@ def changelog_rows(resolved: Resolved, rows: pa.Table, epoch: int, now: int) -> 
     return _stamped(kept, epoch, "commit_time", now).cast(resolved.changelog_schema)
 
 
-def append_new_definition(path: Path, rows: pa.Table, props: CommitProperties) -> None:
+def append_new_definition(path: Location, rows: pa.Table, props: CommitProperties) -> None:
     """Append with the new definition's columns merged into the changelog's. A
     column the old files lack is nullable in the table: files without it stay
     readable and compactable."""
@@ -617,7 +622,7 @@ def append_new_definition(path: Path, rows: pa.Table, props: CommitProperties) -
 
 
 def merge_state(
-    pipeline: Pipeline, path: Path, rows: pa.Table, props: CommitProperties
+    pipeline: Pipeline, path: Location, rows: pa.Table, props: CommitProperties
 ) -> dict[str, Any]:
     """The same definition: one MERGE that touches only the rows that change."""
     keys = " AND ".join(f"t.`{k}` = s.`{k}`" for k in pipeline.state_keys)
@@ -633,7 +638,7 @@ def merge_state(
 
 
 def swap_state(
-    resolved: Resolved, path: Path, rows: pa.Table, props: CommitProperties
+    resolved: Resolved, path: Location, rows: pa.Table, props: CommitProperties
 ) -> dict[str, Any]:
     """A new definition (columns added, removed or retyped): the whole table,
     schema and rows, replaced in one commit. A reader sees the old table or the

@@ -25,11 +25,9 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from deltalake import CommitProperties, DeltaTable
@@ -57,6 +55,7 @@ from jobs.output.changes import commit_infos
 from jobs.output.publisher import read_bookmark, versions_needed
 from jobs.pipeline import Pipeline
 from jobs.settings import Settings
+from jobs.warehouse import Location
 
 log = logging.getLogger(__name__)
 HOUR_US = 3_600_000_000
@@ -146,11 +145,14 @@ def _utc(micros: int) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(micros / 1_000_000))
 
 
-def files_on_disk(path: Path) -> int:
+def files_on_disk(path: Location) -> int:
+    """The table's data files in storage (not its log's or staged ones)."""
+    inside = len(path.uri) + 1
     return sum(
         1
-        for p in path.rglob("*.parquet")
-        if "_delta_log" not in p.parts and "_staging" not in p.parts
+        for p in path.all_files()
+        if p.name.endswith(".parquet")
+        and not {"_delta_log", "_staging"} & set(p.uri[inside:].split("/"))
     )
 
 
@@ -246,7 +248,7 @@ def vacuum_rule(
     return int(retention), tuple(sorted(keep))
 
 
-def stale_paths(layout: AppLayout, epoch: int, names: list[str]) -> list[Path]:
+def stale_paths(layout: AppLayout, epoch: int, names: list[str]) -> list[Location]:
     """Old epochs' Spark checkpoints and seeds (no run or operation reads them again:
     a new epoch starts from its cut); staged data files of batches that can no
     longer commit (``jobs/delta/files.py``); and the raw staging folder that
@@ -340,11 +342,11 @@ def apply_maintenance(
         result[name] = maintain_table(layout.table(name), plan, name == "state", props)
         echo(f"  {name}: {result[name]}")
     deleted = 0
-    for stale in map(Path, plan.stale):
+    for stale in map(Location, plan.stale):
         if stale.is_dir():
-            shutil.rmtree(stale, ignore_errors=True)
+            stale.delete_tree()
         else:
-            stale.unlink(missing_ok=True)
+            stale.delete()
         deleted += 1
     result["stale_paths_deleted"] = deleted
     append_audit(
@@ -357,7 +359,7 @@ def apply_maintenance(
 
 
 def maintain_table(
-    path: Path, plan: MaintenancePlan, is_state: bool, props: CommitProperties
+    path: Location, plan: MaintenancePlan, is_state: bool, props: CommitProperties
 ) -> dict[str, int]:
     """Compact, vacuum (keeping the plan's versions of ``state``), then drop the log
     entries below the oldest version that must stay loadable."""

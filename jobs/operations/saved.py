@@ -18,7 +18,6 @@ import os
 import re
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import pyarrow.dataset as ds
@@ -42,6 +41,7 @@ from jobs.operations.audit import append_audit, audit_row, who
 from jobs.operations.plan import Plan
 from jobs.output.changes import commit_infos
 from jobs.pipeline import Pipeline
+from jobs.warehouse import Location
 
 PLAN_ID = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{8}$")
 
@@ -98,7 +98,7 @@ def position(layout: AppLayout, pipeline: Pipeline) -> Position:
     )
 
 
-def plans_dir(layout: AppLayout) -> Path:
+def plans_dir(layout: AppLayout) -> Location:
     return layout.root / "_plans"
 
 
@@ -134,25 +134,28 @@ def save(
         "plan": {**plan.to_dict(), "plan_id": plan_id},
         "extra": extra or {},
     }
-    folder = plans_dir(layout)
-    folder.mkdir(parents=True, exist_ok=True)
-    temporary = folder / f".{plan_id}.json.tmp"
-    temporary.write_text(json.dumps(data, indent=2, sort_keys=True, default=str))
-    temporary.replace(folder / f"{plan_id}.json")  # whole or absent
+    text = json.dumps(data, indent=2, sort_keys=True, default=str)
+    (plans_dir(layout) / f"{plan_id}.json").write_text(text)  # whole or absent
     return plan_id
 
 
 def load(layout: AppLayout, plan_id: str, operation: str) -> SavedPlan:
     check_id(plan_id)
     path = plans_dir(layout) / f"{plan_id}.json"
-    if not path.is_file():
-        known = sorted(p.stem for p in plans_dir(layout).glob("*.json"))[-5:]
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        known = sorted(
+            p.name.removesuffix(".json")
+            for p in plans_dir(layout).iterdir()
+            if p.name.endswith(".json") and not p.name.startswith(".")
+        )[-5:]
         raise ConfigError(
             f"no saved plan {plan_id} for {layout.application_id} (newest: "
             f"{', '.join(known) or 'none'}); make one with --dry-run"
-        )
+        ) from None
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(text)
         plan = Plan.from_dict(data["plan"])
         raw = data["position"]
         last = raw["last_batch"]

@@ -10,7 +10,6 @@ files (``jobs/delta/cdf.py``), so its unchanged rows cancel out here.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 import pyarrow as pa
@@ -21,6 +20,7 @@ from jobs.delta.cdf import AFTER, BEFORE, rows_of, version_changes
 from jobs.delta.log import commit_infos as log_commit_infos
 from jobs.errors import ConsistencyError
 from jobs.resolved import Resolved
+from jobs.warehouse import Location
 
 Kind = Literal["change", "correction", "snapshot"]
 
@@ -41,7 +41,7 @@ class VersionChanges:
         return int(self.upserts.num_rows) + int(self.deletes.num_rows)
 
 
-def commit_infos(path: Path, first: int, last: int) -> dict[int, dict[str, Any]]:
+def commit_infos(path: Location, first: int, last: int) -> dict[int, dict[str, Any]]:
     """The commit info of versions ``first..last`` (the newest commits of the log)."""
     found = log_commit_infos(path, first, last)
     missing = [v for v in range(first, last + 1) if v not in found]
@@ -53,7 +53,7 @@ def commit_infos(path: Path, first: int, last: int) -> dict[int, dict[str, Any]]
 
 
 def net_changes(
-    resolved: Resolved, path: Path, version: int, info: dict[str, Any]
+    resolved: Resolved, path: Location, version: int, info: dict[str, Any]
 ) -> VersionChanges:
     pipeline = resolved.pipeline
     columns = list(resolved.state_schema.names)
@@ -112,7 +112,7 @@ def _equal(a: pa.ChunkedArray, b: pa.ChunkedArray) -> pa.ChunkedArray:
     return pc.fill_null(pc.or_kleene(equal, both_null), False)
 
 
-def snapshot(resolved: Resolved, path: Path, version: int, epoch: int) -> VersionChanges:
+def snapshot(resolved: Resolved, path: Location, version: int, epoch: int) -> VersionChanges:
     """The whole state at ``version``, as one snapshot."""
     pipeline = resolved.pipeline
     columns = list(resolved.state_schema.names)

@@ -34,8 +34,8 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -67,6 +67,7 @@ from jobs.streaming.dead_letters import batch_reader
 from jobs.streaming.observed import observed_metrics
 from jobs.streaming.query import OBSERVATION
 from jobs.streaming.seed import verify_seeded_state
+from jobs.warehouse import Location
 
 log = logging.getLogger(__name__)
 # Changed rows a batch's state merge takes in memory (see ChangedRows.source).
@@ -82,7 +83,7 @@ class ChangedRows:
 
     def __init__(
         self,
-        changelog: Path,
+        changelog: Location,
         state_schema: pa.Schema,
         files: list[DataFile] | None = None,
         where: ds.Expression | None = None,
@@ -145,16 +146,17 @@ class BatchCommitter:
         resolved: Resolved,
         layout: AppLayout,
         epoch: int,
-        checkpoint: Path,
+        checkpoint: Location,
         initial_offsets: dict[str, Any],
         query_name: str,
         bootstrap_servers: str,
         kafka_client: dict[str, str],
-        seed_path: Path | None = None,
+        seed_path: Location | None = None,
         watermark_floor_ms: int = 0,
         metrics: Metrics = METRICS,
         replays: list[tuple[Any, ...]] | None = None,
         output: OutputPublisher | None = None,
+        guard: Callable[[], None] | None = None,
     ) -> None:
         self.spark = spark
         self.output = output
@@ -172,10 +174,14 @@ class BatchCommitter:
             offset_log.read_offsets(checkpoint, done[-1]).end_offsets if done else initial_offsets
         )
         self.query_name = query_name
-        self.writer = BatchWriter(pipeline.application_id, epoch, pipeline.exactly_once)
+        self.writer = BatchWriter(
+            pipeline.application_id, epoch, pipeline.exactly_once, guard=guard
+        )
         # The ledger is the platform's record: one row per batch under either
         # guarantee, so it always carries the batch marker.
-        self.ledger_writer = BatchWriter(pipeline.application_id, epoch, exactly_once=True)
+        self.ledger_writer = BatchWriter(
+            pipeline.application_id, epoch, exactly_once=True, guard=guard
+        )
         self.bootstrap_servers = bootstrap_servers
         self.kafka_client = kafka_client
         self.consumer_config = kafka_admin.client_config(bootstrap_servers, kafka_client)
@@ -366,13 +372,13 @@ class BatchCommitter:
         if self.output is not None:
             self.output.publish_pending()
 
-    def _committed(self, path: Path, batch_id: int) -> bool:
+    def _committed(self, path: Location, batch_id: int) -> bool:
         if not self.pipeline.exactly_once:
             return False
         done = committed_batch(DeltaTable(str(path)), self.pipeline.application_id, self.epoch)
         return done is not None and done >= batch_id
 
-    def _committed_changes(self, changelog: Path, batch_id: int) -> ChangedRows:
+    def _committed_changes(self, changelog: Location, batch_id: int) -> ChangedRows:
         where = (ds.field("epoch") == self.epoch) & (ds.field("batch_id") == batch_id)
         return ChangedRows(changelog, self.state_schema, where=where)
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pyarrow as pa
 
 from jobs.delta.files import DataFileWriter
 from jobs.faults import maybe_crash
+from jobs.warehouse import Location
 
 # What each task returns to the driver.
 WRITTEN_SCHEMA = "name string, size long, num_records long"
@@ -46,7 +46,7 @@ class StagedFilesTask:
         name = (
             f"part-e{self.epoch}-b{self.batch_id}-c{partition:05d}-{uuid.uuid4().hex[:16]}.parquet"
         )
-        out = DataFileWriter(Path(self.table), name, self.schema)
+        out = DataFileWriter(Location(self.table), name, self.schema)
         try:
             for batch in batches:
                 out.write(self._stamped(batch))

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from jobs.errors import ConsistencyError
+from jobs.warehouse import Location
 
 
 @dataclass(frozen=True)
@@ -24,21 +24,19 @@ class OffsetLogEntry:
     batch_timestamp_ms: int
 
 
-def _batch_ids(directory: Path) -> list[int]:
-    if not directory.is_dir():
-        return []
+def _batch_ids(directory: Location) -> list[int]:
     return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
 
 
-def offset_batches(checkpoint: Path) -> list[int]:
+def offset_batches(checkpoint: Location) -> list[int]:
     return _batch_ids(checkpoint / "offsets")
 
 
-def committed_batches(checkpoint: Path) -> list[int]:
+def committed_batches(checkpoint: Location) -> list[int]:
     return _batch_ids(checkpoint / "commits")
 
 
-def read_offsets(checkpoint: Path, batch_id: int) -> OffsetLogEntry:
+def read_offsets(checkpoint: Location, batch_id: int) -> OffsetLogEntry:
     path = checkpoint / "offsets" / str(batch_id)
     try:
         lines = path.read_text().splitlines()

@@ -24,7 +24,6 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 from pyspark.errors import PySparkException
@@ -48,6 +47,7 @@ from jobs.resolved import DimensionTable, Resolved
 from jobs.snapshot import RECORDS, contribution, sketch_input
 from jobs.streaming import batch_watermark, dimensions
 from jobs.streaming.spark import check_sql_settings
+from jobs.warehouse import Location
 
 log = logging.getLogger(__name__)
 # The event-time watermark a record is judged by: the stream's batch watermark
@@ -401,7 +401,7 @@ def contributions(classified: DataFrame, resolved: Resolved) -> DataFrame:
 
 
 def _dimension_tables(
-    spark: SparkSession, pipeline: Pipeline, record: DataFrame, warehouse: Path | None
+    spark: SparkSession, pipeline: Pipeline, record: DataFrame, warehouse: Location | None
 ) -> dict[str, DimensionTable]:
     """Each enrichment's table as Spark reads it now: a Delta table with the key
     column, of the record key's type."""
@@ -560,7 +560,7 @@ def _builtin_functions(spark: SparkSession) -> frozenset[str]:
     return frozenset(r[0].lower() for r in spark.sql("SHOW SYSTEM FUNCTIONS").collect())
 
 
-def resolve(spark: SparkSession, pipeline: Pipeline, warehouse: Path | None = None) -> Resolved:
+def resolve(spark: SparkSession, pipeline: Pipeline, warehouse: Location | None = None) -> Resolved:
     """The pipeline checked by Spark's analyser, with every column's type.
 
     Each expression must resolve over the record's fields, ``kafka`` and the derived

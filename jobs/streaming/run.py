@@ -8,7 +8,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
@@ -35,7 +34,7 @@ from jobs.errors import ConsistencyError, FencedError, KafkaUnavailableError, Pl
 from jobs.kafka_source import offsets as plan
 from jobs.kafka_source import spark_kafka
 from jobs.ledger import current_epoch, unfinished_operation
-from jobs.lock import application_lock
+from jobs.lock import Holding, application_lock
 from jobs.metrics import METRICS, push
 from jobs.output.publisher import OutputPublisher, open_publisher
 from jobs.pipeline import Pipeline
@@ -48,6 +47,7 @@ from jobs.streaming.outage import Answer, OutageClock, stop_signals, wait_for_br
 from jobs.streaming.seed import seed_stream
 from jobs.streaming.spark import state_stores_for
 from jobs.superseded import remove_superseded_dead_letters
+from jobs.warehouse import Location
 
 
 @dataclass
@@ -127,7 +127,7 @@ def broker_watermarks(pipeline: Pipeline, settings: Settings) -> plan.Watermarks
     return kafka_admin.watermarks(config, [(t, p) for t, ps in partitions.items() for p in ps])
 
 
-def absorb_seed(writer: DataStreamWriter, checkpoint: Path, windowed: bool) -> None:
+def absorb_seed(writer: DataStreamWriter, checkpoint: Location, windowed: bool) -> None:
     """The seeded epoch's first query: the seed batch (and, windowed, the no-data
     batch in which Spark moves the watermark on from the seeded windows, the one
     its records must be judged by) with Kafka held at the cut. A mark in the
@@ -150,7 +150,7 @@ def absorb_seed(writer: DataStreamWriter, checkpoint: Path, windowed: bool) -> N
             raise ConsistencyError(f"seeding the epoch's state failed: {running.exception()}")
     finally:
         running.stop()
-    (checkpoint / SEEDED_MARK).touch()
+    (checkpoint / SEEDED_MARK).write_bytes(b"")
     log.info("seed absorbed in %s; Kafka resumes from the cut", checkpoint)
 
 
@@ -242,8 +242,10 @@ def _run_once(run: RunContext) -> RunSummary:
     settings, layout = run.settings, run.layout
     pipeline = run.resolved.pipeline
     try:
-        with application_lock(layout, f"run --trigger {run.trigger or pipeline.trigger_mode}"):
-            return _run_locked(run)
+        with application_lock(
+            layout, f"run --trigger {run.trigger or pipeline.trigger_mode}"
+        ) as held:
+            return _run_locked(run, held)
     except Exception as exc:
         # From foreachBatch the fence arrives wrapped in Spark's exception.
         if isinstance(exc, FencedError) or f"jobs.errors.{FencedError.__name__}" in str(exc):
@@ -265,7 +267,7 @@ def _run_once(run: RunContext) -> RunSummary:
         METRICS.unwatch_lag(pipeline.application_id)
 
 
-def _run_locked(run: RunContext) -> RunSummary:
+def _run_locked(run: RunContext, held: Holding) -> RunSummary:
     started = time.monotonic()
     resolved, settings, layout = run.resolved, run.settings, run.layout
     pipeline = resolved.pipeline
@@ -291,14 +293,19 @@ def _run_locked(run: RunContext) -> RunSummary:
     try:
         if output is not None:
             output.publish_pending()
-        return _stream(run, epoch, cut, output, started)
+        return _stream(run, epoch, cut, output, started, held)
     finally:
         if output is not None:
             output.close()
 
 
 def _stream(
-    run: RunContext, epoch: int, cut: Cut, output: OutputPublisher | None, started: float
+    run: RunContext,
+    epoch: int,
+    cut: Cut,
+    output: OutputPublisher | None,
+    started: float,
+    held: Holding,
 ) -> RunSummary:
     spark, resolved, settings, layout = run.spark, run.resolved, run.settings, run.layout
     trigger, stop = run.trigger, run.stop
@@ -347,6 +354,7 @@ def _stream(
         watermark_floor_ms=cut.watermark_ms if pipeline.window is not None else 0,
         output=output,
         replays=replays,
+        guard=held.check,
     )
     METRICS.watch_lag(
         pipeline.application_id,
@@ -368,7 +376,7 @@ def _stream(
             .writeStream.queryName(name)
             .outputMode("update")
             .foreachBatch(committer)
-            .option("checkpointLocation", str(checkpoint))
+            .option("checkpointLocation", checkpoint.spark_uri)
         )
 
     if seed_path is not None and not (checkpoint / SEEDED_MARK).exists():

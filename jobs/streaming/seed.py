@@ -33,6 +33,7 @@ from jobs.errors import ConfigError, ConsistencyError
 from jobs.private_dir import private_dir
 from jobs.resolved import Resolved
 from jobs.snapshot import RECORDS, contribution
+from jobs.warehouse import Location
 
 # The JVM sources (include/jvm/sources/platform/streaming/SeedSources.java): no
 # Python process starts for them; offsets as the Python sources before them wrote.
@@ -40,11 +41,11 @@ FORMAT = "platform.streaming.SeedSources$Seed"
 HOLD_FORMAT = "platform.streaming.SeedSources$Hold"
 
 
-def seed_stream(spark: SparkSession, resolved: Resolved, path: Path) -> DataFrame:
+def seed_stream(spark: SparkSession, resolved: Resolved, path: Location) -> DataFrame:
     """A one-shot stream of the snapshot's rows (the epoch's first batch)."""
     return (
         spark.readStream.format(FORMAT)
-        .option("path", str(path))
+        .option("path", path.spark_uri)
         .option("schema", resolved.seed_ddl)
         .load()
     )
@@ -66,12 +67,12 @@ URI_SAFE = re.compile(r"^[A-Za-z0-9/._=+,:@~-]*$")
 
 
 @contextmanager
-def _state_reader_path(checkpoint: Path, local: bool) -> Iterator[str]:
+def _state_reader_path(checkpoint: Location, local: bool) -> Iterator[str]:
     """``checkpoint`` as the state reader can find it: itself, or (``local``: the
     executors share the driver's disk) a link with a plain name in this user's own
     folder."""
-    if URI_SAFE.match(str(checkpoint)):
-        yield str(checkpoint)
+    if URI_SAFE.match(checkpoint.spark_uri):
+        yield checkpoint.spark_uri
         return
     if not local:
         raise ConfigError(
@@ -94,7 +95,7 @@ def _state_reader_path(checkpoint: Path, local: bool) -> Iterator[str]:
 
 
 def verify_seeded_state(
-    spark: SparkSession, resolved: Resolved, checkpoint: Path, path: Path
+    spark: SparkSession, resolved: Resolved, checkpoint: Location, path: Location
 ) -> int:
     local = str(spark.sparkContext.master).startswith("local")
     with _state_reader_path(checkpoint, local) as readable:
@@ -102,7 +103,7 @@ def verify_seeded_state(
 
 
 def _verify_seeded_state(
-    spark: SparkSession, resolved: Resolved, checkpoint: str, path: Path
+    spark: SparkSession, resolved: Resolved, checkpoint: str, path: Location
 ) -> int:
     """Spark's state after the seed batch (batch 0) must equal the snapshot, row by row.
 
@@ -126,7 +127,7 @@ def _verify_seeded_state(
         F.col(f"key.`{k}`.start") if k == "window" else F.col(f"key.`{k}`") for k in key_fields
     ]
     pipeline = resolved.pipeline
-    seed = spark.read.parquet(str(path))
+    seed = spark.read.parquet(path.spark_uri)
     wanted = [F.col(f"`{k}`") for k in pipeline.keys]
     if pipeline.window is not None:
         wanted.append(F.col("_event_time"))

@@ -21,9 +21,9 @@ class PlatformHook(BaseHook):
         if bootstrap_servers:
             settings = dataclasses.replace(settings, bootstrap_servers=bootstrap_servers)
         if warehouse:
-            from pathlib import Path
+            from jobs.settings import warehouse_location
 
-            settings = dataclasses.replace(settings, warehouse=Path(warehouse).resolve())
+            settings = dataclasses.replace(settings, warehouse=warehouse_location(warehouse))
         self.settings: Settings = settings
 
     def pipeline(self, name: str) -> Pipeline:

@@ -33,7 +33,7 @@ def test_backfill_from_the_archive_after_retention(
     produce(kafka_config, topic, values)
     run_pipeline(spark, load_pipeline(str(path), tmp_path), settings)
 
-    raw_path = settings.warehouse / "user_clicks" / "raw"
+    raw_path = Path(settings.warehouse / "user_clicks" / "raw")
     raw_table = DeltaTable(str(raw_path))
     raw = raw_table.to_pyarrow_table()
     assert sorted(raw["offset"].to_pylist()) == list(range(len(values)))  # once each

@@ -132,7 +132,7 @@ def test_backfill_publishes_the_fix_atomically(
         (settings.warehouse / "inventory" / "_plans" / f"{plan_id.group(1)}.json").read_text()
     )
     assert saved_plan["extra"]["preview"]["keys_changed"] > 0
-    files = list((settings.warehouse / "inventory" / "_backfill").glob("preview-*.json"))
+    files = list(Path(settings.warehouse / "inventory" / "_backfill").glob("preview-*.json"))
     report = json.loads(files[0].read_text())["preview"]
     changed = {k for k in expected(first, 1) if expected(first, 1)[k] != expected(first, 2)[k]}
     assert report["keys_changed"] == len(changed)

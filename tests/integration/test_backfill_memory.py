@@ -64,7 +64,7 @@ def test_backfill_from_an_archive_larger_than_the_driver(  # type: ignore[no-unt
     ends = [TopicPartition(topic, p, high) for (_t, p), (_low, high) in marks.items()]
     for future in admin.delete_records(ends).values():
         future.result()
-    raw = settings.warehouse / "inventory" / "raw"
+    raw = Path(settings.warehouse / "inventory" / "raw")
     archive_bytes = sum(f.stat().st_size for f in raw.rglob("*.parquet"))
     assert archive_bytes > 512 * 2**20, archive_bytes
 

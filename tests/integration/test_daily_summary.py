@@ -55,7 +55,7 @@ def test_the_daily_summary_follows_the_state_exactly_once(
     topic = new_topic(2)
     path = pipeline_file(tmp_path, "user_clicks", topic)
     pipeline = load_pipeline(str(path), tmp_path)
-    daily = settings.warehouse / "user_clicks_daily"
+    daily = Path(settings.warehouse) / "user_clicks_daily"
 
     refused = run_jobs(path, settings, "summarize", spark=spark)
     assert refused.returncode == 2

@@ -70,7 +70,7 @@ def test_both_engines_read_every_table_the_same_at_every_version(
     )
     assert backfill.returncode == 0, backfill.stderr
 
-    app = settings.warehouse / "user_clicks"
+    app = Path(settings.warehouse) / "user_clicks"
     compared = 0
     for name in TABLES:
         latest = DeltaTable(str(app / name)).version()
@@ -125,7 +125,7 @@ def test_a_users_spark_reads_state_changelog_and_history(
         "dump('first_batch', first_batch)\n"
         "dump('changes', changes.select('user_id', 'window_start', 'clicks', '_change_type'))\n"
     )
-    app = settings.warehouse / "user_clicks"
+    app = Path(settings.warehouse) / "user_clicks"
     done = subprocess.run(
         [sys.executable, "-c", script],
         cwd=REPO_ROOT,

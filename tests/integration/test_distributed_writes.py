@@ -32,7 +32,7 @@ def test_a_batch_larger_than_the_driver_may_collect(  # type: ignore[no-untyped-
     result = run_jobs(path, settings, "run", env=limit)
     assert result.returncode == 0, result.stderr[-3000:]
 
-    app = settings.warehouse / "user_clicks"
+    app = Path(settings.warehouse / "user_clicks")
     expected, _dead, _late = clicks_per_window([values])
     state = DeltaTable(str(app / "state")).to_pyarrow_table()
     assert state.num_rows == len(expected) >= EVENTS

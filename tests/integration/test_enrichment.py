@@ -17,6 +17,7 @@ import yaml
 from deltalake import DeltaTable, write_deltalake
 
 from jobs import kafka_admin
+from jobs.warehouse import Location
 from tests.conftest import jobs_args, run_in_process, run_jobs, run_with_fault
 
 pytestmark = pytest.mark.integration
@@ -138,7 +139,7 @@ def test_each_batch_joins_one_recorded_version_and_a_replay_joins_it_again(  # t
     spark, broker, settings, kafka_config, new_topic, tmp_path
 ) -> None:
     topic = new_topic(2)
-    dims = settings.warehouse / "dims" / "merchants"
+    dims = Path(settings.warehouse) / "dims" / "merchants"
     write_merchants(dims, MERCHANTS)
     path = pipeline_file(tmp_path, topic)
 
@@ -226,7 +227,7 @@ def test_a_backfill_keeps_the_recorded_versions_or_takes_the_newest_after_a_fix(
     spark, broker, settings, kafka_config, new_topic, tmp_path
 ) -> None:
     topic = new_topic(1)
-    dims = settings.warehouse / "dims" / "merchants"
+    dims = Path(settings.warehouse) / "dims" / "merchants"
     write_merchants(dims, MERCHANTS)
     path = pipeline_file(tmp_path, topic, missing="keep")
     records = orders(4, 200)
@@ -274,7 +275,7 @@ def test_a_table_past_the_size_limit_stops_the_run_and_nothing_is_written(  # ty
     spark, broker, settings, tmp_path, kafka_config, new_topic, monkeypatch
 ) -> None:
     topic = new_topic(2)
-    dims = settings.warehouse / "dims" / "merchants"
+    dims = Path(settings.warehouse) / "dims" / "merchants"
     # 300 rows with a 1,000-character category: about 330 KiB as JSON rows.
     wide = {f"w{i}": "x" * 1000 for i in range(300)}
     write_merchants(dims, {**MERCHANTS, **wide})
@@ -293,7 +294,7 @@ def test_a_table_past_the_size_limit_stops_the_run_and_nothing_is_written(  # ty
         assert "PLATFORM_DIMENSION_MAX_BYTES" in line, line
         # Nothing of the batch: no state, no ledger batch, no dead letter.
         for table in ("state", "dead_letter"):
-            folder = settings.warehouse / "merchant_sales" / table
+            folder = Path(settings.warehouse) / "merchant_sales" / table
             assert not folder.exists() or DeltaTable(str(folder)).to_pyarrow_table().num_rows == 0
         assert not ledger_batches(settings.warehouse)
 
@@ -417,7 +418,7 @@ def test_a_backfill_whose_fix_adds_a_missing_key_takes_its_records_out_of_dead_l
     the key, ``backfill --dimensions newest`` aggregates it, and it is no longer in
     ``dead_letter``: each record in one place, through later runs and a rewind."""
     topic = new_topic(2)
-    dims = settings.warehouse / "dims" / "merchants"
+    dims = Path(settings.warehouse) / "dims" / "merchants"
     write_merchants(dims, MERCHANTS)
     path = pipeline_file(tmp_path, topic)
     first = orders(6, 300)
@@ -460,7 +461,9 @@ def checkpoint_records(warehouse: Path) -> dict[int, tuple[int, str, str]]:
     """What ``PinnedDeltaSource`` recorded per batch of the newest epoch's checkpoint:
     (version, path, table id)."""
     epochs = [
-        p for p in (warehouse / "merchant_sales" / "_checkpoints").glob("epoch=*") if p.is_dir()
+        p
+        for p in (Path(warehouse) / "merchant_sales" / "_checkpoints").glob("epoch=*")
+        if p.is_dir()
     ]
     newest = max(epochs, key=lambda p: int(p.name.split("=")[1]))
     found = {}
@@ -478,8 +481,8 @@ def test_a_re_pointed_enrich_replays_each_record_with_the_table_its_batch_joined
     location, version), and a backfill, ``verify`` and a rewind judge the first
     records with ``merchants`` again, never the new table at the old version number."""
     topic = new_topic(1)
-    old_table = settings.warehouse / "dims" / "merchants"
-    new_table = settings.warehouse / "dims" / "renamed"
+    old_table = Path(settings.warehouse) / "dims" / "merchants"
+    new_table = Path(settings.warehouse) / "dims" / "renamed"
     write_merchants(old_table, MERCHANTS)
     renamed = {m: c.upper() for m, c in MERCHANTS.items()}
     write_merchants(new_table, renamed)
@@ -538,7 +541,7 @@ def test_a_dimension_deleted_and_loaded_again_is_another_table(  # type: ignore[
     import shutil
 
     topic = new_topic(1)
-    dims = settings.warehouse / "dims" / "merchants"
+    dims = Path(settings.warehouse) / "dims" / "merchants"
     write_merchants(dims, MERCHANTS)
     path = pipeline_file(tmp_path, topic)
     first = orders(10, 200)
@@ -600,9 +603,9 @@ def test_the_loader_measures_a_table_as_the_stream_keeps_it(  # type: ignore[no-
     kept = len("a") + len('{"id":"a","ts":"2024-01-01T00:00:00.000000Z"}') + 6
     monkeypatch.setenv("PLATFORM_DIMENSION_MAX_BYTES", str(kept - 1))
     with pytest.raises(ConfigError, match="past PLATFORM_DIMENSION_MAX_BYTES"):
-        read_checked(spark, dimension, source)
+        read_checked(spark, dimension, Location.local_path(source))
     monkeypatch.setenv("PLATFORM_DIMENSION_MAX_BYTES", str(kept))
-    rows = read_checked(spark, dimension, source)
+    rows = read_checked(spark, dimension, Location.local_path(source))
     table = tmp_path / "dims" / "stamps"
     rows.drop("_corrupt_record").write.format("delta").save(str(table))
     rows.unpersist()

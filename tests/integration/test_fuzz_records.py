@@ -10,6 +10,7 @@ import json
 import random
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -119,7 +120,7 @@ def test_fuzzed_records_never_fail_a_batch_and_are_accounted_for_exactly(
     for record in good:
         quantity[record["sku"]] += SIGN[record["kind"]] * record["qty"]
         movements[record["sku"]] += 1
-    root = settings.warehouse / "inventory"
+    root = Path(settings.warehouse) / "inventory"
     state = DeltaTable(str(root / "state")).to_pyarrow_table().to_pylist()
     assert {r["sku"]: r["quantity"] for r in state} == dict(quantity)
     assert {r["sku"]: r["movements"] for r in state} == dict(movements)
@@ -214,7 +215,7 @@ def test_fuzzed_orders_through_filter_and_expressions_are_accounted_for_exactly(
     run_pipeline(spark, load_pipeline(str(path), tmp_path), settings)
 
     expected, filtered = order_windows(good)
-    root = settings.warehouse / "orders_revenue"
+    root = Path(settings.warehouse) / "orders_revenue"
     assert_orders_state(DeltaTable(str(root / "state")).to_pyarrow_table().to_pylist(), expected)
     letters = DeltaTable(str(root / "dead_letter")).to_pyarrow_table().to_pylist()
     assert sorted(r["offset"] for r in letters) == sorted(bad_offsets)

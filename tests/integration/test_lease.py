@@ -151,3 +151,23 @@ def test_releasing_twice_or_after_a_loss_changes_nothing(s3_warehouse: Location)
     assert where.read_bytes() == after
     with pytest.raises(lease.LeaseLostError, match="released"):
         held.check()
+
+
+def test_an_application_on_s3_is_held_by_its_lease(s3_warehouse: Location) -> None:
+    from jobs.delta.layout import AppLayout
+    from jobs.lock import LockedError, application_lock, holder
+
+    layout = AppLayout(s3_warehouse, "user_clicks")
+    assert holder(layout) is None
+    with application_lock(layout, "run --trigger available-now") as held:
+        held.check()
+        found = holder(layout)
+        assert found is not None and found["purpose"] == "run --trigger available-now"
+        with (
+            pytest.raises(LockedError, match=r"user_clicks is busy: held by run --trigger"),
+            application_lock(layout, "rewind --reason x"),
+        ):
+            pass
+    assert holder(layout) is None  # released
+    with application_lock(layout, "rewind --reason x"):
+        pass

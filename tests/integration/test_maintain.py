@@ -31,7 +31,7 @@ def with_maintenance(path: Path, **settings: Any) -> Path:
 
 
 def rows(settings: Settings, name: str) -> list[dict[str, Any]]:
-    path = settings.warehouse / "user_clicks" / name
+    path = Path(settings.warehouse) / "user_clicks" / name
     return DeltaTable(str(path)).to_pyarrow_table().to_pylist()
 
 
@@ -65,7 +65,7 @@ def test_a_rewind_to_the_oldest_kept_boundary_works_after_maintain(  # type: ign
     last_of_run_one = run_one[-1]
     age = time.time() - last_of_run_one["commit_time"].timestamp()
     with_maintenance(path, rewind_horizon=f"{int(age)} seconds", reader_grace_hours=0)
-    state_dir = settings.warehouse / "user_clicks" / "state"
+    state_dir = Path(settings.warehouse / "user_clicks" / "state")
     on_disk_before = len(list(state_dir.glob("*.parquet")))
     done = run_jobs(path, settings, "maintain", "--reason", "test", spark=spark)
     assert done.returncode == 0, done.stderr
@@ -85,7 +85,7 @@ def test_a_rewind_to_the_oldest_kept_boundary_works_after_maintain(  # type: ign
     kept_version = json.loads(last_of_run_one["delta_versions"])["state_after"]
 
     def first_entry(table: str) -> int:
-        log = settings.warehouse / "user_clicks" / table / "_delta_log"
+        log = Path(settings.warehouse / "user_clicks" / table / "_delta_log")
         return min(int(p.name[:20]) for p in log.glob("*.json"))
 
     assert first_entry("state") == kept_version > 0
@@ -112,7 +112,7 @@ def test_a_rewind_to_the_oldest_kept_boundary_works_after_maintain(  # type: ign
 
     # Epoch 0's checkpoint is no longer needed once epoch 1 runs: the next maintain
     # deletes it; the state stays exact and status finds nothing wrong.
-    checkpoint_zero = settings.warehouse / "user_clicks" / "_checkpoints" / "epoch=0"
+    checkpoint_zero = Path(settings.warehouse) / "user_clicks" / "_checkpoints" / "epoch=0"
     assert checkpoint_zero.exists()
     again = run_jobs(path, settings, "maintain", "--reason", "test", spark=spark)
     assert again.returncode == 0, again.stderr

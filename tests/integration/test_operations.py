@@ -26,6 +26,7 @@ from jobs.pipeline import Pipeline, load_pipeline
 from jobs.settings import REPO_ROOT, Settings
 from jobs.status import application_status
 from jobs.streaming.run import run_pipeline
+from jobs.warehouse import Location
 from tests.conftest import pipeline_file, produce, run_jobs
 from tests.conftest import recent_clicks as clicks
 from tests.expected import clicks_per_window, state_as_counter
@@ -65,7 +66,7 @@ def cli(
 
 
 def table(settings: Settings, name: str) -> list[dict[str, Any]]:
-    path = settings.warehouse / "user_clicks" / name
+    path = Path(settings.warehouse) / "user_clicks" / name
     return DeltaTable(str(path)).to_pyarrow_table().to_pylist()
 
 
@@ -112,7 +113,7 @@ def test_rebuild_after_the_checkpoint_is_lost(
     assert_state(settings, first, second)
     # The seed batch's offsets (Kafka held at the cut, the seed read) are written as
     # the Python sources before the JVM ones wrote them: their checkpoints resume.
-    checkpoint = settings.warehouse / "user_clicks" / "_checkpoints" / "epoch=1"
+    checkpoint = Path(settings.warehouse) / "user_clicks" / "_checkpoints" / "epoch=1"
     held, seeded = (checkpoint / "offsets" / "0").read_text().splitlines()[2:4]
     assert seeded == json.dumps({"seeded": 1})
     ledger = DeltaTable(str(settings.warehouse / "user_clicks" / "_ledger")).to_pyarrow_table()
@@ -151,7 +152,8 @@ def assert_the_seed_check_sees_a_difference(spark, pipeline, checkpoint: Path, t
     resolved = resolve(spark, pipeline)
     seed = checkpoint.parent / "epoch=1.seed.parquet"
     rows = pq.read_table(seed)
-    assert verify_seeded_state(spark, resolved, checkpoint, seed) == rows.num_rows
+    kept = Location.local_path(checkpoint)
+    assert verify_seeded_state(spark, resolved, kept, Location.local_path(seed)) == rows.num_rows
     # One row's count changed, another row twice: both are named.
     column = contribution(pipeline.aggregations[0])
     changed = rows.column(column).to_pylist()
@@ -163,7 +165,7 @@ def assert_the_seed_check_sees_a_difference(spark, pipeline, checkpoint: Path, t
     wrong = tmp_path / "wrong.seed.parquet"
     pq.write_table(altered, wrong)
     with pytest.raises(ConsistencyError, match="differs from the Delta snapshot") as found:
-        verify_seeded_state(spark, resolved, checkpoint, wrong)
+        verify_seeded_state(spark, resolved, kept, Location.local_path(wrong))
     message = str(found.value)
     assert f"({rows.num_rows} rows)" in message  # Spark's
     assert f"({rows.num_rows + 1} rows)" in message  # the altered snapshot's
@@ -439,7 +441,7 @@ def test_an_operation_fences_a_running_stream(settings, kafka_config, new_topic,
         start_new_session=True,
     )
     try:
-        ledger = settings.warehouse / "user_clicks" / "_ledger"
+        ledger = Path(settings.warehouse) / "user_clicks" / "_ledger"
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if DeltaTable.is_deltatable(str(ledger)) and any(

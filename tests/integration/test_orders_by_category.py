@@ -73,7 +73,7 @@ def dimension(spark: Any, settings: Any) -> str:
 def test_the_dimension_feeds_the_stream_and_a_fix_is_backfilled(  # type: ignore[no-untyped-def]
     spark, broker, settings, kafka_config, new_topic, tmp_path
 ) -> None:
-    source = settings.warehouse / "incoming" / "merchants.jsonl"
+    source = Path(settings.warehouse) / "incoming" / "merchants.jsonl"
     assert sample_data.main(["merchants", "--out", str(source)]) == 0
     assert "40 rows, committed version 0" in dimension(spark, settings)
     assert "unchanged at version 0" in dimension(spark, settings)  # no version for nothing
@@ -161,7 +161,7 @@ def test_the_dimension_feeds_the_stream_and_a_fix_is_backfilled(  # type: ignore
 def test_a_file_the_table_cannot_take_is_one_error_and_nothing_written(  # type: ignore[no-untyped-def]
     spark, settings, rows: list[str], message: str
 ) -> None:
-    source = settings.warehouse / "incoming" / "merchants.jsonl"
+    source = Path(settings.warehouse) / "incoming" / "merchants.jsonl"
     source.parent.mkdir(parents=True, exist_ok=True)
     source.write_text("\n".join(rows) + "\n")
     argv = ["dimension", "--dimension", "merchants", "--warehouse", str(settings.warehouse)]
@@ -175,7 +175,7 @@ def test_a_file_the_table_cannot_take_is_one_error_and_nothing_written(  # type:
 def test_a_file_past_the_streams_size_limit_is_refused_before_it_is_written(  # type: ignore[no-untyped-def]
     spark, settings, monkeypatch
 ) -> None:
-    source = settings.warehouse / "incoming" / "merchants.jsonl"
+    source = Path(settings.warehouse) / "incoming" / "merchants.jsonl"
     source.parent.mkdir(parents=True, exist_ok=True)
     # 40 rows of about 230 bytes as JSON: 9 KiB, past a 4 KiB limit.
     rows = [

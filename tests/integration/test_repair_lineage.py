@@ -87,7 +87,7 @@ def test_records_after_the_last_batch_are_left_to_the_stream_by_a_backfill(  # t
     run_pipeline(spark, load_pipeline(str(v2), tmp_path), settings)
     assert state(settings.warehouse) == expected(first + later, 2)
     # Every bad record is a dead letter, once; every record is accounted for.
-    app = settings.warehouse / "inventory"
+    app = Path(settings.warehouse) / "inventory"
     letters = DeltaTable(str(app / "dead_letter")).to_pyarrow_table().to_pylist()
     assert sorted(r["offset"] for r in letters) == [350, 351, 352]
     ledger = DeltaTable(str(app / "_ledger")).to_pyarrow_table().to_pylist()

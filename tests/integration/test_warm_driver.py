@@ -76,7 +76,7 @@ def test_runs_on_a_warm_driver_are_exact(  # type: ignore[no-untyped-def]
     path = pipeline_file(tmp_path, "user_clicks", topic, archive=True)
     token = secrets.token_hex(16)
     first, second, third = recent_clicks(900, 0), recent_clicks(700, 3), recent_clicks(500, 5)
-    app = settings.warehouse / "user_clicks"
+    app = Path(settings.warehouse) / "user_clicks"
 
     def state() -> object:
         rows = DeltaTable(str(app / "state")).to_pyarrow_table().to_pylist()

@@ -52,7 +52,6 @@ def ledger_row(epoch: int, batch_id: int | None, entry: str = "batch", **kw: obj
 
 def write_ledger(where: AppLayout, rows: list[dict]) -> None:  # type: ignore[type-arg]
     path = where.table(tables.LEDGER)
-    path.parent.mkdir(parents=True, exist_ok=True)
     if not DeltaTable.is_deltatable(str(path)):
         DeltaTable.create(str(path), tables.LEDGER_SCHEMA)
     write_deltalake(str(path), pa.Table.from_pylist(rows, tables.LEDGER_SCHEMA), mode="append")

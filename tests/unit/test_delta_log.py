@@ -11,6 +11,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from jobs.delta.log import TABLE_CONFIGURATION, keep_loadable_from
+from jobs.warehouse import Location
 
 
 def commits(path: Path, count: int, configuration: dict[str, str] | None = None) -> None:
@@ -30,7 +31,7 @@ def log_versions(path: Path, suffix: str = ".json") -> list[int]:
 def test_every_version_from_the_floor_stays_loadable(tmp_path: Path) -> None:
     table = tmp_path / "t"
     commits(table, 12)
-    deleted = keep_loadable_from(table, 5, grace_s=0)
+    deleted = keep_loadable_from(Location.local_path(table), 5, grace_s=0)
     assert deleted == 5  # commits 0-4
     assert log_versions(table) == list(range(5, 12))
     for version in range(5, 12):
@@ -46,13 +47,13 @@ def test_only_entries_below_a_settled_checkpoint_go(tmp_path: Path) -> None:
     loaded from an older one a moment ago): an old one is, if there is one."""
     table = tmp_path / "t"
     commits(table, 6)
-    assert keep_loadable_from(table, 4, grace_s=3600) == 0  # nothing settled yet
+    assert keep_loadable_from(Location.local_path(table), 4, grace_s=3600) == 0  # none settled
     DeltaTable(str(table), version=2).create_checkpoint()
     old = time.time() - 7200
     for name in ("00000000000000000000.json", "00000000000000000001.json"):
         os.utime(table / "_delta_log" / name, (old, old))
     os.utime(table / "_delta_log" / "00000000000000000002.checkpoint.parquet", (old, old))
-    assert keep_loadable_from(table, 4, grace_s=3600) == 2
+    assert keep_loadable_from(Location.local_path(table), 4, grace_s=3600) == 2
     assert log_versions(table) == [2, 3, 4, 5]
     for version in range(2, 6):
         assert DeltaTable(str(table), version=version).to_pyarrow_table().num_rows == version + 1
@@ -62,7 +63,7 @@ def test_a_floor_outside_the_table_is_refused(tmp_path: Path) -> None:
     table = tmp_path / "t"
     commits(table, 2)
     with pytest.raises(ValueError, match="not between 0 and 1"):
-        keep_loadable_from(table, 2, grace_s=0)
+        keep_loadable_from(Location.local_path(table), 2, grace_s=0)
 
 
 def test_writers_never_drop_entries_by_age_on_platform_tables(tmp_path: Path) -> None:
@@ -118,7 +119,7 @@ def test_commit_infos_are_exact_by_version_when_commits_land_meanwhile(
         return original(self, limit)
 
     monkeypatch.setattr(DeltaTable, "history", racing_history)
-    assert {v: i["n"] for v, i in commit_infos(tmp_path, 2, 4).items()} == {
+    assert {v: i["n"] for v, i in commit_infos(Location.local_path(tmp_path), 2, 4).items()} == {
         2: "2",
         3: "3",
         4: "4",

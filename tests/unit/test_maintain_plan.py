@@ -73,7 +73,7 @@ def test_grace_is_a_floor_and_nothing_committed_keeps_only_grace() -> None:
 
 def test_staged_files_go_once_their_batch_can_no_longer_commit(tmp_path) -> None:  # type: ignore[no-untyped-def]
     layout = AppLayout(tmp_path, "app")
-    staged = layout.table("changelog") / "_staging"
+    staged = Path(layout.table("changelog") / "_staging")
     staged.mkdir(parents=True)
     names = {
         "old_epoch": "part-e1-b9-c00000-aa.parquet",  # fenced: epoch 1 < 2

@@ -181,3 +181,13 @@ def test_the_tools_in_include_say_it_in_one_error_line(command: list[str]) -> No
     assert (
         result.stderr == "error: PLATFORM_AIRFLOW_PORT must be a port number 1-65535, got '99999'\n"
     )
+
+
+def test_an_s3_warehouse_is_refused_until_runs_can_use_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PLATFORM_WAREHOUSE", "s3://warehouse/prefix")
+    with pytest.raises(ConfigError, match=r"object storage are not available yet") as found:
+        load_settings()
+    assert "\n" not in str(found.value)
+    monkeypatch.setenv("PLATFORM_WAREHOUSE", "gs://bucket/prefix")
+    with pytest.raises(ConfigError, match=r"use a local path or s3://bucket/prefix"):
+        load_settings()

@@ -44,7 +44,7 @@ def ledger_rows(layout: AppLayout, batch_ids: range) -> None:
 
 
 def spark_logs(layout: AppLayout, planned: range, committed: range) -> None:
-    checkpoint = layout.checkpoint(0)
+    checkpoint = Path(layout.checkpoint(0))
     for name, ids in (("offsets", planned), ("commits", committed)):
         (checkpoint / name).mkdir(parents=True, exist_ok=True)
         for b in ids:

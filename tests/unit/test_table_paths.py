@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from jobs.delta.layout import AppLayout, check_table_path, file_path
+from jobs.delta.layout import AppLayout, check_table_path, file_location
 from jobs.errors import ConfigError
 
 
@@ -17,7 +17,7 @@ def test_data_files_of_a_table_in_an_odd_folder_are_found(tmp_path: Path) -> Non
     table = tmp_path / "ware house 50% #1 é" / "state"
     write_deltalake(str(table), pa.table({"x": [1]}))
     (uri,) = DeltaTable(str(table)).file_uris()
-    assert file_path(uri).exists() and file_path(uri).parent == table
+    assert file_location(uri).exists() and Path(file_location(uri).parent) == table
 
 
 @pytest.mark.parametrize("name", ["h%25y", "caf%C3%A9", "a%41"])

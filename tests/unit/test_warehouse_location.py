@@ -73,10 +73,3 @@ def test_a_local_warehouse_refuses_a_conditional_replacement(tmp_path: Path) -> 
     target.create(b"1")
     with pytest.raises(StorageError, match="flock"):
         target.update(b"2", "etag")
-
-
-def test_a_local_write_in_progress_is_not_listed(tmp_path: Path) -> None:
-    folder = Location.local_path(tmp_path)
-    (folder / "a.json").write_bytes(b"1")
-    (tmp_path / ".b.json.0123456789ab.tmp").write_bytes(b"half")
-    assert [c.name for c in folder.iterdir()] == ["a.json"]
