@@ -33,7 +33,7 @@ from pathlib import Path
 from jobs.errors import BrokerError
 from jobs.jars import broker_classpath, tools_classpath
 from jobs.kafka_settings import jaas_quoted
-from jobs.local_server import alive, ended, find_free_port, port_is_free, started
+from jobs.local_server import alive, ended, find_free_port, port_is_free, read_state, started
 from jobs.settings import REPO_ROOT, java_options
 
 STATE_FILE = "broker.json"
@@ -318,11 +318,7 @@ def node_dir(data_dir: Path, node_id: int) -> Path:
 
 
 def _cluster(data_dir: Path) -> dict[str, object] | None:
-    try:
-        found = json.loads((data_dir / CLUSTER_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return found if isinstance(found, dict) else None
+    return read_state(data_dir / CLUSTER_FILE)
 
 
 def start_cluster(data_dir: Path, nodes: int = 3, timeout_s: float = 90.0) -> ClusterInfo:

@@ -5,14 +5,25 @@ still the process that was started."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
 import time
+from pathlib import Path
 
 import psutil
 
 from jobs.errors import PlatformError
+
+
+def read_state(path: Path) -> dict[str, object] | None:
+    """A server's state file (a JSON object), or None when it is missing or torn."""
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
 
 
 def port_is_free(port: int) -> bool:

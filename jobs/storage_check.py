@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from jobs.errors import ConfigError
-from jobs.warehouse import AlreadyExistsError, ChangedError, Location
+from jobs.warehouse import AlreadyExistsError, ChangedError, Location, StorageError
 
 CHECK_FOLDER = "_storage_check"
 
@@ -45,45 +45,56 @@ def _race(writers: int, attempt: Callable[[int], bool]) -> int:
         return sum(pool.map(run, range(writers)))
 
 
-def create_is_atomic(folder: Location, rounds: int, writers: int) -> Finding:
+def _one_winner_each(
+    name: str, rounds: int, writers: int, attempt_of: Callable[[int], Callable[[int], bool]]
+) -> Finding:
+    """``rounds`` races of ``writers`` (``attempt_of(round)``): exactly one wins each."""
     bad = []
     for r in range(rounds):
+        winners = _race(writers, attempt_of(r))
+        if winners != 1:
+            bad.append(f"round {r}: {winners} winners")
+    detail = "; ".join(bad) or f"{rounds} rounds of {writers} writers: one winner each"
+    return Finding(name, not bad, detail)
+
+
+def create_is_atomic(folder: Location, rounds: int, writers: int) -> Finding:
+    def attempt_of(r: int) -> Callable[[int], bool]:
         target = folder / f"create-{r}"
 
-        def attempt(i: int, target: Location = target) -> bool:
+        def attempt(i: int) -> bool:
             try:
                 target.create(f"writer {i}".encode())
             except AlreadyExistsError:
                 return False
             return True
 
-        winners = _race(writers, attempt)
-        if winners != 1:
-            bad.append(f"round {r}: {winners} winners")
-    detail = "; ".join(bad) or f"{rounds} rounds of {writers} writers: one winner each"
-    return Finding("If-None-Match: * (create only if absent)", not bad, detail)
+        return attempt
+
+    return _one_winner_each("If-None-Match: * (create only if absent)", rounds, writers, attempt_of)
 
 
 def update_is_atomic(folder: Location, rounds: int, writers: int) -> Finding:
-    bad = []
-    for r in range(rounds):
+    def attempt_of(r: int) -> Callable[[int], bool]:
         target = folder / f"update-{r}"
         etag = target.create(b"first").etag
         if etag is None:
-            return Finding("If-Match: <etag>", False, "the store returned no version tag")
+            raise StorageError(f"the store of {folder} returned no version tag (ETag)")
 
-        def attempt(i: int, target: Location = target, etag: str = etag) -> bool:
+        def attempt(i: int) -> bool:
             try:
                 target.update(f"writer {i} {uuid.uuid4().hex}".encode(), etag)
             except ChangedError:
                 return False
             return True
 
-        winners = _race(writers, attempt)
-        if winners != 1:
-            bad.append(f"round {r}: {winners} winners")
-    detail = "; ".join(bad) or f"{rounds} rounds of {writers} writers: one winner each"
-    return Finding("If-Match: <etag> (replace only that version)", not bad, detail)
+        return attempt
+
+    name = "If-Match: <etag> (replace only that version)"
+    try:
+        return _one_winner_each(name, rounds, writers, attempt_of)
+    except StorageError as exc:
+        return Finding(name, False, str(exc))
 
 
 def listing_is_consistent(folder: Location, objects: int, writers: int) -> Finding:

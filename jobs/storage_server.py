@@ -28,7 +28,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from jobs.errors import PlatformError
-from jobs.local_server import alive, ended, find_free_port, port_is_free, started
+from jobs.local_server import alive, ended, find_free_port, port_is_free, read_state, started
 
 STATE_FILE = "storage.json"
 LOG_FILE = "storage.log"
@@ -86,11 +86,7 @@ def weed_binary() -> str:
 
 
 def _state(data_dir: Path) -> dict[str, object] | None:
-    try:
-        info = json.loads((data_dir / STATE_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return info if isinstance(info, dict) else None
+    return read_state(data_dir / STATE_FILE)
 
 
 def status(data_dir: Path) -> StorageInfo | None:
