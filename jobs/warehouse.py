@@ -429,16 +429,25 @@ class _S3Objects:
         for folder in found["common_prefixes"]:
             yield Location(f"{root}/{folder.rstrip('/')}")
         for meta in found["objects"]:
-            yield Location(f"{root}/{meta['path']}")
+            if meta["path"] != loc.key:  # the folder's own marker
+                yield Location(f"{root}/{meta['path']}")
 
     def all_files(self, loc: Location) -> Iterator[Location]:
         import obstore
 
         prefix = f"{loc.key}/" if loc.key else None
         with _failures(loc, "list"):
-            for chunk in obstore.list(self._store(loc), prefix, chunk_size=1000):
-                for meta in chunk:
-                    yield Location(f"s3://{loc.bucket}/{meta['path']}")
+            keys = [
+                meta["path"]
+                for chunk in obstore.list(self._store(loc), prefix, chunk_size=1000)
+                for meta in chunk
+            ]
+        # A folder's marker (what S3A writes for ``dir/``) lists as the folder's
+        # own key: not a file.
+        folders = {key[:i] for key in keys for i, c in enumerate(key) if c == "/"}
+        for key in keys:
+            if key not in folders and key != loc.key:
+                yield Location(f"s3://{loc.bucket}/{key}")
 
     def files(self, loc: Location) -> Iterator[tuple[Location, Stat]]:
         import obstore
@@ -447,6 +456,8 @@ class _S3Objects:
         with _failures(loc, "list"):
             found = obstore.list_with_delimiter(self._store(loc), prefix)
         for meta in found["objects"]:
+            if meta["path"] == loc.key:  # the folder's own marker
+                continue
             stat = Stat(meta["size"], meta["last_modified"].timestamp(), meta["e_tag"])
             yield Location(f"s3://{loc.bucket}/{meta['path']}"), stat
 

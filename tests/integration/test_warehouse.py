@@ -86,3 +86,15 @@ def test_a_store_that_does_not_answer_is_one_line_naming_it(
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{find_free_port(29000, 29500)}")
     with pytest.raises(StorageError, match=r"could not read s3://.*AWS_ENDPOINT_URL"):
         (s3_warehouse / "x").read_bytes()
+
+
+def test_folder_markers_that_spark_writes_are_not_files(s3_warehouse: Location) -> None:
+    import obstore
+    from obstore.store import S3Store
+
+    store = S3Store(s3_warehouse.bucket, client_options={"allow_http": True})
+    obstore.put(store, f"{s3_warehouse.key}/cp/offsets/", b"")  # what S3A leaves
+    (s3_warehouse / "cp" / "offsets" / "0").write_bytes(b"v1")
+    assert [c.name for c in (s3_warehouse / "cp" / "offsets").iterdir()] == ["0"]
+    assert [c.name for c, _ in (s3_warehouse / "cp" / "offsets").files()] == ["0"]
+    assert [c.name for c in (s3_warehouse / "cp").all_files()] == ["0"]
