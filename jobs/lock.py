@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 from jobs import lease
 from jobs.delta.layout import AppLayout
+from jobs.delta.writer import commits_checked_by
 from jobs.errors import PlatformError
 from jobs.warehouse import Location
 
@@ -102,7 +103,8 @@ def application_lock(layout: AppLayout, purpose: str) -> Iterator[Holding]:
         except lease.LeaseError as exc:
             raise LockedError(str(exc)) from None
         try:
-            yield held
+            with commits_checked_by(held.check):
+                yield held
         finally:
             held.release()
         return
@@ -132,7 +134,9 @@ def application_lock(layout: AppLayout, purpose: str) -> Iterator[Holding]:
         handle.truncate()
         handle.write(json.dumps(info))
         handle.flush()
-        yield _Flocked()
+        held_here = _Flocked()
+        with commits_checked_by(held_here.check):
+            yield held_here
     finally:
         handle.close()  # releases the lock
 

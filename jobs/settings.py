@@ -233,14 +233,7 @@ def warehouse_location(raw: str, name: str = ENV_PREFIX + "WAREHOUSE") -> Locati
     folder) or s3://bucket/prefix."""
     if not raw.strip() or (os.path.exists(raw) and not os.path.isdir(raw)):
         raise refused(name, "the path of a directory or s3://bucket/prefix", raw)
-    found = Location.parse(raw, name)
-    if found.is_s3:
-        raise ConfigError(
-            f"{name} {raw!r}: runs, operations and DAGs on object storage are not available "
-            "yet (the store's own tools are: python -m jobs storage start|status|check); use "
-            "a local folder"
-        )
-    return found
+    return Location.parse(raw, name)
 
 
 def _directory(name: str, default: Path) -> Path:

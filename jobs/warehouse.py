@@ -35,7 +35,7 @@ import re
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import cache
@@ -45,7 +45,9 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Literal
 from jobs.errors import ConfigError, PlatformError
 
 if TYPE_CHECKING:
+    import pyarrow.dataset as ds
     from obstore.store import S3Store
+    from pyarrow.fs import PyFileSystem
 
 Scheme = Literal["file", "s3"]
 # An S3 bucket's name (the rules AWS gives: 3-63 of lowercase letters, digits, dots
@@ -572,6 +574,75 @@ class _SeekableReader(io.RawIOBase):
         super().close()
 
 
+def parquet_dataset(files: Sequence[Location]) -> ds.Dataset:
+    """Parquet files as one pyarrow dataset: local paths as they are, S3 objects
+    read through this module's client (pyarrow asks for a file's size, then reads
+    ranges of it)."""
+    import pyarrow.dataset as ds
+
+    if not any(f.is_s3 for f in files):
+        return ds.dataset([f.uri for f in files], format="parquet")
+    if not all(f.is_s3 for f in files):
+        raise ValueError("a dataset of local and S3 files")
+    return ds.dataset([f.uri for f in files], format="parquet", filesystem=_arrow_reads())
+
+
+def parquet_rows(file: Location) -> int:
+    """A Parquet file's row count, from its footer."""
+    import pyarrow.parquet as pq
+
+    with file.open_reader() as handle:
+        return int(pq.read_metadata(handle).num_rows)
+
+
+@cache
+def _arrow_reads() -> PyFileSystem:
+    """Reads of S3 objects for pyarrow, by URI; nothing else (the warehouse's writes
+    go through ``Location``). Made on first use: pyarrow is not imported with this
+    module (Airflow's DAG files import it)."""
+    import pyarrow as pa
+    from pyarrow.fs import FileInfo, FileSystemHandler, FileType, PyFileSystem
+
+    def refused(*_args: Any, **_kwargs: Any) -> Any:
+        raise NotImplementedError("pyarrow reads S3 objects only; writes go through Location")
+
+    class Reads(FileSystemHandler):  # type: ignore[misc]
+        get_file_info_selector = create_dir = delete_dir = delete_dir_contents = refused
+        delete_root_dir_contents = delete_file = move = copy_file = refused
+        open_output_stream = open_append_stream = refused
+
+        def get_type_name(self) -> str:
+            return "platform-s3"
+
+        def normalize_path(self, path: str) -> str:
+            return path
+
+        def get_file_info(self, paths: list[str]) -> list[FileInfo]:
+            found = []
+            for path in paths:
+                stat = Location.parse(path).stat()
+                kind = FileType.NotFound if stat is None else FileType.File
+                found.append(FileInfo(path, kind, size=None if stat is None else stat.size))
+            return found
+
+        def open_input_file(self, path: str) -> pa.PythonFile:
+            return pa.PythonFile(Location.parse(path).open_reader(), mode="r")
+
+        def open_input_stream(self, path: str) -> pa.PythonFile:
+            return self.open_input_file(path)
+
+        def __eq__(self, other: object) -> bool:
+            return isinstance(other, Reads)
+
+        def __ne__(self, other: object) -> bool:
+            return not isinstance(other, Reads)
+
+        def __hash__(self) -> int:
+            return hash(Reads)
+
+    return PyFileSystem(Reads())
+
+
 def _now_s() -> float:
     import time
 
@@ -600,6 +671,41 @@ AWS_VARIABLES = (
 
 def _s3_environment() -> tuple[tuple[str, str], ...]:
     return tuple((name, os.environ[name]) for name in AWS_VARIABLES if name in os.environ)
+
+
+def s3a_settings(environ: Mapping[str, str]) -> dict[str, str]:
+    """Spark's S3A (hadoop-aws) configured from the same AWS variables as the
+    platform's own client: the endpoint (path-style, TLS as its scheme says), the
+    region and, when given, the keys. Without keys S3A's own chain applies (an
+    instance profile, a web identity). Hadoop keys, without ``spark.hadoop.``."""
+    # s3:// as well as s3a://: a table a pipeline names as s3://bucket/key (as delta-rs
+    # and the AWS tools write it) is read through S3A too.
+    found = {"fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem"}
+    endpoint = environ.get("AWS_ENDPOINT_URL", "")
+    if endpoint:
+        found["fs.s3a.endpoint"] = endpoint
+        found["fs.s3a.path.style.access"] = "true"
+        found["fs.s3a.connection.ssl.enabled"] = str(endpoint.startswith("https:")).lower()
+    region = environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION")
+    if region:
+        found["fs.s3a.endpoint.region"] = region
+    for variable, key in (
+        ("AWS_ACCESS_KEY_ID", "fs.s3a.access.key"),
+        ("AWS_SECRET_ACCESS_KEY", "fs.s3a.secret.key"),
+        ("AWS_SESSION_TOKEN", "fs.s3a.session.token"),
+    ):
+        if environ.get(variable):
+            found[key] = environ[variable]
+    if environ.get("AWS_SESSION_TOKEN"):
+        found["fs.s3a.aws.credentials.provider"] = (
+            "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider"
+        )
+    return found
+
+
+def aws_environment() -> dict[str, str]:
+    """The AWS variables set in this process (what executors elsewhere are given)."""
+    return dict(_s3_environment())
 
 
 @cache

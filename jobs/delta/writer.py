@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -35,6 +37,29 @@ from jobs.warehouse import Location
 log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 5
 TableOperation = Callable[[DeltaTable, CommitProperties], None]
+# The check the holder of an application runs before each of its commits, installed
+# by ``jobs/lock.py`` while it holds the application: a holder whose lease on object
+# storage lapsed (frozen, cut off) commits nothing. A run's batches, committed on
+# Spark's callback thread, carry theirs as ``BatchWriter.guard``.
+_HOLD_CHECK: ContextVar[Callable[[], None] | None] = ContextVar("hold_check", default=None)
+
+
+@contextmanager
+def commits_checked_by(check: Callable[[], None]) -> Iterator[None]:
+    """Every commit of this thread (and the context it copies) in the block runs
+    ``check`` first."""
+    token = _HOLD_CHECK.set(check)
+    try:
+        yield
+    finally:
+        _HOLD_CHECK.reset(token)
+
+
+def check_hold() -> None:
+    """Raise (``LeaseLostError``) when this process may no longer commit."""
+    check = _HOLD_CHECK.get()
+    if check is not None:
+        check()
 
 
 def batch_txn_id(application_id: str, epoch: int) -> str:
@@ -98,8 +123,7 @@ class BatchWriter:
             **(metadata or {}),
         }
         for _attempt in range(MAX_ATTEMPTS):
-            if self.guard is not None:
-                self.guard()
+            (self.guard or check_hold)()
             table = DeltaTable(str(path))
             self._check_fence(table, path)
             if self.exactly_once:
@@ -273,6 +297,7 @@ def bump_epoch(
                 raise FencedError(
                     f"{path.name} of {application_id} is at epoch {current}, not below {new_epoch}"
                 )
+            check_hold()
             rows = first_rows if i == 0 and first_rows is not None else None
             if rows is None:
                 rows = pa.Table.from_batches([], schema=pa.schema(table.schema().to_arrow()))
@@ -298,7 +323,9 @@ def fenced_properties(
     application_id: str, epoch: int, operation: str, tags: dict[str, str] | None = None
 ) -> CommitProperties:
     """Commit properties of an operation's own commits in its (new) epoch, tagged
-    with the operation (and its reason and versions) in the commit info."""
+    with the operation (and its reason and versions) in the commit info. Made just
+    before the commit: refused once this process lost its hold on the application."""
+    check_hold()
     return CommitProperties(
         app_transactions=[Transaction(fence_txn_id(application_id), epoch)],
         custom_metadata={

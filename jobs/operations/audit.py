@@ -13,6 +13,7 @@ from deltalake import write_deltalake
 
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
+from jobs.delta.writer import check_hold
 from jobs.pipeline import Pipeline
 
 
@@ -53,6 +54,8 @@ def audit_row(
 
 
 def append_audit(layout: AppLayout, row: pa.Table) -> None:
-    """A blind append (no fence): audits of dry runs must not disturb a running stream."""
+    """A blind append (no fence): audits of dry runs must not disturb a running stream.
+    A holder that lost its hold on the application records nothing more."""
+    check_hold()
     tables.upgrade_ledger(layout.table(tables.LEDGER))
     write_deltalake(str(layout.table(tables.LEDGER)), row, mode="append")

@@ -40,7 +40,7 @@ from jobs.delta import layout as tables
 from jobs.delta.files import stale_staged_files
 from jobs.delta.layout import AppLayout
 from jobs.delta.log import EXPIRED_LOG_CLEANUP, TABLE_CONFIGURATION, keep_loadable_from
-from jobs.delta.writer import MAX_ATTEMPTS, committed_batch
+from jobs.delta.writer import MAX_ATTEMPTS, check_hold, committed_batch
 from jobs.errors import ConsistencyError, OutputError, PlatformError
 from jobs.ledger import (
     DONE,
@@ -312,6 +312,7 @@ def _retrying(what: str, action: Callable[[], Any]) -> Any:
     """A commit that lost to a concurrent one (a stream's batch) is tried again on
     the new snapshot; the data it rewrites is the same either way."""
     for attempt in range(MAX_ATTEMPTS):
+        check_hold()
         try:
             return action()
         except CommitFailedError as exc:

@@ -40,7 +40,6 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.dataset as ds
-import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
@@ -67,7 +66,7 @@ from jobs.streaming.dead_letters import batch_reader
 from jobs.streaming.observed import observed_metrics
 from jobs.streaming.query import OBSERVATION
 from jobs.streaming.seed import verify_seeded_state
-from jobs.warehouse import Location
+from jobs.warehouse import Location, parquet_dataset, parquet_rows
 
 log = logging.getLogger(__name__)
 # Changed rows a batch's state merge takes in memory (see ChangedRows.source).
@@ -117,8 +116,7 @@ class ChangedRows:
     def _dataset(self) -> ds.Dataset:
         if self.files is None:
             return DeltaTable(str(self.changelog)).to_pyarrow_dataset()
-        paths = [str(self.changelog / f.name) for f in self.files]
-        return ds.dataset(paths, format="parquet")
+        return parquet_dataset([self.changelog / f.name for f in self.files])
 
     def _reader(self) -> pa.RecordBatchReader:
         # The changelog's columns, with commit_time as the state's updated_at.
@@ -243,7 +241,7 @@ class BatchCommitter:
 
         lap("spark")
         if seed_batch and self.seed_path is not None:
-            extra["seed_rows"] = pq.read_metadata(self.seed_path).num_rows
+            extra["seed_rows"] = parquet_rows(self.seed_path)
         metrics = observed_metrics(self.spark, self.query_name, OBSERVATION)
         if done is not None and done >= batch_id:
             log.info("batch %d of epoch %d is already committed: skipped", batch_id, self.epoch)

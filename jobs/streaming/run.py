@@ -332,7 +332,7 @@ def _stream(
             settings.bootstrap_servers,
             json.dumps(starting),
             settings.kafka_client,
-            str(checkpoint),
+            checkpoint.spark_uri,
             seed=seed,
             hold=hold,
             min_watermark_ms=cut.watermark_ms,

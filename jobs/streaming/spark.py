@@ -26,6 +26,7 @@ from jobs.private_dir import is_own, private_dir
 from jobs.settings import REPO_ROOT, Settings
 from jobs.streaming import batch_watermark
 from jobs.streaming.jvm import driver_java_options
+from jobs.warehouse import aws_environment, s3a_settings
 
 # Spark's own Kafka source (from the jars ``make setup`` resolved).
 KAFKA_PROVIDER = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
@@ -201,7 +202,7 @@ def get_spark(
         builder = builder.config(
             "spark.driver.extraClassPath", os.pathsep.join(str(jar) for jar in spark_jars())
         )
-    for key, value in {**DELTA_CONF, **sql_settings.PINNED}.items():
+    for key, value in {**DELTA_CONF, **sql_settings.PINNED, **storage_conf(master)}.items():
         builder = builder.config(key, value)
     spark = (
         builder.appName(app_name)
@@ -229,6 +230,26 @@ def get_spark(
     return spark
 
 
+def storage_conf(master: str) -> dict[str, str]:
+    """The object store as this process's AWS variables say: S3A's settings, and on
+    a cluster the variables themselves for the executors (their Python tasks write
+    staged files through ``jobs/warehouse.py``; the values stay out of Spark's UI,
+    which redacts keys named like secrets)."""
+    environ = aws_environment()
+    found = {f"spark.hadoop.{key}": value for key, value in s3a_settings(environ).items()}
+    if not master.startswith("local"):
+        found.update({f"spark.executorEnv.{name}": value for name, value in environ.items()})
+    return found
+
+
+def use_storage_of_this_process(spark: SparkSession) -> None:
+    """A host's session (started before this command's AWS variables were set, as
+    in the test suite) reads the store as this process's variables say now."""
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()  # type: ignore[union-attr]
+    for key, value in s3a_settings(aws_environment()).items():
+        hadoop.set(key, value)
+
+
 @contextmanager
 def command_session(settings: Settings, app_name: str) -> Iterator[SparkSession]:
     """The Spark session of one command (``run``, ``backfill``, ``verify``): a Spark
@@ -237,6 +258,7 @@ def command_session(settings: Settings, app_name: str) -> Iterator[SparkSession]
     platform (``hosted_by``)."""
     if _host is not None:
         with _host_commands:
+            use_storage_of_this_process(_host)
             yield _host
         return
     from pyspark import SparkContext

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
+import pyspark
 import pytest
 
 from jobs import broker, jars
@@ -49,8 +51,18 @@ def test_the_resolved_jars_hold_sparks_kafka_source_and_no_second_spark() -> Non
     names = [jar.name for jar in jars.spark_jars()]
     assert any(name.startswith("spark-sql-kafka-0-10_2.13-4.2.0") for name in names)
     assert jars.SOURCES_JAR in names
-    # pyspark/jars has Spark, Scala and Hadoop: a second copy would shadow them.
-    assert not [n for n in names if n.startswith(("spark-sql_", "scala-library", "hadoop-"))]
+    assert "hadoop-aws-3.5.0.jar" in names  # S3A, at pyspark's Hadoop version
+    # pyspark/jars has Spark, Scala, Hadoop, netty, ...: a second copy of an artifact
+    # (at another version) would shadow or break it.
+    pyspark_jars = Path(pyspark.__file__).parent / "jars"
+    artifact = re.compile(r"^(.+?)-\d[\w.]*(?:-[A-Za-z][\w.]*)*\.jar$")
+
+    def artifacts(found: list[str]) -> set[str]:
+        return {m[1] for m in map(artifact.match, found) if m}
+
+    own = artifacts([jar.name for jar in pyspark_jars.glob("*.jar")])
+    assert "hadoop-client-api" in own and "netty-common" in own
+    assert not artifacts(names) & own
 
 
 def test_free_ports_come_from_a_narrow_range_wherever_the_pid_starts(

@@ -183,11 +183,10 @@ def test_the_tools_in_include_say_it_in_one_error_line(command: list[str]) -> No
     )
 
 
-def test_an_s3_warehouse_is_refused_until_runs_can_use_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PLATFORM_WAREHOUSE", "s3://warehouse/prefix")
-    with pytest.raises(ConfigError, match=r"object storage are not available yet") as found:
-        load_settings()
-    assert "\n" not in str(found.value)
+def test_a_warehouse_is_a_local_folder_or_an_s3_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PLATFORM_WAREHOUSE", "s3a://warehouse/prefix")
+    assert load_settings().warehouse.uri == "s3://warehouse/prefix"
+    assert load_settings().warehouse.spark_uri == "s3a://warehouse/prefix"
     monkeypatch.setenv("PLATFORM_WAREHOUSE", "gs://bucket/prefix")
     with pytest.raises(ConfigError, match=r"use a local path or s3://bucket/prefix"):
         load_settings()

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from jobs.errors import ConfigError
-from jobs.warehouse import Location, StorageError
+from jobs.warehouse import Location, StorageError, s3a_settings
 
 
 @pytest.mark.parametrize(
@@ -73,3 +73,34 @@ def test_a_local_warehouse_refuses_a_conditional_replacement(tmp_path: Path) -> 
     target.create(b"1")
     with pytest.raises(StorageError, match="flock"):
         target.update(b"2", "etag")
+
+
+def test_s3a_is_configured_from_the_aws_variables() -> None:
+    found = s3a_settings(
+        {
+            "AWS_ENDPOINT_URL": "http://127.0.0.1:9000",
+            "AWS_ACCESS_KEY_ID": "id",
+            "AWS_SECRET_ACCESS_KEY": "secret",
+            "AWS_DEFAULT_REGION": "eu-west-1",
+            "HOME": "/home/someone",
+        }
+    )
+    assert found == {
+        "fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem",
+        "fs.s3a.endpoint": "http://127.0.0.1:9000",
+        "fs.s3a.path.style.access": "true",
+        "fs.s3a.connection.ssl.enabled": "false",
+        "fs.s3a.endpoint.region": "eu-west-1",
+        "fs.s3a.access.key": "id",
+        "fs.s3a.secret.key": "secret",
+    }
+    https = s3a_settings({"AWS_ENDPOINT_URL": "https://s3.example.com", "AWS_REGION": "x"})
+    assert https["fs.s3a.connection.ssl.enabled"] == "true"
+    assert https["fs.s3a.endpoint.region"] == "x"
+    assert "fs.s3a.access.key" not in https  # S3A's own chain: an instance profile
+    assert s3a_settings({}) == {"fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem"}
+    temporary = s3a_settings(
+        {"AWS_ACCESS_KEY_ID": "a", "AWS_SECRET_ACCESS_KEY": "b", "AWS_SESSION_TOKEN": "t"}
+    )
+    assert temporary["fs.s3a.session.token"] == "t"
+    assert temporary["fs.s3a.aws.credentials.provider"].endswith("TemporaryAWSCredentialsProvider")
