@@ -36,6 +36,10 @@ class _Parser(argparse.ArgumentParser):
         raise ConfigError(f"{self.prog}: {message}")
 
 
+# A string: a Path would make s3://bucket/prefix a local folder named "s3:".
+WAREHOUSE_HELP = "the Delta tables' folder or s3://bucket/prefix"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m jobs", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -135,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     dimension.add_argument(
         "--dimension", required=True, help="a name in include/dimensions or a path"
     )
-    dimension.add_argument("--warehouse", type=Path, help="directory of the Delta tables")
+    dimension.add_argument("--warehouse", help=WAREHOUSE_HELP)
 
     publish = commands.add_parser(
         "publish",
@@ -154,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--port", type=int, help="default: $PLATFORM_DRIVER_PORT or 18090")
     serve.add_argument("--bootstrap-servers", help="HOST:PORT[,HOST:PORT]")
-    serve.add_argument("--warehouse", type=Path, help="directory of the Delta tables")
+    serve.add_argument("--warehouse", help=WAREHOUSE_HELP)
 
     metrics = commands.add_parser(
         "metrics", help="every application's metrics from its ledger and the broker"
@@ -164,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     metrics.add_argument("--port", type=int, help="default: $PLATFORM_METRICS_PORT or 9464")
     metrics.add_argument("--bootstrap-servers", help="HOST:PORT[,HOST:PORT]")
-    metrics.add_argument("--warehouse", type=Path, help="directory of the Delta tables")
+    metrics.add_argument("--warehouse", help=WAREHOUSE_HELP)
 
     commands.add_parser(
         "jars",
@@ -202,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _pipeline_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pipeline", required=True, help="a name in include/pipelines or a path")
     parser.add_argument("--bootstrap-servers", help="HOST:PORT[,HOST:PORT]")
-    parser.add_argument("--warehouse", type=Path, help="directory of the Delta tables")
+    parser.add_argument("--warehouse", help=WAREHOUSE_HELP)
 
 
 def _operation_args(parser: argparse.ArgumentParser, saves_plans: bool = False) -> None:

@@ -213,13 +213,35 @@ def holder_record(purpose: str, user: str) -> dict[str, Any]:
 
 
 def current(location: Location) -> dict[str, Any] | None:
-    """The lease's holder now (its record), or None when it is free. A lease whose
-    record is older than its time to live counts as held: only a taker's watch
-    can tell it expired."""
+    """The lease's holder now (its record), or None when it holds nothing: it is
+    released, or its writer's own times say it was not renewed within its time to
+    live (a killed holder), or it does not say. What commands check before they
+    start and ``status`` shows; ``take`` proves an expiry on this machine's clock
+    before it takes a lease over."""
     record, stat = _read(location)
-    if stat is None or record.get("released"):
+    if stat is None or _unrenewed_for(record) is not None:
         return None
     return record
+
+
+def _their_ttl(record: dict[str, Any], default_s: float = DEFAULT_TTL_S) -> float:
+    """A record's time to live (``default_s`` when it does not say), within the
+    bounds any holder takes: a record is another machine's text."""
+    return min(max(_number(record, "ttl_s") or default_s, MIN_TTL_S), MAX_TTL_S)
+
+
+def _unrenewed_for(record: dict[str, Any], default_s: float = DEFAULT_TTL_S) -> float | None:
+    """None while the record is live by its writer's clock (renewed within its time
+    to live); else how long a taker watches it before taking it over: 0 for a
+    released lease, its time to live for one that looks expired or does not say."""
+    if record.get("released"):
+        return 0.0
+    renewed = _number(record, "renewed_s") or _number(record, "since")
+    age = None if renewed is None else time.time() - renewed
+    ttl = _their_ttl(record, default_s)
+    if age is not None and 0 <= age < ttl:
+        return None
+    return ttl
 
 
 def take(location: Location, purpose: str, user: str, ttl_s: float = DEFAULT_TTL_S) -> Lease:
@@ -240,21 +262,24 @@ def take(location: Location, purpose: str, user: str, ttl_s: float = DEFAULT_TTL
         return _held(location, record, ttl_s, stat, int(found["generation"]), started)
     previous = _number(found, "generation")
     generation = max(int(previous), 0) + 1 if previous is not None else 1
-    if not found.get("released"):
-        renewed = _number(found, "renewed_s") or _number(found, "since")
-        age = None if renewed is None else time.time() - renewed
-        # Their time to live, within the bounds any holder takes (a record is
-        # another machine's text).
-        their_ttl = min(max(_number(found, "ttl_s") or ttl_s, MIN_TTL_S), MAX_TTL_S)
-        if age is not None and 0 <= age < their_ttl:
-            raise LeaseError(
-                f"application {location.parent.name} is busy: held by {describe(found)}, "
-                f"renewed {age:.0f} s ago; if that process is gone, its lease expires "
-                f"{their_ttl:.0f} s after its last renewal: try again then"
-            )
+    watch_s = _unrenewed_for(found, ttl_s)
+    if watch_s is None:
+        renewed = _number(found, "renewed_s") or _number(found, "since") or 0.0
+        raise LeaseError(
+            f"application {location.parent.name} is busy: held by {describe(found)}, "
+            f"renewed {time.time() - renewed:.0f} s ago; if that process is gone, its lease "
+            f"expires {_their_ttl(found, ttl_s):.0f} s after its last renewal: try again then"
+        )
+    if watch_s:
         # Stale by its writer's clock (or a clock ahead of ours, or a record that
         # does not say): prove it on ours, by watching for a renewal.
-        _watch(location, stat, their_ttl)
+        log.warning(
+            "the lease of %s was not renewed by %s: taking it over if it stays so for %.0f s",
+            location.parent.name,
+            describe(found),
+            watch_s,
+        )
+        _watch(location, stat, watch_s)
     started = _clock()
     try:
         taken = location.update(_encode({**record, "generation": generation}, ttl_s), stat.etag)

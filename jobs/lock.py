@@ -26,6 +26,7 @@ from jobs import lease
 from jobs.delta.layout import AppLayout
 from jobs.delta.writer import commits_checked_by
 from jobs.errors import PlatformError
+from jobs.settings import lease_seconds
 from jobs.warehouse import Location
 
 
@@ -99,7 +100,7 @@ def application_lock(layout: AppLayout, purpose: str) -> Iterator[Holding]:
     """Hold the application exclusively, or raise LockedError naming the holder."""
     if layout.root.is_s3:
         try:
-            held = lease.take(lease_location(layout), purpose, _user())
+            held = lease.take(lease_location(layout), purpose, _user(), lease_seconds())
         except lease.LeaseError as exc:
             raise LockedError(str(exc)) from None
         try:

@@ -7,6 +7,7 @@ are the embedded local stack (loopback broker, local Spark, local warehouse).
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 import re
 import shlex
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from jobs import kafka_settings
 from jobs.errors import ConfigError
+from jobs.lease import DEFAULT_TTL_S, MAX_TTL_S, MIN_TTL_S
 from jobs.warehouse import Location
 
 ENV_PREFIX = "PLATFORM_"
@@ -101,6 +103,7 @@ ENV_NAMES = tuple(
         "BROKER_JAVA_OPTIONS",
         "STORAGE_DATA_DIR",
         "STORAGE_PORT",
+        "LEASE_SECONDS",
         "AIRFLOW_HOME",
         "AIRFLOW_PORT",
         "DRIVER_URL",
@@ -164,11 +167,12 @@ def platform_environment() -> dict[str, str]:
 def load_settings() -> Settings:
     """Read the settings from the environment, validating every value (those that
     other modules read too: ``spark_cds``, ``java_options``, ``jars_dir``,
-    ``configured_driver_token``, ``faults.spec``)."""
+    ``configured_driver_token``, ``lease_seconds``, ``faults.spec``)."""
     from jobs import faults
 
     broker_port = _port(_env("BROKER_PORT", "19092"), "BROKER_PORT")
     spark_cds()
+    lease_seconds()
     java_options("SPARK_JAVA_OPTIONS")
     java_options("BROKER_JAVA_OPTIONS")
     jars_dir()
@@ -281,6 +285,21 @@ def spark_cds() -> bool:
     if raw.strip().lower() not in SWITCH:
         raise refused(ENV_PREFIX + "SPARK_CDS", "on or off", raw)
     return SWITCH[raw.strip().lower()]
+
+
+def lease_seconds() -> float:
+    """How long an application's lease on object storage lasts unrenewed
+    (``jobs/lease.py``): a killed holder's is taken over after 1-2 times it."""
+    raw = _env("LEASE_SECONDS", str(int(DEFAULT_TTL_S)))
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and MIN_TTL_S <= value <= MAX_TTL_S):
+        raise refused(
+            ENV_PREFIX + "LEASE_SECONDS", f"seconds from {MIN_TTL_S:.0f} to {MAX_TTL_S:.0f}", raw
+        )
+    return value
 
 
 def java_options(name: str) -> str:

@@ -106,6 +106,8 @@ class Location:
                     "'?' or '\\' in a name)"
                 )
             return cls("/".join(["s3:/", bucket, *parts]))
+        if re.match(r"^s3a?:(?!//)", raw):  # a URI that lost a slash (a Path made of it)
+            raise ConfigError(f"{what} {raw!r} is neither a local path nor s3://bucket/prefix")
         scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", raw)
         if scheme and scheme.group(1) != "file":
             raise ConfigError(

@@ -162,10 +162,15 @@ def s3_warehouse(
 
 
 @pytest.fixture(scope="session")
-def spark():  # type: ignore[no-untyped-def]
-    session = long_lived_session("tests")
-    yield session
-    session.stop()
+def spark(s3_server: StorageInfo):  # type: ignore[no-untyped-def]
+    """The shared session, started with this process's S3 server in its environment:
+    its Python workers (which write staged files to S3) inherit the JVM's."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in s3_server.environment().items():
+            patch.setenv(name, value)
+        session = long_lived_session("tests")
+        yield session
+        session.stop()
 
 
 def long_lived_session(name: str) -> Any:

@@ -38,7 +38,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -53,7 +52,7 @@ from confluent_kafka.admin import AdminClient, NewPartitions
 from deltalake import DeltaTable, write_deltalake
 
 from jobs import kafka_admin
-from jobs.settings import REPO_ROOT, Settings
+from jobs.settings import REPO_ROOT, Settings, lease_seconds
 
 TP = tuple[str, int]
 Pin = tuple[str, int, int]  # a dimension table as joined: (name, generation, version)
@@ -215,7 +214,7 @@ class Sequence:
         return None if row is None else (int(row["epoch"]), int(row["batch_id"]))
 
     def state(self) -> dict[Any, tuple[int, int]]:
-        table = DeltaTable(str(Path(self.settings.warehouse) / "inventory" / "state"))
+        table = DeltaTable(str(self.settings.warehouse / "inventory" / "state"))
         return {
             self._key(r["sku"], r.get("window_start")): (r["quantity"], r["movements"])
             for r in table.to_pyarrow_table().to_pylist()
@@ -259,10 +258,10 @@ class Sequence:
     def _load(self, name: str, again: bool = False) -> None:
         """A new version of table ``name`` (``again``: deleted and loaded again)."""
         rows = {f"S{i}": self.rng.randint(1, 5) for i in range(7) if self.rng.random() > 0.15}
-        path = Path(self.settings.warehouse) / "dims" / name
+        path = self.settings.warehouse / "dims" / name
         if again:
             self.gone.add((name, len(self.tables[name]) - 1))
-            shutil.rmtree(path)
+            path.delete_tree()
         table = pa.table(
             {
                 "sku": pa.array(list(rows), pa.string()),
@@ -378,7 +377,7 @@ class Sequence:
     def check_dead_letters(self) -> None:
         """Every judged record that could not be aggregated (bad, or late) is in
         ``dead_letter`` exactly once, whatever the repairs judged again."""
-        path = Path(self.settings.warehouse) / "inventory" / "dead_letter"
+        path = self.settings.warehouse / "inventory" / "dead_letter"
         found: list[tuple[str, int, int]] = []
         if DeltaTable.is_deltatable(str(path)):
             table = DeltaTable(str(path)).to_pyarrow_table()
@@ -485,8 +484,16 @@ class Sequence:
         code = self.run_with_fault(
             self.path, self.settings.bootstrap_servers, self.settings.warehouse, fault
         )
+        self._after_a_kill()
         self.run()  # (its batches' tables: those the killed ones recorded, the same)
         self.done[-1] = f"run killed {fault} ({code}), run"
+
+    def _after_a_kill(self) -> None:
+        """On object storage a killed holder's lease holds until it expires (the
+        next command is refused as busy until then, and takes it over after watching
+        it unrenewed for its time to live); locally its flock went with it."""
+        if self.settings.warehouse.is_s3:
+            time.sleep(lease_seconds())
 
     def add_partition(self) -> None:
         if len(self.live()) >= 4:
@@ -559,6 +566,7 @@ class Sequence:
             self.path, self.settings, *args, env={"PLATFORM_FAULT": "after_fence"}
         )
         assert killed.returncode == -9, f"{self.done}: {killed.stderr[-1500:]}"
+        self._after_a_kill()
         refused = self.run_jobs(self.path, self.settings, "run", "--quiet", spark=self.spark)
         assert refused.returncode != 0 and "did not finish" in refused.stderr, (
             f"{self.done}: {refused.stderr[-1500:]}"

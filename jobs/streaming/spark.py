@@ -242,14 +242,6 @@ def storage_conf(master: str) -> dict[str, str]:
     return found
 
 
-def use_storage_of_this_process(spark: SparkSession) -> None:
-    """A host's session (started before this command's AWS variables were set, as
-    in the test suite) reads the store as this process's variables say now."""
-    hadoop = spark.sparkContext._jsc.hadoopConfiguration()  # type: ignore[union-attr]
-    for key, value in s3a_settings(aws_environment()).items():
-        hadoop.set(key, value)
-
-
 @contextmanager
 def command_session(settings: Settings, app_name: str) -> Iterator[SparkSession]:
     """The Spark session of one command (``run``, ``backfill``, ``verify``): a Spark
@@ -258,7 +250,6 @@ def command_session(settings: Settings, app_name: str) -> Iterator[SparkSession]
     platform (``hosted_by``)."""
     if _host is not None:
         with _host_commands:
-            use_storage_of_this_process(_host)
             yield _host
         return
     from pyspark import SparkContext

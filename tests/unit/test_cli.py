@@ -144,3 +144,28 @@ def test_a_crash_prints_the_traceback_then_one_error_line(monkeypatch, capsys) -
     err = capsys.readouterr().err.strip().splitlines()
     assert "Traceback (most recent call last):" in err
     assert err[-1].startswith("error: ZeroDivisionError: division by zero;")
+
+
+@pytest.mark.parametrize("command", ["run", "status", "rewind", "dimension", "serve", "metrics"])
+def test_the_warehouse_argument_keeps_an_s3_uri_whole(command: str) -> None:
+    """``--warehouse s3://bucket/prefix`` is the bucket's prefix, never a local
+    folder named ``s3:`` (a ``Path`` collapses ``//``)."""
+    from jobs.cli import _settings, build_parser
+
+    extra = {"rewind": ["--to-earliest", "--reason", "r"], "dimension": ["--dimension", "d"]}.get(
+        command, []
+    )
+    pipeline = [] if command in ("dimension", "serve", "metrics") else ["--pipeline", "p"]
+    args = build_parser().parse_args(
+        [command, *pipeline, *extra, "--warehouse", "s3://bucket/team/prefix"]
+    )
+    assert _settings(args).warehouse.uri == "s3://bucket/team/prefix"
+
+
+@pytest.mark.parametrize("raw", ["s3:/bucket/prefix", "s3a:/bucket", "s3:bucket"])
+def test_a_uri_that_lost_a_slash_is_refused(raw: str) -> None:
+    from jobs.errors import ConfigError
+    from jobs.warehouse import Location
+
+    with pytest.raises(ConfigError, match="s3://bucket/prefix"):
+        Location.parse(raw)

@@ -166,3 +166,26 @@ def test_a_release_waits_for_a_renewal_under_way(where: FakeLocation) -> None:
     time.sleep(lease.MIN_TTL_S / lease.RENEWALS_PER_TTL + 0.05)  # a renewal has started
     held.release()
     assert json.loads(where.read_bytes())["released"] is True
+
+
+def test_a_lease_its_holder_stopped_renewing_holds_nothing_for_a_pre_check(
+    where: FakeLocation,
+) -> None:
+    """``current`` is what commands check before they start (and what status
+    shows): a holder that was killed must not block them for ever. A record renewed
+    within its time to live (by its writer's clock) holds; one past it, or released,
+    or one whose times cannot be read, does not (``take`` then proves it on this
+    machine's clock before taking it)."""
+    now = time.time()
+    where.put_raw(_record(generation=3, renewed_s=now - 0.5, ttl_s=2))
+    assert lease.current(where) is not None  # type: ignore[arg-type]
+    where.put_raw(_record(generation=3, renewed_s=now - 5, ttl_s=2))
+    assert lease.current(where) is None  # type: ignore[arg-type]
+    where.put_raw(_record(generation=3, renewed_s=now, ttl_s=2, released=True))
+    assert lease.current(where) is None  # type: ignore[arg-type]
+    where.put_raw(_record(generation=3, renewed_s="soon", ttl_s=2))
+    assert lease.current(where) is None  # type: ignore[arg-type]
+    where.put_raw(_record(generation=3, renewed_s=now - 1, ttl_s=1e12))  # bounded
+    assert lease.current(where) is not None  # type: ignore[arg-type]
+    where.put_raw(_record(generation=3, renewed_s=now - 2 * lease.MAX_TTL_S, ttl_s=1e12))
+    assert lease.current(where) is None  # type: ignore[arg-type]
