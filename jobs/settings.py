@@ -37,6 +37,9 @@ class Settings:
     # ``python3`` on a cluster, whose workers need not have the driver's path).
     spark_python: str | None
     spark_conn_id: str  # the Airflow connection SparkSubmitOperator uses
+    # An Airflow connection of type aws: the object store's keys and endpoint for the
+    # jobs Airflow starts and its own reads (None: the worker's AWS_* variables).
+    aws_conn_id: str | None
     pipelines_dir: Path
     dimensions_dir: Path  # include/dimensions: the dimension tables the batch half keeps
     broker_data_dir: Path
@@ -96,6 +99,7 @@ ENV_NAMES = tuple(
         "SPARK_JAVA_OPTIONS",
         "JARS_DIR",
         "SPARK_CONN_ID",
+        "AWS_CONN_ID",
         "PIPELINES_DIR",
         "DIMENSIONS_DIR",
         "BROKER_DATA_DIR",
@@ -193,7 +197,8 @@ def load_settings() -> Settings:
         spark_master=_spark_master(_env("SPARK_MASTER", "local[2]")),
         spark_driver_memory=_memory(_env("SPARK_DRIVER_MEMORY", "2g"), "SPARK_DRIVER_MEMORY"),
         spark_python=_env("SPARK_PYTHON", "").strip() or None,
-        spark_conn_id=_conn_id(_env("SPARK_CONN_ID", "spark_default")),
+        spark_conn_id=_conn_id(_env("SPARK_CONN_ID", "spark_default"), "SPARK_CONN_ID"),
+        aws_conn_id=_conn_id(_env("AWS_CONN_ID", ""), "AWS_CONN_ID") or None,
         pipelines_dir=_directory("PIPELINES_DIR", REPO_ROOT / "include" / "pipelines"),
         dimensions_dir=_directory("DIMENSIONS_DIR", REPO_ROOT / "include" / "dimensions"),
         broker_data_dir=_directory("BROKER_DATA_DIR", REPO_ROOT / ".broker").resolve(),
@@ -271,11 +276,9 @@ def _memory(raw: str, name: str) -> str:
     return raw
 
 
-def _conn_id(raw: str) -> str:
-    if not CONN_ID.fullmatch(raw):
-        raise refused(
-            ENV_PREFIX + "SPARK_CONN_ID", "an Airflow connection id (letters, digits, _ . -)", raw
-        )
+def _conn_id(raw: str, name: str) -> str:
+    if not CONN_ID.fullmatch(raw) and not (name == "AWS_CONN_ID" and raw == ""):
+        raise refused(ENV_PREFIX + name, "an Airflow connection id (letters, digits, _ . -)", raw)
     return raw
 
 

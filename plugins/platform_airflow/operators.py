@@ -19,6 +19,7 @@ from jobs.pipeline import load_pipeline
 from jobs.settings import REPO_ROOT, Settings, load_settings, platform_environment
 from jobs.streaming.jvm import driver_java_options
 from jobs.streaming.spark import package_zip
+from platform_airflow.hooks import storage_environment, use_storage_connection
 
 ENTRY_POINT = str(REPO_ROOT / "jobs" / "__main__.py")
 
@@ -90,6 +91,7 @@ class PlatformJobOperator(SparkSubmitOperator):
         user = getattr(dag_run, "triggering_user_name", None) or "scheduler"
         self.env_vars = {
             **platform_environment(),
+            **storage_environment(settings),
             "PLATFORM_TRIGGERED_BY": user,
             # Decided here: the job runs in the process spark-submit starts.
             "PLATFORM_DRIVER_URL": "",
@@ -158,6 +160,7 @@ class PlanApprovalOperator(ApprovalOperator):
             from jobs.operations.saved import record_rejection
 
             settings = load_settings()
+            use_storage_connection(settings)
             pipeline = load_pipeline(self.pipeline, settings.pipelines_dir)
             user = event.get("responded_by_user") or {}
             by = str(user.get("name") or user.get("id") or "unknown")

@@ -104,3 +104,57 @@ def test_dag_test_of_stream_user_clicks(
     expected, _dead, _late = clicks_per_window([values, more])
     state = DeltaTable(str(warehouse / "user_clicks" / "state")).to_pyarrow_table().to_pylist()
     assert state_as_counter(state, "clicks") == expected
+
+
+def test_dag_run_on_object_storage_through_an_aws_connection(
+    airflow_db, broker, kafka_config, new_topic, s3_warehouse, tmp_path: Path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """The warehouse on S3, its keys and endpoint only in an Airflow ``aws``
+    connection (``PLATFORM_AWS_CONN_ID``): the job spark-submit starts and the
+    hook's reads both reach the store through it."""
+    topic = new_topic(2)
+    now = int(time.time())
+    values = [
+        json.dumps({"user_id": f"u{i % 7}", "timestamp": now - 300 + i % 200}).encode()
+        for i in range(400)
+    ] + [b"garbage"]
+    produce(kafka_config, topic, values)
+    pipelines = tmp_path / "pipelines"
+    pipeline_file(pipelines, "user_clicks", topic)
+    store = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
+    for name in store:
+        monkeypatch.delenv(name)  # the worker has no keys of its own
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_WAREHOUSE_S3",
+        json.dumps(
+            {
+                "conn_type": "aws",
+                "login": store["AWS_ACCESS_KEY_ID"],
+                "password": store["AWS_SECRET_ACCESS_KEY"],
+                "extra": {"endpoint_url": store["AWS_ENDPOINT_URL"], "region_name": "us-east-1"},
+            }
+        ),
+    )
+    monkeypatch.setenv("PLATFORM_AWS_CONN_ID", "warehouse_s3")
+    monkeypatch.setenv("PLATFORM_BOOTSTRAP_SERVERS", broker.bootstrap_servers)
+    monkeypatch.setenv("PLATFORM_WAREHOUSE", str(s3_warehouse))
+    monkeypatch.setenv("PLATFORM_PIPELINES_DIR", str(pipelines))
+    monkeypatch.setenv("PLATFORM_DRIVER_URL", "off")
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", SPARK_CONNECTION)
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+
+    from airflow.dag_processing.dagbag import DagBag
+
+    dag = DagBag(dag_folder=str(REPO_ROOT / "dags")).dags["stream_user_clicks"]
+    run = dag.test(run_conf={"trigger": "available-now", "reason": "test"})
+    assert str(run.state) in ("success", "DagRunState.SUCCESS"), run.state
+
+    from platform_airflow.hooks import PlatformHook
+
+    health = PlatformHook().health("user_clicks")  # through the connection, in this process
+    assert health["lag"] == 0 and health["problems"] == []
+    expected, dead, _late = clicks_per_window([values])
+    state = DeltaTable(str(s3_warehouse / "user_clicks" / "state")).to_pyarrow_table().to_pylist()
+    assert state_as_counter(state, "clicks") == expected
+    dead_letters = DeltaTable(str(s3_warehouse / "user_clicks" / "dead_letter"))
+    assert dead_letters.to_pyarrow_table().num_rows == dead == 1
