@@ -39,6 +39,7 @@ BAD: dict[str, list[str]] = {
     "PLATFORM_STORAGE_DATA_DIR": ["", str(REPO_ROOT / "README.md")],
     "PLATFORM_STORAGE_PORT": ["", "s3", "-1", "0", "65536"],
     "PLATFORM_LEASE_SECONDS": ["", "x", "0", "0.5", "601", "nan", "inf"],
+    "PLATFORM_AWS_CONN_ID": ["a b", "x/y", "é"],
     "PLATFORM_AIRFLOW_HOME": ["", str(REPO_ROOT / "README.md")],
     "PLATFORM_AIRFLOW_PORT": ["x", "-8085", "99999"],
     "PLATFORM_DRIVER_URL": [
