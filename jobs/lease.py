@@ -115,17 +115,24 @@ class Lease:
         with self._lock:
             etag = self.etag
         record = {**self.holder, "renewed_s": time.time(), "generation": self.generation}
-        try:
-            written = self.location.update(_encode(record, self.ttl_s), etag)
-        except ChangedError:
-            taker = describe(_read(self.location)[0])  # outside the lock: a network call
-            with self._lock:
-                self._lost = (
-                    f"the lease on {self.location.parent.name} was taken over by another "
-                    f"holder ({taker}) after this one went unrenewed: this process commits "
-                    "nothing more"
-                )
-            return
+        for adopted in (False, True):
+            try:
+                written = self.location.update(_encode(record, self.ttl_s), etag)
+                break
+            except ChangedError:
+                found, stat = _read(self.location)  # outside the lock: a network call
+                if adopted or stat is None or not stat.etag or not self._is_own(found):
+                    taker = describe(found)
+                    with self._lock:
+                        self._lost = (
+                            f"the lease on {self.location.parent.name} was taken over by "
+                            f"another holder ({taker}) after this one went unrenewed: this "
+                            "process commits nothing more"
+                        )
+                    return
+                # An earlier write of ours whose answer was lost (a timeout while the
+                # store was frozen, applied when it resumed): go on from its version.
+                etag = stat.etag
         with self._lock:
             self.etag = written.etag or etag
             self._renewed_at = started
@@ -159,9 +166,24 @@ class Lease:
             etag = self.etag
         record = {**self.holder, "released": True, "generation": self.generation}
         try:
-            self.location.update(_encode(record, self.ttl_s), etag)
+            try:
+                self.location.update(_encode(record, self.ttl_s), etag)
+            except ChangedError:
+                found, stat = _read(self.location)
+                if stat is None or not stat.etag or not self._is_own(found):
+                    raise
+                # Our own write whose answer was lost: still ours to hand back.
+                self.location.update(_encode(record, self.ttl_s), stat.etag)
         except (ChangedError, StorageError) as exc:
             log.warning("could not release the lease %s: %s", self.location, exc)
+
+    def _is_own(self, found: dict[str, Any]) -> bool:
+        """``found`` is a record this holder wrote (its id, unreleased, its generation)."""
+        return (
+            found.get("holder") == self.holder["holder"]
+            and not found.get("released")
+            and found.get("generation") == self.generation
+        )
 
 
 def _encode(record: dict[str, Any], ttl_s: float) -> bytes:

@@ -4,6 +4,7 @@ server: tests/integration/test_lease.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -189,3 +190,42 @@ def test_a_lease_its_holder_stopped_renewing_holds_nothing_for_a_pre_check(
     assert lease.current(where) is not None  # type: ignore[arg-type]
     where.put_raw(_record(generation=3, renewed_s=now - 2 * lease.MAX_TTL_S, ttl_s=1e12))
     assert lease.current(where) is None  # type: ignore[arg-type]
+
+
+def test_a_renewal_whose_answer_was_lost_is_still_ours_and_released(where: FakeLocation) -> None:
+    """The store was frozen: a renewal's PUT timed out on this side but was applied
+    when the store resumed (measured with SeaweedFS under SIGSTOP). The version is
+    new and unknown here, yet the record is this holder's own: the next renewal and
+    the release go on from it (before, the release failed and the next run waited a
+    whole lease time to take over a lease no one held)."""
+    held = _take(where)
+    real_update = where.update
+    lose_answer = [True]
+
+    def update(data: bytes, etag: str) -> Stat:
+        written = real_update(data, etag)
+        if lose_answer and lose_answer.pop():
+            raise lease.StorageError("could not write app/_lease: timed out")
+        return written
+
+    where.update = update  # type: ignore[method-assign]
+    with pytest.raises(lease.StorageError):
+        held.renew()
+    held.renew()  # from the version its lost write made
+    held.check()
+    lose_answer.append(True)
+    with contextlib.suppress(lease.StorageError):
+        held.renew()
+    held.release()
+    assert json.loads(where.read_bytes())["released"] is True
+    assert lease.current(where) is None  # type: ignore[arg-type]
+
+
+def test_a_lease_another_holder_took_is_not_adopted(where: FakeLocation) -> None:
+    held = _take(where)
+    where.put_raw(_record(generation=2, renewed_s=time.time(), ttl_s=30))  # the other's
+    held.renew()
+    with pytest.raises(lease.LeaseLostError, match="taken over"):
+        held.check()
+    held.release()
+    assert json.loads(where.read_bytes())["holder"] == "other"

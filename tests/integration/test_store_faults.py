@@ -1,0 +1,93 @@
+"""The object store failing under a running stream (the embedded S3 server frozen
+with SIGSTOP past the lease's time): whatever the run does (it stops with the
+lease's one line, or goes on once its lease is renewed), every record is counted
+exactly once, and the next run starts at once (the lease was handed back)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from jobs import kafka_admin
+from jobs.settings import REPO_ROOT
+from jobs.storage_server import StorageInfo
+from jobs.warehouse import Location
+from tests.conftest import pipeline_file
+from tests.live import (
+    LiveProducer,
+    assert_exact_clicks,
+    assert_ledger_tiles,
+    jobs_cmd,
+    kill,
+    ledger_batches,
+    start_stream,
+    wait_for_batches,
+)
+
+pytestmark = pytest.mark.integration
+LEASE_S = 3
+
+
+def test_a_store_frozen_past_the_lease_loses_and_doubles_nothing(
+    s3_server: StorageInfo,
+    s3_warehouse: Location,
+    broker,  # type: ignore[no-untyped-def]
+    kafka_config: dict[str, str],
+    new_topic,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PLATFORM_LEASE_SECONDS", str(LEASE_S))
+    topic = new_topic(2)
+    path = pipeline_file(tmp_path, "user_clicks", topic)
+    producer = LiveProducer(kafka_config, topic)
+    producer.start()
+    stream = start_stream(path, broker.bootstrap_servers, s3_warehouse)  # type: ignore[arg-type]
+    try:
+        wait_for_batches(s3_warehouse, 1)  # type: ignore[arg-type]
+        os.kill(s3_server.pid, signal.SIGSTOP)
+        try:
+            time.sleep(3 * LEASE_S)
+        finally:
+            os.kill(s3_server.pid, signal.SIGCONT)
+        try:
+            _, err = stream.communicate(timeout=30)  # stopped by its lease
+            stopped_by_lease = True
+        except subprocess.TimeoutExpired:  # renewed in time: it goes on; stopped here
+            stopped_by_lease = False
+            wait_for_batches(s3_warehouse, len(ledger_batches(s3_warehouse)))  # type: ignore[arg-type]
+            stream.send_signal(signal.SIGTERM)  # between batches, handing the lease back
+            _, err = stream.communicate(timeout=120)
+        print("stopped by its lease" if stopped_by_lease else "went on after the freeze")
+        if stopped_by_lease:
+            assert stream.returncode == 1, err[-2000:]
+            last = err.strip().splitlines()[-1]
+            assert last.startswith("error: LeaseLostError: the lease on user_clicks"), last
+            assert "commits nothing more" in last
+        else:
+            assert stream.returncode == 0, err[-2000:]
+    finally:
+        kill(stream)
+        producer.pause()
+        producer.stopped.set()
+    assert producer.error is None
+    # The rest, in a run of its own: no wait for a lease the stopped run held.
+    done = subprocess.run(
+        jobs_cmd(path, broker.bootstrap_servers, s3_warehouse, "run", "--quiet"),  # type: ignore[arg-type]
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "not renewed by" not in done.stderr  # the lease was free: no takeover watch
+    marks = kafka_admin.watermarks(kafka_config, [(topic, 0), (topic, 1)])
+    assert sum(high for _low, high in marks.values()) == len(producer.values)
+    highs = {p: high for (_t, p), (_low, high) in marks.items()}
+    assert_ledger_tiles(ledger_batches(s3_warehouse), topic, highs)  # type: ignore[arg-type]
+    assert_exact_clicks(s3_warehouse, producer.values)  # type: ignore[arg-type]
