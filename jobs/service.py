@@ -58,6 +58,7 @@ from jobs import faults
 from jobs.errors import ConfigError, PlatformError, failure
 from jobs.lock import LockedError
 from jobs.pipeline import Pipeline, pipeline_from_text
+from jobs.private_dir import private_dir
 from jobs.settings import ENV_PREFIX, Settings, configured_driver_token
 
 log = logging.getLogger(__name__)
@@ -93,6 +94,12 @@ class DriverError(PlatformError):
 
 
 def token_file(settings: Settings, port: int) -> Path:
+    """Where the driver writes its token for clients of its user: beside a local
+    warehouse (one the user's Airflow shares), or in this user's own folder on this
+    machine when the warehouse is a bucket (the driver listens on loopback: its
+    clients are on this machine; elsewhere set PLATFORM_DRIVER_TOKEN on both sides)."""
+    if settings.warehouse.is_s3:
+        return private_dir("driver") / f"token-{port}"
     return settings.warehouse.path / "_driver" / f"token-{port}"
 
 

@@ -136,12 +136,10 @@ def test_platform_environment_names_match_the_settings_module() -> None:
             if key.startswith(ENV_PREFIX) and not key.startswith(ENV_PREFIX + "KAFKA_"):
                 assert key in ENV_NAMES, f"{name}: {key} is not a setting jobs/settings.py reads"
     airflow = SERVICES["airflow-scheduler"]["environment"]
-    assert airflow["PLATFORM_WAREHOUSE"] == "/data/warehouse"
     assert airflow["AIRFLOW__CORE__DAGS_FOLDER"] == "/opt/platform/dags"
     # The DAGs and jobs expect the project layout under /opt/platform.
     mounts = {v.split(":")[1] for v in SERVICES["airflow-scheduler"]["volumes"]}
     assert {"/opt/platform/jobs", "/opt/platform/dags", "/opt/platform/plugins"} <= mounts
-    assert "/data/warehouse" in mounts
     assert "%3A%2F%2F" in airflow["AIRFLOW_CONN_SPARK_DEFAULT"]  # encoded, or it falls to YARN
 
 
@@ -155,12 +153,12 @@ def test_scheduled_runs_go_to_the_warm_driver_in_the_scheduler_s_network() -> No
     url = SERVICES["airflow-scheduler"]["environment"]["PLATFORM_DRIVER_URL"]
     assert url == f"http://127.0.0.1:{port.group(1)}"
     assert f"127.0.0.1:{port.group(1)}/v1/health" in driver["healthcheck"]["test"][1]
-    # Same settings as the tasks (the driver refuses a client with others) and the
-    # same warehouse volume, where it writes its token.
+    # Same settings as the tasks (the driver refuses a client with others), the
+    # token among them: the two share no folder to pass it in.
     for key, value in SERVICES["airflow-scheduler"]["environment"].items():
-        if key.startswith(ENV_PREFIX):
+        if key.startswith((ENV_PREFIX, "AWS_")):
             assert driver["environment"][key] == value, key
-    assert "warehouse:/data/warehouse" in driver["volumes"]
+    assert driver["environment"]["PLATFORM_DRIVER_TOKEN"].startswith("${PLATFORM_DRIVER_TOKEN:?")
     assert "ports" not in driver  # nothing published: runs never cross a network
 
 
@@ -198,25 +196,26 @@ def test_the_spark_uis_cannot_kill_jobs() -> None:
     assert "-Dspark.ui.killEnabled=false" in worker.split()
 
 
-def test_the_warehouse_volume_is_writable_from_both_images() -> None:
-    """The driver (Airflow image) and the executors (Spark image) write the same
-    files: the same uid and group, and the volume's folder owned by them in both
-    images (a new named volume takes the ownership of the first image's folder)."""
-    airflow_uid, airflow_gid = "50000", "0"  # the official apache/airflow image's user
-
-    def dockerfile(service: str) -> str:
-        build = SERVICES[service]["build"]
-        return (REPO_ROOT / build["context"] / build["dockerfile"]).read_text()
-
-    airflow, spark = dockerfile("airflow-scheduler"), dockerfile("spark-master")
-    assert re.search(r"^FROM apache/airflow:", airflow, re.MULTILINE)
-    user = re.search(r"useradd .*--uid (\d+) --gid (\d+)", spark)
-    assert user and user.groups() == (airflow_uid, airflow_gid)
-    assert re.findall(r"^USER (\S+)", spark, re.MULTILINE)[-1] == f"{airflow_uid}:{airflow_gid}"
-    folder = f"install -d -o {airflow_uid} -g {airflow_gid} -m 2775 /data/warehouse"
-    assert folder in airflow and folder in spark
-    for name in ("airflow-scheduler", "spark-master", "spark-worker"):
-        assert "warehouse:/data/warehouse" in SERVICES[name]["volumes"], name
+def test_the_services_share_no_disk_only_kafka_and_the_bucket() -> None:
+    """No shared disk (as on machines of their own): the warehouse is the s3
+    service's bucket, reached with the standard AWS variables, whose keys are the
+    ones the store itself was started with."""
+    s3 = SERVICES["s3"]["environment"]
+    for name in ("airflow-scheduler", "platform-driver", "platform-metrics", "spark-worker"):
+        service = SERVICES[name]
+        assert not [v for v in service.get("volumes", []) if not v.startswith("./")], name
+    for name in ("airflow-scheduler", "platform-driver", "platform-metrics"):
+        env = SERVICES[name]["environment"]
+        assert env["PLATFORM_WAREHOUSE"].startswith("s3://warehouse/"), name
+        assert env["AWS_ENDPOINT_URL"] == "http://s3:8333", name
+        assert env["AWS_ACCESS_KEY_ID"] == s3["AWS_ACCESS_KEY_ID"], name
+        assert env["AWS_SECRET_ACCESS_KEY"] == s3["AWS_SECRET_ACCESS_KEY"], name
+        assert SERVICES[name]["depends_on"]["s3"]["condition"] == "service_healthy", name
+    assert "warehouse" not in COMPOSE["volumes"]
+    # The executors write the batch's staged files to the bucket with obstore.
+    build = SERVICES["spark-master"]["build"]
+    spark = (REPO_ROOT / build["context"] / build["dockerfile"]).read_text()
+    assert re.search(r"pip install [^\n]*\n[^\n]*\bobstore\b", spark)
 
 
 def test_compose_file_is_where_readme_says() -> None:

@@ -12,9 +12,6 @@ COPY include/jvm /tmp/platform-jvm
 RUN mvn -q -B -f /tmp/platform-jvm/pom.xml -Djars.dir=/opt/platform-jars package \
     && chmod -R a+rX /opt/platform-jars && rm -rf /root/.m2
 ENV PLATFORM_JARS_DIR=/opt/platform-jars
-# The warehouse volume's folder: owned by the airflow user (uid 50000, group 0), as
-# in the Spark image, so that a new volume is writable from both (spark.Dockerfile).
-RUN install -d -o 50000 -g 0 -m 2775 /data/warehouse
 USER airflow
 COPY requirements.txt constraints.txt /tmp/platform/
 RUN pip install --no-cache-dir -r /tmp/platform/requirements.txt -c /tmp/platform/constraints.txt

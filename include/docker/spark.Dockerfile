@@ -9,13 +9,10 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 COPY requirements.txt constraints.txt /tmp/platform/
 RUN pip install --no-cache-dir -c /tmp/platform/constraints.txt \
-        pyspark pyarrow pandas numpy PyYAML deltalake protobuf \
+        pyspark pyarrow pandas numpy PyYAML deltalake protobuf obstore \
     && ln -s "$(python3 -c 'import pyspark, os; print(os.path.dirname(pyspark.__file__))')" /opt/spark \
     && rm -rf /tmp/platform
 ENV SPARK_HOME=/opt/spark PYSPARK_PYTHON=python3
-# The Airflow image's user (uid 50000, group 0): the driver (in Airflow) and the
-# executors (here) write the same warehouse volume, and a new named volume takes
-# the ownership of the image's folder mounted on it, whichever image mounts it first.
-RUN useradd --create-home --uid 50000 --gid 0 spark \
-    && install -d -o 50000 -g 0 -m 2775 /data/warehouse
+# The Airflow image's user (uid 50000, group 0), as the driver's.
+RUN useradd --create-home --uid 50000 --gid 0 spark
 USER 50000:0

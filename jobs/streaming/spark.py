@@ -60,6 +60,7 @@ CLUSTER_PYTHON = "python3"
 EXECUTOR_MODULES = (
     "jobs.streaming.changelog_files",
     "jobs.streaming.seed",
+    "obstore",  # their staged files reach a warehouse on S3 through it
 )
 log = logging.getLogger(__name__)
 # The session of the process that embeds the platform (``hosted_by``), if any,

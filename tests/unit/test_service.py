@@ -11,6 +11,7 @@ import pytest
 from jobs.errors import ConfigError
 from jobs.service import FIELDS, RunRequest, settings_digest
 from jobs.settings import load_settings
+from jobs.warehouse import Location
 
 GOOD = {name: "x" for name in FIELDS}
 
@@ -73,6 +74,20 @@ def test_a_driver_started_without_a_token_makes_one_only_its_user_can_read(tmp_p
         client_token(settings, "http://127.0.0.1:18091", given=None)
     # A token given to the driver is used as it is, and written nowhere.
     assert driver_token(settings, 18092, given="secret") == ("secret", None)
+
+
+def test_a_driver_of_a_warehouse_on_a_bucket_keeps_its_token_in_its_users_folder() -> None:
+    import stat
+
+    from jobs.private_dir import private_dir
+    from jobs.service import client_token, driver_token
+
+    settings = replace(load_settings(), warehouse=Location.parse("s3://bucket/prod"))
+    token, path = driver_token(settings, 18093, given=None)
+    assert path == private_dir("driver") / "token-18093"  # no request to the store
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert client_token(settings, "http://127.0.0.1:18093", given=None) == token
+    path.unlink()
 
 
 def test_the_driver_runs_only_pipelines_of_its_folder(tmp_path) -> None:  # type: ignore[no-untyped-def]
