@@ -29,6 +29,7 @@ from pyspark.sql import functions as F
 
 from jobs.delta.layout import AppLayout
 from jobs.errors import ConfigError, ConsistencyError
+from jobs.lock import table_lock
 from jobs.pipeline import Pipeline
 from jobs.settings import Settings
 from jobs.warehouse import Location
@@ -125,28 +126,30 @@ def summarize(
 
     from delta.tables import DeltaTable
 
-    table = (
-        DeltaTable.createIfNotExists(spark)
-        .location(target.spark_uri)
-        .addColumns(rows.schema)
-        .execute()
-    )
-    gone = F.lit(True) if days is None else F.col("t.day").isin(days)
-    merge = (
-        table.alias("t")
-        .merge(rows.alias("s"), "t.day = s.day")
-        .whenMatchedUpdateAll()
-        .whenNotMatchedInsertAll()
-        .whenNotMatchedBySourceDelete(gone)  # a touched day with no state row left
-    )
-    # Delta's exactly-once marker of this MERGE (the pair is reset after each write).
-    spark.conf.set(TXN_APP_ID, txn_app_id(pipeline))
-    spark.conf.set(TXN_VERSION, str(current))
-    try:
-        merge.execute()
-    finally:
-        spark.conf.unset(TXN_APP_ID)
-        spark.conf.unset(TXN_VERSION)
+    # One writer at a time (Delta-spark's log stores are single-writer).
+    with table_lock(target, f"summarize --pipeline {app}"):
+        table = (
+            DeltaTable.createIfNotExists(spark)
+            .location(target.spark_uri)
+            .addColumns(rows.schema)
+            .execute()
+        )
+        gone = F.lit(True) if days is None else F.col("t.day").isin(days)
+        merge = (
+            table.alias("t")
+            .merge(rows.alias("s"), "t.day = s.day")
+            .whenMatchedUpdateAll()
+            .whenNotMatchedInsertAll()
+            .whenNotMatchedBySourceDelete(gone)  # a touched day with no state row left
+        )
+        # Delta's exactly-once marker of this MERGE (the pair is reset after each write).
+        spark.conf.set(TXN_APP_ID, txn_app_id(pipeline))
+        spark.conf.set(TXN_VERSION, str(current))
+        try:
+            merge.execute()
+        finally:
+            spark.conf.unset(TXN_APP_ID)
+            spark.conf.unset(TXN_VERSION)
     covered = summarized_version(target, pipeline)
     if covered is None or covered < current:
         raise ConsistencyError(f"the daily summary of {app} did not record state version {current}")

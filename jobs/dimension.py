@@ -25,6 +25,7 @@ from pyspark.sql import functions as F
 
 from jobs import sql_text
 from jobs.errors import ConfigError
+from jobs.lock import table_lock
 from jobs.pipeline import (
     APPLICATION_ID,
     DIMENSIONS_DIR,
@@ -128,7 +129,9 @@ def refresh(spark: SparkSession, dimension: Dimension, warehouse: Location) -> R
     source = dimension.source_file(warehouse)
     rows = read_checked(spark, dimension, source)
     try:
-        return _commit(spark, dimension, warehouse, rows.drop(CORRUPT), rows.count())
+        # One loader at a time (Delta-spark's log stores are single-writer).
+        with table_lock(dimension.table(warehouse), f"dimension --dimension {dimension.name}"):
+            return _commit(spark, dimension, warehouse, rows.drop(CORRUPT), rows.count())
     finally:
         # Spark matches a cache by plan: the next read of the same file must not hit it.
         rows.unpersist()

@@ -34,8 +34,11 @@ class LockedError(PlatformError):
     """Another run or operation holds the application."""
 
 
+LOCK = "_lock"
+
+
 def lock_path(layout: AppLayout) -> Path:
-    return layout.root.path / "_lock"
+    return layout.root.path / LOCK
 
 
 # ``holder`` probes by taking the lock for an instant: a taker that meets a probe
@@ -98,9 +101,26 @@ def describe(info: dict[str, Any]) -> str:
 @contextmanager
 def application_lock(layout: AppLayout, purpose: str) -> Iterator[Holding]:
     """Hold the application exclusively, or raise LockedError naming the holder."""
-    if layout.root.is_s3:
+    with _exclusive(layout.root, f"application {layout.application_id}", purpose) as held:
+        yield held
+
+
+@contextmanager
+def table_lock(table: Location, purpose: str) -> Iterator[Holding]:
+    """Hold a table Spark writes outside an application (a dimension, a daily
+    summary): Delta-spark's log stores for S3 and local files are safe for one
+    writer at a time only. LockedError names the holder."""
+    with _exclusive(table, f"table {table.name}", purpose) as held:
+        yield held
+
+
+@contextmanager
+def _exclusive(root: Location, what: str, purpose: str) -> Iterator[Holding]:
+    """``root/_lease`` on object storage, ``root/_lock`` with flock on a local disk;
+    every commit of this thread in the block checks the hold first."""
+    if root.is_s3:
         try:
-            held = lease.take(lease_location(layout), purpose, _user(), lease_seconds())
+            held = lease.take(root / lease.LEASE, purpose, _user(), lease_seconds())
         except lease.LeaseError as exc:
             raise LockedError(str(exc)) from None
         try:
@@ -109,8 +129,8 @@ def application_lock(layout: AppLayout, purpose: str) -> Iterator[Holding]:
         finally:
             held.release()
         return
-    layout.root.path.mkdir(parents=True, exist_ok=True)
-    handle = open(lock_path(layout), "a+")  # noqa: SIM115 - held for the whole block
+    root.path.mkdir(parents=True, exist_ok=True)
+    handle = open(root.path / LOCK, "a+")  # noqa: SIM115 - held for the whole block
     try:
         deadline = time.monotonic() + PROBE_GRACE_S
         while True:
@@ -120,8 +140,8 @@ def application_lock(layout: AppLayout, purpose: str) -> Iterator[Holding]:
             except BlockingIOError:
                 if time.monotonic() >= deadline:
                     raise LockedError(
-                        f"application {layout.application_id} is busy: held by "
-                        f"{describe(_read_info(handle))}; try again when it has finished"
+                        f"{what} is busy: held by {describe(_read_info(handle))}; try again "
+                        "when it has finished"
                     ) from None
                 time.sleep(0.02)
         info = {

@@ -103,3 +103,39 @@ def test_probing_the_lock_never_makes_a_real_taker_fail(tmp_path: Path) -> None:
         stop.set()
         for thread in probers:
             thread.join()
+
+
+TABLE_HOLD = """
+import sys, time
+from jobs.lock import table_lock
+from jobs.warehouse import Location
+with table_lock(Location.parse(sys.argv[1]), "dimension --dimension merchants"):
+    print("held", flush=True)
+    time.sleep(120)
+"""
+
+
+def test_a_table_spark_writes_has_one_writer_at_a_time(tmp_path: Path) -> None:
+    """A dimension or a daily summary: Delta-spark's log store is single-writer."""
+    from jobs.lock import table_lock
+    from jobs.warehouse import Location
+
+    table = tmp_path / "dims" / "merchants"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", TABLE_HOLD, str(table)],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+        with (
+            pytest.raises(LockedError, match=r"table merchants is busy: held by dimension"),
+            table_lock(Location.local_path(table), "summarize"),
+        ):
+            pass
+    finally:
+        proc.kill()
+        proc.wait()
+    with table_lock(Location.local_path(table), "again"):
+        pass  # free once its holder is gone
