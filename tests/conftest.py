@@ -63,6 +63,7 @@ _topic_ids = itertools.count()
 # by their measured time, longest first;
 # the cluster test, whose executors load both cores, before the fencing tests).
 SLOW_FIRST = (
+    "test_repair_sequences.py",  # with its seeds on S3, the longest file (~9 min)
     "test_replicated_cluster.py",
     "test_crash_restart.py",
     "test_cluster.py",
@@ -70,7 +71,7 @@ SLOW_FIRST = (
     "test_interrupted_operations.py",
     "test_airflow_ui.py",
     "test_backfill.py",
-    "test_repair_sequences.py",
+    "test_store_faults.py",
     "test_backfill_memory.py",
     "test_repair_lineage.py",
     "test_hopping_repairs.py",

@@ -493,7 +493,7 @@ class Sequence:
         next command is refused as busy until then, and takes it over after watching
         it unrenewed for its time to live); locally its flock went with it."""
         if self.settings.warehouse.is_s3:
-            time.sleep(lease_seconds())
+            time.sleep(lease_seconds() + 0.5)
 
     def add_partition(self) -> None:
         if len(self.live()) >= 4:

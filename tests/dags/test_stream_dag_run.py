@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from deltalake import DeltaTable
 
 from jobs.settings import REPO_ROOT, load_settings
@@ -18,6 +19,7 @@ from tests.conftest import pipeline_file, produce, run_jobs
 from tests.expected import clicks_per_window, state_as_counter
 
 pytestmark = pytest.mark.integration
+APP = "clicks_on_s3"
 SPARK_CONNECTION = "spark://local%5B2%5D?deploy-mode=client&spark-binary=spark-submit"
 
 
@@ -120,7 +122,13 @@ def test_dag_run_on_object_storage_through_an_aws_connection(
     ] + [b"garbage"]
     produce(kafka_config, topic, values)
     pipelines = tmp_path / "pipelines"
-    pipeline_file(pipelines, "user_clicks", topic)
+    # An application of its own: Airflow keeps the first test's assets of user_clicks
+    # (on the local warehouse) active under their names until a scheduler orphans them.
+    local = pipeline_file(pipelines, "user_clicks", topic)
+    definition = yaml.safe_load(local.read_text())
+    definition["application_id"] = APP
+    (pipelines / f"{APP}.yaml").write_text(yaml.safe_dump(definition))
+    local.unlink()
     store = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
     for name in store:
         monkeypatch.delenv(name)  # the worker has no keys of its own
@@ -145,16 +153,25 @@ def test_dag_run_on_object_storage_through_an_aws_connection(
 
     from airflow.dag_processing.dagbag import DagBag
 
-    dag = DagBag(dag_folder=str(REPO_ROOT / "dags")).dags["stream_user_clicks"]
+    dag = DagBag(dag_folder=str(REPO_ROOT / "dags")).dags[f"stream_{APP}"]
     run = dag.test(run_conf={"trigger": "available-now", "reason": "test"})
     assert str(run.state) in ("success", "DagRunState.SUCCESS"), run.state
 
     from platform_airflow.hooks import PlatformHook
 
-    health = PlatformHook().health("user_clicks")  # through the connection, in this process
+    health = PlatformHook().health(APP)  # through the connection, in this process
     assert health["lag"] == 0 and health["problems"] == []
     expected, dead, _late = clicks_per_window([values])
-    state = DeltaTable(str(s3_warehouse / "user_clicks" / "state")).to_pyarrow_table().to_pylist()
+    state = DeltaTable(str(s3_warehouse / APP / "state")).to_pyarrow_table().to_pylist()
     assert state_as_counter(state, "clicks") == expected
-    dead_letters = DeltaTable(str(s3_warehouse / "user_clicks" / "dead_letter"))
+    dead_letters = DeltaTable(str(s3_warehouse / APP / "dead_letter"))
     assert dead_letters.to_pyarrow_table().num_rows == dead == 1
+    # The metrics exporter reads the same ledger on the bucket.
+    from tests.integration.test_metrics import run_exporter, total
+
+    exported = run_exporter(load_settings())
+    ledger = DeltaTable(str(s3_warehouse / APP / "_ledger")).to_pyarrow_table()
+    batches = [r for r in ledger.to_pylist() if r["entry_type"] == "batch"]
+    app = {"application": APP}
+    assert total(exported, "platform_ledger_batches_total", app) == len(batches)
+    assert total(exported, "platform_ledger_records_total", app) == len(values)

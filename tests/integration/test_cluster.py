@@ -1,12 +1,16 @@
 """The job on a real Spark standalone cluster (one master, one worker, loopback):
 executors import ``jobs`` only from the zip the driver ships, run the Python the
 setting names, and the results stay exact through a SIGKILL, a rebuild (whose
-restart reads the seed on the executors) and a backfill. (A plain restart after a
-kill is the same code on any master: tests/integration/test_crash_restart.py.)"""
+restart reads the seed on the executors) and a backfill. The warehouse is on the
+S3 server: the executors share no disk with the driver (their staged files, the
+checkpoint and the seed go through the bucket). (A plain restart after a kill is
+the same code on any master: tests/integration/test_crash_restart.py.)"""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +18,7 @@ import pytest
 from deltalake import DeltaTable
 
 from include import local_spark
+from jobs.settings import lease_seconds
 from tests.conftest import QUICK_JIT, pipeline_file, produce, run_jobs, run_with_fault
 from tests.conftest import recent_clicks as clicks
 from tests.expected import clicks_per_window, state_as_counter
@@ -35,8 +40,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_spark.Cl
 
 
 def test_user_clicks_on_a_standalone_cluster(  # type: ignore[no-untyped-def]
-    cluster, broker, kafka_config, new_topic, settings, tmp_path
+    cluster, broker, kafka_config, new_topic, settings, tmp_path, s3_warehouse, monkeypatch
 ) -> None:
+    settings = dataclasses.replace(settings, warehouse=s3_warehouse)
+    monkeypatch.setenv("PLATFORM_LEASE_SECONDS", "2")  # the killed run's lease: 2-4 s
     # The executors' Python is the setting; nothing of the driver's path leaks to them.
     env = {
         "PLATFORM_SPARK_MASTER": cluster.master_url,
@@ -53,6 +60,7 @@ def test_user_clicks_on_a_standalone_cluster(  # type: ignore[no-untyped-def]
     # restored from Delta in a new epoch (the next run reads the seed on the
     # executors), and that run also picks up what the killed one left undone.
     assert run_with_fault(pipeline, servers, warehouse, "after_changelog@1", env=env) == -9
+    time.sleep(lease_seconds() + 0.5)  # its lease expires (it was killed), then is taken over
     rebuilt = run_jobs(pipeline, settings, "rebuild", "--reason", "cluster test", env=env)
     assert rebuilt.returncode == 0, rebuilt.stderr[-3000:]
     second = clicks(900, 5)

@@ -1,0 +1,183 @@
+"""The warehouse on S3 against the local disk, in one sitting: a cold scheduled
+1M-event run and an operation (a rebuild and the run that restores Spark's state
+from Delta), each as a user starts them (``python -m jobs ...``: a process of its
+own, Spark's start included), and the store's requests per batch as an
+application's tables age.
+
+    python -m benchmarks.warehouse_s3 [--events 1000000] [--rounds 2] [--batches 40]
+
+Own broker and own S3 server (SeaweedFS) on loopback. Writes its section of
+docs/benchmarks.md. Not a test: it asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter
+
+from benchmarks.report import machine, scratch_broker, write_section
+from include.sample_data import click_events, encoded
+from jobs import kafka_admin, storage_server
+from jobs.local_server import find_free_port
+from jobs.pipeline import load_pipeline
+from jobs.settings import REPO_ROOT, load_settings
+from jobs.warehouse import Location
+from tests.s3_proxy import StoreProxy
+
+USERS = 10_000
+KINDS = ("LIST", "GET", "HEAD", "PUT", "POST", "DELETE")
+
+
+def jobs(servers: str, warehouse: str, *args: str) -> float:
+    """Seconds of ``python -m jobs <args> --pipeline user_clicks`` (one process)."""
+    command = [sys.executable, "-m", "jobs", *args, "--pipeline", "user_clicks"]
+    command += ["--bootstrap-servers", servers, "--warehouse", warehouse]
+    started = time.monotonic()
+    done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(args)} failed: {done.stderr[-2000:]}")
+    return time.monotonic() - started
+
+
+def requests_per_batch(servers: str, s3_port: int, root: str, batches: int) -> list[Counter[str]]:
+    """The store's requests of each of ``batches`` scheduled runs of a few records
+    (one data batch each) on one application, on a warm session: whether a batch
+    costs more as its tables age."""
+    from jobs.streaming.run import run_pipeline
+    from jobs.streaming.spark import get_spark
+
+    config = kafka_admin.client_config(servers)
+    kafka_admin.create_topic(kafka_admin.admin(config), "aging", 4)
+    settings = dataclasses.replace(
+        load_settings(), bootstrap_servers=servers, warehouse=Location.parse(root)
+    )
+    pipeline = dataclasses.replace(
+        load_pipeline("user_clicks", settings.pipelines_dir), topics=("aging",)
+    )
+    found = []
+    with StoreProxy(s3_port) as proxy:
+        os.environ["AWS_ENDPOINT_URL"] = proxy.endpoint  # before Spark starts: S3A too
+        spark = get_spark(settings.spark_master, "benchmark-requests")
+        try:
+            for _batch in range(batches):
+                now = int(time.time())
+                events = click_events(200, 50, 1, now - 30, 30)
+                kafka_admin.produce_all(config, "aging", encoded(events, [], 0, "user_id"))
+                before = Counter(proxy.kinds)
+                run_pipeline(spark, pipeline, settings)
+                found.append(Counter(proxy.kinds) - before)
+        finally:
+            spark.stop()
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--batches", type=int, default=40)
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args()
+    times: dict[tuple[str, str], list[float]] = {}
+    with scratch_broker("bench-s3-") as (work, info):
+        store = storage_server.start(work / "s3", find_free_port(19400, 19900))
+        os.environ.update(store.environment())
+        try:
+            config = kafka_admin.client_config(info.bootstrap_servers)
+            kafka_admin.create_topic(kafka_admin.admin(config), "clicks", 4)
+            now = int(time.time())
+            events = click_events(args.events, USERS, 1, now - 3600, 3600)
+            kafka_admin.produce_all(config, "clicks", encoded(events, [], 0, "user_id"))
+            servers = info.bootstrap_servers
+            for round_ in range(args.rounds):
+                for where, root in (
+                    ("local disk", str(work / f"local-{round_}")),
+                    ("S3", f"{store.warehouse}/round-{round_}"),
+                ):
+                    run_s = jobs(servers, root, "run", "--quiet")
+                    jobs(servers, root, "rebuild", "--reason", "benchmark")
+                    restore_s = jobs(servers, root, "run", "--quiet")
+                    times.setdefault((where, "run"), []).append(run_s)
+                    times.setdefault((where, "restore"), []).append(restore_s)
+                    print(
+                        where, round_, f"run {run_s:.1f} s, restore {restore_s:.1f} s", flush=True
+                    )
+            per_batch = requests_per_batch(
+                servers, store.port, f"{store.warehouse}/aging", args.batches
+            )
+        finally:
+            storage_server.stop(work / "s3")
+    report = render(args, times, per_batch)
+    print(report)
+    if not args.no_write:
+        write_section(report)
+
+
+def render(
+    args: argparse.Namespace,
+    times: dict[tuple[str, str], list[float]],
+    per_batch: list[Counter[str]],
+) -> str:
+    def best(where: str, what: str) -> float:
+        return min(times[(where, what)])
+
+    rows = []
+    for what, label in (
+        ("run", f"scheduled run of {args.events:,} events (one batch), cold"),
+        ("restore", "the run after a rebuild: Spark's state restored from Delta, cold"),
+    ):
+        local, s3 = best("local disk", what), best("S3", what)
+        rows.append(f"| {label} | {local:.1f} | {s3:.1f} | {s3 / local:.2f}x |")
+    width = min(5, len(per_batch) // 2)
+
+    def mean(batches: list[Counter[str]], kind: str) -> float:
+        return statistics.mean(b[kind] for b in batches)
+
+    first, last = per_batch[:width], per_batch[-width:]
+    request_rows = [
+        f"| {kind} | {mean(first, kind):.1f} | {mean(last, kind):.1f} |"
+        for kind in KINDS
+        if mean(first, kind) or mean(last, kind)
+    ]
+    total_first = statistics.mean(sum(b.values()) for b in first)
+    total_last = statistics.mean(sum(b.values()) for b in last)
+    series = json.dumps([sum(b.values()) for b in per_batch])
+    return "\n".join(
+        [
+            "## The warehouse on S3 against the local disk",
+            "",
+            f"Command: `.venv/bin/python -m benchmarks.warehouse_s3 --events {args.events} "
+            f"--rounds {args.rounds} --batches {args.batches}` on {machine()}. The S3 store is "
+            "the embedded SeaweedFS on loopback; its own broker. Each time is a command as a "
+            "user starts it (`python -m jobs ...`, a process of its own: Spark's start "
+            f"included), from a fresh warehouse; best of {args.rounds} rounds, in seconds.",
+            "",
+            "| | local disk | S3 | S3 / local |",
+            "|---|---|---|---|",
+            *rows,
+            "",
+            f"The store's requests per scheduled run of one batch (200 events), on one "
+            f"application whose tables age by one batch a run: the mean of the first "
+            f"{width} runs against the last {width} of {len(per_batch)} (every request the "
+            "driver, S3A and delta-rs make, counted by a proxy in front of the store).",
+            "",
+            "| request | first runs | last runs |",
+            "|---|---|---|",
+            *request_rows,
+            f"| all | {total_first:.1f} | {total_last:.1f} |",
+            "",
+            f"Requests of each run in order: {series}.",
+            "",
+        ]
+    )
+
+
+if __name__ == "__main__":
+    main()

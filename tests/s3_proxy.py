@@ -1,0 +1,108 @@
+"""A proxy in front of the real S3 server, on loopback: it counts the requests by
+kind (``kinds``: LIST, GET, HEAD, PUT, DELETE, ...) and, as a faulty store,
+answers every ``every``-th one with ``503 SlowDown`` (what AWS S3 sends a client
+that goes too fast) and delays the others by ``delay_s``. Requests are passed on
+with their own ``Host`` header, so their signatures stay valid."""
+
+from __future__ import annotations
+
+import http.client
+import threading
+import time
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+SLOW_DOWN = (
+    b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
+    b"<Message>Please reduce your request rate.</Message></Error>"
+)
+HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade"}
+
+
+class StoreProxy:
+    def __init__(self, backend_port: int, every: int = 0, delay_s: float = 0.0) -> None:
+        """``every``: 0 refuses none."""
+        self.backend_port, self.every, self.delay_s = backend_port, every, delay_s
+        self.requests = 0
+        self.refused = 0
+        self.kinds: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __enter__(self) -> StoreProxy:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def _refuse(self, kind: str) -> bool:
+        with self._lock:
+            self.requests += 1
+            self.kinds[kind] += 1
+            refuse = bool(self.every) and self.requests % self.every == 0
+            self.refused += refuse
+            return refuse
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        store = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *_args: Any) -> None:
+                return None
+
+            def _body(self) -> bytes:
+                if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+                    parts = []
+                    while True:
+                        size = int(self.rfile.readline().split(b";")[0].strip(), 16)
+                        if size == 0:
+                            self.rfile.readline()
+                            return b"".join(parts)
+                        parts.append(self.rfile.read(size))
+                        self.rfile.readline()
+                return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+            def _pass_on(self) -> None:
+                body = self._body()
+                listing = self.command == "GET" and "list-type=" in self.path.partition("?")[2]
+                if store._refuse("LIST" if listing else self.command):
+                    self.send_response(503)
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(SLOW_DOWN)))
+                    self.end_headers()
+                    if self.command != "HEAD":  # a HEAD answer has no body
+                        self.wfile.write(SLOW_DOWN)
+                    return
+                time.sleep(store.delay_s)
+                backend = http.client.HTTPConnection("127.0.0.1", store.backend_port, timeout=120)
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
+                if body or self.command in ("PUT", "POST"):
+                    headers["Content-Length"] = str(len(body))
+                backend.request(self.command, self.path, body=body, headers=headers)
+                answer = backend.getresponse()
+                data = answer.read()
+                self.send_response(answer.status, answer.reason)
+                for key, value in answer.getheaders():
+                    if key.lower() not in HOP_BY_HOP and key.lower() != "content-length":
+                        self.send_header(key, value)
+                length = answer.getheader("Content-Length") if self.command == "HEAD" else None
+                self.send_header("Content-Length", length or str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+                backend.close()
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _pass_on
+
+        return Handler
