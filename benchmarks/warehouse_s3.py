@@ -20,6 +20,7 @@ import statistics
 import subprocess
 import sys
 import time
+import urllib.request
 from collections import Counter
 
 from benchmarks.report import machine, scratch_broker, write_section
@@ -29,7 +30,7 @@ from jobs.local_server import find_free_port
 from jobs.pipeline import load_pipeline
 from jobs.settings import REPO_ROOT, load_settings
 from jobs.warehouse import Location
-from tests.s3_proxy import StoreProxy
+from tests.s3_proxy import COUNTS_PATH
 
 USERS = 10_000
 KINDS = ("LIST", "GET", "HEAD", "PUT", "POST", "DELETE")
@@ -62,19 +63,36 @@ def requests_per_batch(servers: str, s3_port: int, root: str, batches: int) -> l
         load_pipeline("user_clicks", settings.pipelines_dir), topics=("aging",)
     )
     found = []
-    with StoreProxy(s3_port) as proxy:
-        os.environ["AWS_ENDPOINT_URL"] = proxy.endpoint  # before Spark starts: S3A too
+    # A process of its own: delta-rs holds the GIL while it waits on a request.
+    proxy = subprocess.Popen(
+        [sys.executable, "-m", "tests.s3_proxy", str(s3_port)],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proxy.stdout is not None
+        endpoint = proxy.stdout.readline().strip()
+
+        def counts() -> Counter[str]:
+            with urllib.request.urlopen(endpoint + COUNTS_PATH, timeout=30) as answer:
+                return Counter(json.loads(answer.read()))
+
+        os.environ["AWS_ENDPOINT_URL"] = endpoint  # before Spark starts: S3A too
         spark = get_spark(settings.spark_master, "benchmark-requests")
         try:
             for _batch in range(batches):
                 now = int(time.time())
                 events = click_events(200, 50, 1, now - 30, 30)
                 kafka_admin.produce_all(config, "aging", encoded(events, [], 0, "user_id"))
-                before = Counter(proxy.kinds)
+                before = counts()
                 run_pipeline(spark, pipeline, settings)
-                found.append(Counter(proxy.kinds) - before)
+                found.append(counts() - before)
         finally:
             spark.stop()
+    finally:
+        proxy.kill()
+        proxy.wait()
     return found
 
 

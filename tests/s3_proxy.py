@@ -7,6 +7,7 @@ with their own ``Host`` header, so their signatures stay valid."""
 from __future__ import annotations
 
 import http.client
+import json
 import threading
 import time
 from collections import Counter
@@ -27,6 +28,7 @@ class StoreProxy:
         self.requests = 0
         self.refused = 0
         self.kinds: Counter[str] = Counter()
+        self.counts_path: str | None = None  # answered with the counts, not passed on
         self._lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
@@ -75,6 +77,13 @@ class StoreProxy:
 
             def _pass_on(self) -> None:
                 body = self._body()
+                if store.counts_path is not None and self.path == store.counts_path:
+                    counts = json.dumps(dict(store.kinds)).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(counts)))
+                    self.end_headers()
+                    self.wfile.write(counts)
+                    return
                 listing = self.command == "GET" and "list-type=" in self.path.partition("?")[2]
                 if store._refuse("LIST" if listing else self.command):
                     self.send_response(503)
@@ -106,3 +115,23 @@ class StoreProxy:
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _pass_on
 
         return Handler
+
+
+COUNTS_PATH = "/__proxy_counts"
+
+
+def main() -> None:
+    """``python -m tests.s3_proxy BACKEND_PORT [EVERY]``: the proxy in a process of its
+    own (a client that holds the GIL while it waits, as delta-rs does, would
+    otherwise wait on a proxy in its own process); prints its endpoint, answers
+    ``GET /__proxy_counts`` with the counts so far as JSON."""
+    import sys
+
+    store = StoreProxy(int(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 0)
+    store.counts_path = COUNTS_PATH
+    print(store.endpoint, flush=True)
+    store.server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -42,6 +42,14 @@ DELTA_CONF = {
     # small (maintain checkpoints them); 50 tasks cost ~1 s per table read on 2 cores.
     "spark.databricks.delta.snapshotPartitions": "2",
 }
+# Spark's checkpoint files (offsets, commits, state) written in place on a store that
+# can abandon a write (S3A): one PUT instead of a temporary object, a copy and a
+# delete; Spark's rename-based writes elsewhere (include/jvm/sources).
+CHECKPOINT_FILES = {
+    "spark.sql.streaming.checkpointFileManagerClass": (
+        "platform.streaming.AbortableCheckpointFileManager"
+    )
+}
 # How a query's RocksDB stores end (``state_stores_for``). Spark uploads a snapshot
 # of a store only in a maintenance pass (every 60 s), which a query that stops after
 # a batch or two never sees: it left changelog files only, and every later run
@@ -203,7 +211,8 @@ def get_spark(
         builder = builder.config(
             "spark.driver.extraClassPath", os.pathsep.join(str(jar) for jar in spark_jars())
         )
-    for key, value in {**DELTA_CONF, **sql_settings.PINNED, **storage_conf(master)}.items():
+    conf = {**DELTA_CONF, **CHECKPOINT_FILES, **sql_settings.PINNED, **storage_conf(master)}
+    for key, value in conf.items():
         builder = builder.config(key, value)
     spark = (
         builder.appName(app_name)
