@@ -101,7 +101,9 @@ def describe(info: dict[str, Any]) -> str:
 @contextmanager
 def application_lock(layout: AppLayout, purpose: str) -> Iterator[Holding]:
     """Hold the application exclusively, or raise LockedError naming the holder."""
-    with _exclusive(layout.root, f"application {layout.application_id}", purpose) as held:
+    root = layout.root
+    what = f"application {layout.application_id}"
+    with _exclusive(root / lease.LEASE, root / LOCK, what, purpose) as held:
         yield held
 
 
@@ -109,18 +111,21 @@ def application_lock(layout: AppLayout, purpose: str) -> Iterator[Holding]:
 def table_lock(table: Location, purpose: str) -> Iterator[Holding]:
     """Hold a table Spark writes outside an application (a dimension, a daily
     summary): Delta-spark's log stores for S3 and local files are safe for one
-    writer at a time only. LockedError names the holder."""
-    with _exclusive(table, f"table {table.name}", purpose) as held:
+    writer at a time only. LockedError names the holder. The lock is beside the table
+    (``_<name>.lease``, ``_<name>.lock``): Delta refuses to create a table in a folder
+    that holds other files."""
+    lease_at, lock_at = (table.parent / f"_{table.name}.{kind}" for kind in ("lease", "lock"))
+    with _exclusive(lease_at, lock_at, f"table {table.name}", purpose) as held:
         yield held
 
 
 @contextmanager
-def _exclusive(root: Location, what: str, purpose: str) -> Iterator[Holding]:
-    """``root/_lease`` on object storage, ``root/_lock`` with flock on a local disk;
+def _exclusive(lease_at: Location, lock_at: Location, what: str, purpose: str) -> Iterator[Holding]:
+    """The lease ``lease_at`` on object storage, flock on ``lock_at`` on a local disk;
     every commit of this thread in the block checks the hold first."""
-    if root.is_s3:
+    if lease_at.is_s3:
         try:
-            held = lease.take(root / lease.LEASE, purpose, _user(), lease_seconds())
+            held = lease.take(lease_at, purpose, _user(), lease_seconds())
         except lease.LeaseError as exc:
             raise LockedError(str(exc)) from None
         try:
@@ -129,8 +134,8 @@ def _exclusive(root: Location, what: str, purpose: str) -> Iterator[Holding]:
         finally:
             held.release()
         return
-    root.path.mkdir(parents=True, exist_ok=True)
-    handle = open(root.path / LOCK, "a+")  # noqa: SIM115 - held for the whole block
+    lock_at.path.parent.mkdir(parents=True, exist_ok=True)
+    handle = open(lock_at.path, "a+")  # noqa: SIM115 - held for the whole block
     try:
         deadline = time.monotonic() + PROBE_GRACE_S
         while True:

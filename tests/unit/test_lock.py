@@ -139,3 +139,4 @@ def test_a_table_spark_writes_has_one_writer_at_a_time(tmp_path: Path) -> None:
         proc.wait()
     with table_lock(Location.local_path(table), "again"):
         pass  # free once its holder is gone
+    assert not table.exists()  # beside it: Delta creates a table only in an empty folder
