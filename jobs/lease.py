@@ -103,9 +103,9 @@ class Lease:
         idle = _clock() - renewed_at
         if idle > self.ttl_s * SAFE_FRACTION:
             raise LeaseLostError(
-                f"the lease on {self.location.parent.name} went {idle:.0f} s without a renewal "
+                f"the lease on {subject(self.location)} went {idle:.0f} s without a renewal "
                 f"(this process was paused or the store unreachable; the lease lasts "
-                f"{self.ttl_s:.0f} s): another holder may run the application now, so this one "
+                f"{self.ttl_s:.0f} s): another holder may take it over now, so this one "
                 "commits nothing more; run it again to take the lease back once it is free"
             )
 
@@ -125,7 +125,7 @@ class Lease:
                     taker = describe(found)
                     with self._lock:
                         self._lost = (
-                            f"the lease on {self.location.parent.name} was taken over by "
+                            f"the lease on {subject(self.location)} was taken over by "
                             f"another holder ({taker}) after this one went unrenewed: this "
                             "process commits nothing more"
                         )
@@ -162,7 +162,7 @@ class Lease:
         with self._lock:
             if self._lost is not None:
                 return
-            self._lost = f"the lease on {self.location.parent.name} was released"
+            self._lost = f"the lease on {subject(self.location)} was released"
             etag = self.etag
         record = {**self.holder, "released": True, "generation": self.generation}
         try:
@@ -246,6 +246,14 @@ def current(location: Location) -> dict[str, Any] | None:
     return record
 
 
+def subject(location: Location) -> str:
+    """What the lease at ``location`` holds, for messages: ``application clicks``
+    (``<app>/_lease``) or ``table dims`` (``_dims.lease`` beside the table)."""
+    if location.name == LEASE:
+        return f"application {location.parent.name}"
+    return f"table {location.name.removeprefix('_').removesuffix('.lease')}"
+
+
 def _their_ttl(record: dict[str, Any], default_s: float = DEFAULT_TTL_S) -> float:
     """A record's time to live (``default_s`` when it does not say), within the
     bounds any holder takes: a record is another machine's text."""
@@ -288,7 +296,7 @@ def take(location: Location, purpose: str, user: str, ttl_s: float = DEFAULT_TTL
     if watch_s is None:
         renewed = _number(found, "renewed_s") or _number(found, "since") or 0.0
         raise LeaseError(
-            f"application {location.parent.name} is busy: held by {describe(found)}, "
+            f"{subject(location)} is busy: held by {describe(found)}, "
             f"renewed {time.time() - renewed:.0f} s ago; if that process is gone, its lease "
             f"expires {_their_ttl(found, ttl_s):.0f} s after its last renewal: try again then"
         )
@@ -296,8 +304,8 @@ def take(location: Location, purpose: str, user: str, ttl_s: float = DEFAULT_TTL
         # Stale by its writer's clock (or a clock ahead of ours, or a record that
         # does not say): prove it on ours, by watching for a renewal.
         log.warning(
-            "the lease of %s was not renewed by %s: taking it over if it stays so for %.0f s",
-            location.parent.name,
+            "the lease on %s was not renewed by %s: taking it over if it stays so for %.0f s",
+            subject(location),
             describe(found),
             watch_s,
         )
@@ -307,7 +315,7 @@ def take(location: Location, purpose: str, user: str, ttl_s: float = DEFAULT_TTL
         taken = location.update(_encode({**record, "generation": generation}, ttl_s), stat.etag)
     except ChangedError:
         raise LeaseError(
-            f"application {location.parent.name} is busy: another holder took its lease first"
+            f"{subject(location)} is busy: another holder took its lease first"
         ) from None
     return _held(location, record, ttl_s, taken, generation, started)
 
@@ -320,7 +328,7 @@ def _watch(location: Location, seen: Stat, ttl_s: float) -> None:
         now = location.stat()
         if now is None or now.etag != seen.etag:
             raise LeaseError(
-                f"application {location.parent.name} is busy: its lease was renewed "
+                f"{subject(location)} is busy: its lease was renewed "
                 "while this taker waited for it to expire"
             )
         time.sleep(min(1.0, ttl_s / 10))

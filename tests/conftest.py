@@ -26,7 +26,7 @@ from jobs import broker as embedded
 from jobs import kafka_admin, storage_server
 from jobs.broker import BrokerInfo
 from jobs.local_server import find_free_port
-from jobs.settings import REPO_ROOT, Settings, load_settings
+from jobs.settings import REPO_ROOT, Settings, lease_seconds, load_settings
 from jobs.storage_server import StorageInfo
 from jobs.streaming.jvm import EXTRA_ENV as JVM_OPTIONS_ENV
 from jobs.warehouse import Location
@@ -236,7 +236,7 @@ def pipeline_file(directory: Path, name: str, topic: str, **source: object) -> P
     return path
 
 
-def jobs_args(pipeline: Path, servers: str, warehouse: Path, *args: str) -> list[str]:
+def jobs_args(pipeline: Path, servers: str, warehouse: Path | Location, *args: str) -> list[str]:
     """``python -m jobs``'s arguments for ``args`` on ``pipeline`` against a broker and
     a warehouse (for a process or for ``run_in_process``)."""
     return [*args, "--pipeline", str(pipeline)] + [
@@ -313,10 +313,18 @@ def start_stream(
     )
 
 
+def wait_out_a_killed_lease(warehouse: Path | Location) -> None:
+    """On object storage a killed holder's lease holds until it expires (the next
+    command is refused as busy until then, and takes it over after watching it
+    unrenewed for its time to live); locally its flock went with it."""
+    if Location.parse(str(warehouse)).is_s3:
+        time.sleep(lease_seconds() + 0.5)
+
+
 def run_with_fault(
     pipeline: Path,
     servers: str,
-    warehouse: Path,
+    warehouse: Path | Location,
     fault: str | None,
     *extra: str,
     env: dict[str, str] | None = None,
@@ -325,7 +333,8 @@ def run_with_fault(
     """``python -m jobs run`` in its own process group, killed at ``fault``
     (``PLATFORM_FAULT``, see ``jobs/faults.py``) if one is given: returns 0 or -9.
     Without a fault and with ``spark``, the run is in this process, on that session
-    (a recovery need not be a new process: what it recovers from is on disk)."""
+    (a recovery need not be a new process: what it recovers from is on disk). After a
+    kill, the killed run's lease on object storage is waited out."""
     argv = jobs_args(pipeline, servers, warehouse, "run", "--quiet", *extra)
     if fault is None and spark is not None and env is None:
         done = run_in_process(spark, argv)
@@ -347,4 +356,6 @@ def run_with_fault(
     )
     if proc.returncode not in (0, -9):
         raise AssertionError(proc.stderr[-3000:])
+    if proc.returncode == -9:
+        wait_out_a_killed_lease(warehouse)
     return proc.returncode

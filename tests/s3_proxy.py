@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import threading
 import time
+import urllib.parse
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -28,6 +30,9 @@ class StoreProxy:
         self.requests = 0
         self.refused = 0
         self.kinds: Counter[str] = Counter()
+        # By kind and the object's shape (its last three names, digits folded):
+        # where a run's requests go.
+        self.shapes: Counter[str] = Counter()
         self.counts_path: str | None = None  # answered with the counts, not passed on
         self._lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -46,10 +51,11 @@ class StoreProxy:
         self.server.shutdown()
         self.server.server_close()
 
-    def _refuse(self, kind: str) -> bool:
+    def _refuse(self, kind: str, path: str) -> bool:
         with self._lock:
             self.requests += 1
             self.kinds[kind] += 1
+            self.shapes[f"{kind} {shape(path)}"] += 1
             refuse = bool(self.every) and self.requests % self.every == 0
             self.refused += refuse
             return refuse
@@ -77,15 +83,19 @@ class StoreProxy:
 
             def _pass_on(self) -> None:
                 body = self._body()
-                if store.counts_path is not None and self.path == store.counts_path:
-                    counts = json.dumps(dict(store.kinds)).encode()
+                if store.counts_path is not None and self.path in (
+                    store.counts_path,
+                    store.counts_path + "/shapes",
+                ):
+                    counted = store.kinds if self.path == store.counts_path else store.shapes
+                    counts = json.dumps(dict(counted)).encode()
                     self.send_response(200)
                     self.send_header("Content-Length", str(len(counts)))
                     self.end_headers()
                     self.wfile.write(counts)
                     return
                 listing = self.command == "GET" and "list-type=" in self.path.partition("?")[2]
-                if store._refuse("LIST" if listing else self.command):
+                if store._refuse("LIST" if listing else self.command, self.path):
                     self.send_response(503)
                     self.send_header("Content-Type", "application/xml")
                     self.send_header("Content-Length", str(len(SLOW_DOWN)))
@@ -118,6 +128,17 @@ class StoreProxy:
 
 
 COUNTS_PATH = "/__proxy_counts"
+
+
+def shape(path: str) -> str:
+    """``/b/p/apps/x/state/_delta_log/00000000000000000012.json`` → ``state/_delta_log/#.json``;
+    a listing by its prefix."""
+    where, _, query = path.partition("?")
+    prefix = re.search(r"prefix=([^&]*)", query)
+    if prefix:
+        where = urllib.parse.unquote(prefix.group(1))
+    names = [name for name in where.split("/") if name][-3:]
+    return re.sub(r"\d+", "#", "/".join(names))
 
 
 def main() -> None:

@@ -52,7 +52,8 @@ from confluent_kafka.admin import AdminClient, NewPartitions
 from deltalake import DeltaTable, write_deltalake
 
 from jobs import kafka_admin
-from jobs.settings import REPO_ROOT, Settings, lease_seconds
+from jobs.settings import REPO_ROOT, Settings
+from tests.conftest import wait_out_a_killed_lease
 
 TP = tuple[str, int]
 Pin = tuple[str, int, int]  # a dimension table as joined: (name, generation, version)
@@ -484,16 +485,8 @@ class Sequence:
         code = self.run_with_fault(
             self.path, self.settings.bootstrap_servers, self.settings.warehouse, fault
         )
-        self._after_a_kill()
         self.run()  # (its batches' tables: those the killed ones recorded, the same)
         self.done[-1] = f"run killed {fault} ({code}), run"
-
-    def _after_a_kill(self) -> None:
-        """On object storage a killed holder's lease holds until it expires (the
-        next command is refused as busy until then, and takes it over after watching
-        it unrenewed for its time to live); locally its flock went with it."""
-        if self.settings.warehouse.is_s3:
-            time.sleep(lease_seconds() + 0.5)
 
     def add_partition(self) -> None:
         if len(self.live()) >= 4:
@@ -566,7 +559,7 @@ class Sequence:
             self.path, self.settings, *args, env={"PLATFORM_FAULT": "after_fence"}
         )
         assert killed.returncode == -9, f"{self.done}: {killed.stderr[-1500:]}"
-        self._after_a_kill()
+        wait_out_a_killed_lease(self.settings.warehouse)
         refused = self.run_jobs(self.path, self.settings, "run", "--quiet", spark=self.spark)
         assert refused.returncode != 0 and "did not finish" in refused.stderr, (
             f"{self.done}: {refused.stderr[-1500:]}"

@@ -34,7 +34,7 @@ def airflow_db() -> None:
 
 
 def test_dag_test_of_stream_user_clicks(
-    airflow_db, spark, broker, kafka_config, new_topic, tmp_path: Path, monkeypatch
+    airflow_db, broker, kafka_config, new_topic, tmp_path: Path, monkeypatch
 ) -> None:  # type: ignore[no-untyped-def]
     topic = new_topic(2)
     now = int(time.time())
@@ -81,39 +81,14 @@ def test_dag_test_of_stream_user_clicks(
     lagging = ApplicationHealthSensor(task_id="lagging", pipeline="user_clicks", max_lag=0)
     assert lagging.poke({}) is False
 
-    # Maintenance from Airflow: plan -> approval -> apply in one run (a person's
-    # approval is marked given here; tests/ui clicks it in the browser).
-    bag = DagBag(dag_folder=str(REPO_ROOT / "dags"))
-    rebuild = bag.dags["maintenance_rebuild"]
-    applied = rebuild.test(
-        run_conf={"pipeline": "user_clicks", "reason": "airflow rebuild"},
-        mark_success_pattern="approval",
-    )
-    assert str(applied.state) in ("success", "DagRunState.SUCCESS")
-    ledger = DeltaTable(str(warehouse / "user_clicks" / "_ledger")).to_pyarrow_table().to_pylist()
-    audits = [json.loads(r["details"]) for r in ledger if r["entry_type"] == "rebuild"]
-    planned = [a for a in audits if a.get("dry_run")]
-    done = [a for a in audits if a.get("phase") == "done"]
-    assert len(planned) == 1 and len(done) == 1
-    assert done[0]["plan"]["plan_id"] == planned[0]["plan"]["plan_id"]  # exactly the plan
-    assert all(a["who"].startswith("airflow:") for a in audits)
-    # The stream resumes in the new epoch with the same state plus new events (the
-    # run itself in this process: spark-submit from Airflow was shown above).
-    more = [json.dumps({"user_id": "u1", "timestamp": now - 100}).encode()] * 5
-    produce(kafka_config, topic, more)
-    again = run_jobs(pipelines / "user_clicks.yaml", load_settings(), "run", spark=spark)
-    assert again.returncode == 0, again.stderr[-2000:]
-    expected, _dead, _late = clicks_per_window([values, more])
-    state = DeltaTable(str(warehouse / "user_clicks" / "state")).to_pyarrow_table().to_pylist()
-    assert state_as_counter(state, "clicks") == expected
-
 
 def test_dag_run_on_object_storage_through_an_aws_connection(
-    airflow_db, broker, kafka_config, new_topic, s3_warehouse, tmp_path: Path, monkeypatch
+    airflow_db, spark, broker, kafka_config, new_topic, s3_warehouse, tmp_path: Path, monkeypatch
 ) -> None:  # type: ignore[no-untyped-def]
     """The warehouse on S3, its keys and endpoint only in an Airflow ``aws``
     connection (``PLATFORM_AWS_CONN_ID``): the job spark-submit starts and the
-    hook's reads both reach the store through it."""
+    hook's reads both reach the store through it; then a maintenance DAG (plan,
+    approval, apply) repairs the application on the bucket."""
     topic = new_topic(2)
     now = int(time.time())
     values = [
@@ -175,3 +150,30 @@ def test_dag_run_on_object_storage_through_an_aws_connection(
     app = {"application": APP}
     assert total(exported, "platform_ledger_batches_total", app) == len(batches)
     assert total(exported, "platform_ledger_records_total", app) == len(values)
+
+    # Maintenance from Airflow: plan -> approval -> apply in one run (a person's
+    # approval is marked given here; tests/ui clicks it in the browser).
+    rebuild = DagBag(dag_folder=str(REPO_ROOT / "dags")).dags["maintenance_rebuild"]
+    applied = rebuild.test(
+        run_conf={"pipeline": APP, "reason": "airflow rebuild"},
+        mark_success_pattern="approval",
+    )
+    assert str(applied.state) in ("success", "DagRunState.SUCCESS")
+    ledger = DeltaTable(str(s3_warehouse / APP / "_ledger")).to_pyarrow_table()
+    audits = [json.loads(r["details"]) for r in ledger.to_pylist() if r["entry_type"] == "rebuild"]
+    planned = [a for a in audits if a.get("dry_run")]
+    done = [a for a in audits if a.get("phase") == "done"]
+    assert len(planned) == 1 and len(done) == 1
+    assert done[0]["plan"]["plan_id"] == planned[0]["plan"]["plan_id"]  # exactly the plan
+    assert all(a["who"].startswith("airflow:") for a in audits)
+    # The stream resumes in the new epoch with the same state plus new events (the
+    # run itself in this process, with the store's keys: spark-submit was shown above).
+    for name, value in store.items():
+        monkeypatch.setenv(name, value)
+    more = [json.dumps({"user_id": "u1", "timestamp": now - 100}).encode()] * 5
+    produce(kafka_config, topic, more)
+    again = run_jobs(pipelines / f"{APP}.yaml", load_settings(), "run", spark=spark)
+    assert again.returncode == 0, again.stderr[-2000:]
+    expected, _dead, _late = clicks_per_window([values, more])
+    state = DeltaTable(str(s3_warehouse / APP / "state")).to_pyarrow_table().to_pylist()
+    assert state_as_counter(state, "clicks") == expected

@@ -33,8 +33,12 @@ class FakeLocation:
     lose_create_answer: bool = False
 
     @property
+    def name(self) -> str:
+        return self.key.rsplit("/", 1)[-1]
+
+    @property
     def parent(self) -> Any:
-        return type("Folder", (), {"name": "app"})()
+        return type("Folder", (), {"name": self.key.rsplit("/", 2)[-2]})()
 
     def stat(self) -> Stat | None:
         with self.store.lock:
@@ -81,6 +85,17 @@ def where() -> FakeLocation:
 
 def _take(where: FakeLocation, ttl_s: float = lease.MIN_TTL_S) -> lease.Lease:
     return lease.take(where, "op", "me", ttl_s)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("key", "named"),
+    [("apps/clicks/_lease", "application clicks"), ("dims/_merchants.lease", "table merchants")],
+)
+def test_a_busy_lease_names_what_it_holds(key: str, named: str) -> None:
+    where = FakeLocation(FakeStore(), key)
+    where.put_raw(_record(renewed_s=time.time(), ttl_s=30))
+    with pytest.raises(lease.LeaseError, match=rf"^{named} is busy: held by"):
+        _take(where)
 
 
 @pytest.mark.parametrize("ttl", [0, -1, float("nan"), float("inf"), 1e9, 0.5])
