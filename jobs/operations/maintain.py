@@ -39,7 +39,7 @@ from jobs.cut import live_boundaries, log_floor, seed_file
 from jobs.delta import layout as tables
 from jobs.delta.files import stale_staged_files
 from jobs.delta.layout import AppLayout
-from jobs.delta.log import EXPIRED_LOG_CLEANUP, TABLE_CONFIGURATION, keep_loadable_from
+from jobs.delta.log import TABLE_CONFIGURATION, keep_loadable_from
 from jobs.delta.writer import MAX_ATTEMPTS, check_hold, committed_batch
 from jobs.errors import ConsistencyError, OutputError, PlatformError
 from jobs.ledger import (
@@ -394,13 +394,12 @@ def maintain_table(
             commit_properties=props,
         ),
     )
-    if DeltaTable(uri).metadata().configuration.get(EXPIRED_LOG_CLEANUP) != "false":
-        # Tables made before the platform turned it off (jobs/delta/log.py says why).
+    configured = DeltaTable(uri).metadata().configuration
+    outdated = {k: v for k, v in TABLE_CONFIGURATION.items() if configured.get(k) != v}
+    if outdated:  # a table made before the platform set these (jobs/delta/log.py)
         _retrying(
-            f"log cleanup setting of {path.name}",
-            lambda: DeltaTable(uri).alter.set_table_properties(
-                dict(TABLE_CONFIGURATION), commit_properties=props
-            ),
+            f"log settings of {path.name}",
+            lambda: DeltaTable(uri).alter.set_table_properties(outdated, commit_properties=props),
         )
     log_entries = keep_loadable_from(path, floor, plan.reader_grace_hours * 3600)
     return {

@@ -67,8 +67,15 @@ def test_a_rewind_to_the_oldest_kept_boundary_works_after_maintain(  # type: ign
     with_maintenance(path, rewind_horizon=f"{int(age)} seconds", reader_grace_hours=0)
     state_dir = Path(settings.warehouse / "user_clicks" / "state")
     on_disk_before = len(list(state_dir.glob("*.parquet")))
+    # The changelog as an older platform made it: Delta's log defaults.
+    changelog = str(settings.warehouse / "user_clicks" / "changelog")
+    older = {"delta.checkpointInterval": "100", "delta.enableExpiredLogCleanup": "true"}
+    DeltaTable(changelog).alter.set_table_properties(older)
     done = run_jobs(path, settings, "maintain", "--reason", "test", spark=spark)
     assert done.returncode == 0, done.stderr
+    configured = DeltaTable(changelog).metadata().configuration
+    assert configured["delta.checkpointInterval"] == "10"  # loads read at most 10 entries
+    assert configured["delta.enableExpiredLogCleanup"] == "false"
     started = [
         json.loads(r["details"])
         for r in rows(settings, "_ledger")

@@ -75,13 +75,22 @@ def test_writers_never_drop_entries_by_age_on_platform_tables(tmp_path: Path) ->
     }
     for name, configuration in (
         ("default", aggressive),
-        ("platform", {**aggressive, **TABLE_CONFIGURATION}),
+        ("platform", {**TABLE_CONFIGURATION, **aggressive}),
     ):
         commits(tmp_path / name, 1, configuration)
         time.sleep(1.2)
         commits(tmp_path / name, 4)
     assert log_versions(tmp_path / "default")[0] > 0  # the check can fail: Delta's rule ran
     assert log_versions(tmp_path / "platform") == list(range(5))
+
+
+def test_a_platform_table_is_checkpointed_every_ten_commits(tmp_path: Path) -> None:
+    """A load reads the log from the newest checkpoint on: however old the table, a
+    load reads at most ten entries (delta-rs' default is a checkpoint every 100
+    commits, so each load of a busy table read up to 100 objects)."""
+    commits(tmp_path / "t", 25, dict(TABLE_CONFIGURATION))
+    # after the 10th and the 20th commit
+    assert log_versions(tmp_path / "t", ".checkpoint.parquet") == [9, 19]
 
 
 def test_commit_infos_are_exact_by_version_when_commits_land_meanwhile(
