@@ -37,6 +37,12 @@ class ConfigError(PlatformError):
     """A bad argument, environment variable or pipeline definition."""
 
 
+def refused(what: str, form: str, raw: str) -> ConfigError:
+    """The one line a bad value gets: what (a variable, a flag), the form it takes,
+    the value given."""
+    return ConfigError(f"{what} must be {form}, got {raw!r}")
+
+
 class SourceError(PlatformError):
     """The Kafka source cannot deliver the exact range it was asked for."""
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import signal
 
-from jobs.settings import refused
+from jobs.errors import refused
 
 ENV = "PLATFORM_FAULT"
 GROUP_ENV = "PLATFORM_FAULT_PGID"

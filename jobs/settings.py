@@ -15,8 +15,8 @@ import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from jobs import kafka_settings
-from jobs.errors import ConfigError
+from jobs import faults, kafka_settings
+from jobs.errors import refused
 from jobs.lease import DEFAULT_TTL_S, MAX_TTL_S, MIN_TTL_S
 from jobs.warehouse import Location
 
@@ -143,12 +143,6 @@ def _env(name: str, default: str) -> str:
     return os.environ.get(ENV_PREFIX + name, default)
 
 
-def refused(what: str, form: str, raw: str) -> ConfigError:
-    """The one line a bad value gets: what (a variable, a flag), the form it takes,
-    the value given."""
-    return ConfigError(f"{what} must be {form}, got {raw!r}")
-
-
 def _port(raw: str, name: str) -> int:
     port = _port_number(raw)
     if port is None:
@@ -172,8 +166,6 @@ def load_settings() -> Settings:
     """Read the settings from the environment, validating every value (those that
     other modules read too: ``spark_cds``, ``java_options``, ``jars_dir``,
     ``configured_driver_token``, ``lease_seconds``, ``faults.spec``)."""
-    from jobs import faults
-
     broker_port = _port(_env("BROKER_PORT", "19092"), "BROKER_PORT")
     spark_cds()
     lease_seconds()

@@ -6,6 +6,7 @@ with their own ``Host`` header, so their signatures stay valid."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import re
@@ -118,9 +119,11 @@ class StoreProxy:
                 length = answer.getheader("Content-Length") if self.command == "HEAD" else None
                 self.send_header("Content-Length", length or str(len(data)))
                 self.end_headers()
-                if self.command != "HEAD":
-                    self.wfile.write(data)
                 backend.close()
+                if self.command != "HEAD":
+                    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                        # A reader that had enough of a range hangs up: its business.
+                        self.wfile.write(data)
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _pass_on
 

@@ -11,10 +11,10 @@ follow from the pipeline's types: ``jobs/resolved.py``).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -26,9 +26,6 @@ from jobs.delta.log import TABLE_CONFIGURATION
 from jobs.errors import ConfigError
 from jobs.pipeline import APPLICATION_ID, Pipeline
 from jobs.warehouse import Location
-
-if TYPE_CHECKING:
-    from jobs.resolved import Resolved
 
 TIMESTAMP = pa.timestamp("us", tz="UTC")
 ATOMIC_ARROW = {
@@ -220,13 +217,22 @@ def _described(columns: dict[str, str]) -> str:
     return ", ".join(f"{c} {t}" for c, t in columns.items())
 
 
-def ensure_tables(layout: AppLayout, resolved: Resolved, republishing: bool = False) -> None:
+class TableSchemas(Protocol):
+    """What the tables need of a resolved pipeline (``jobs/resolved.py``'s
+    ``Resolved``): its definition and every table's columns."""
+
+    @property
+    def pipeline(self) -> Pipeline: ...
+
+    @property
+    def tables(self) -> Mapping[str, pa.Schema]: ...
+
+
+def ensure_tables(layout: AppLayout, resolved: TableSchemas, republishing: bool = False) -> None:
     """Create missing tables; refuse an existing table whose columns do not fit the
     pipeline's. ``republishing``: a backfill about to publish a new definition,
     which makes ``state`` and ``changelog`` fit (a retyped or removed-and-not-null
     changelog column it cannot: that history would not hold the new rows)."""
-    from jobs.errors import ConfigError
-
     pipeline = resolved.pipeline
     for name, schema in resolved.tables.items():
         path = layout.table(name)
@@ -273,14 +279,14 @@ def upgrade_ledger(path: Location) -> None:
         ledger.alter.add_columns(list(added))
 
 
-def state_redefined(layout: AppLayout, resolved: Resolved, version: int | None = None) -> bool:
+def state_redefined(layout: AppLayout, resolved: TableSchemas, version: int | None = None) -> bool:
     """The ``state`` table's columns (at ``version``, or the latest) are not the
     pipeline's (a new definition)."""
     path = layout.table("state")
     if not DeltaTable.is_deltatable(str(path)):
         return False
     schema = DeltaTable(str(path), version=version).schema()
-    return bool(column_problems("state", schema, resolved.state_schema))
+    return bool(column_problems("state", schema, resolved.tables["state"]))
 
 
 def _type(kind: object) -> str:

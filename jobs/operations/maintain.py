@@ -34,6 +34,7 @@ from deltalake import CommitProperties, DeltaTable
 from deltalake.exceptions import CommitFailedError
 
 from jobs import kafka_admin
+from jobs.audit import append_audit, audit_row
 from jobs.coverage import Boundary
 from jobs.cut import live_boundaries, log_floor, seed_file
 from jobs.delta import layout as tables
@@ -50,7 +51,6 @@ from jobs.ledger import (
     unfinished_operation,
 )
 from jobs.lock import LockedError, describe, holder
-from jobs.operations.audit import append_audit, audit_row
 from jobs.output.changes import commit_infos
 from jobs.output.publisher import read_bookmark, versions_needed
 from jobs.pipeline import Pipeline

@@ -16,12 +16,12 @@ from deltalake import DeltaTable
 
 from jobs import kafka_admin
 from jobs import resolved as resolution
+from jobs.audit import append_audit, audit_row
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
 from jobs.errors import ConfigError, OutputError
 from jobs.ledger import current_epoch
 from jobs.lock import application_lock
-from jobs.operations.audit import append_audit, audit_row
 from jobs.output.publisher import OutputPublisher, read_bookmark
 from jobs.pipeline import Pipeline
 from jobs.settings import Settings

@@ -18,6 +18,7 @@ from deltalake import DeltaTable
 
 from jobs import kafka_admin, monitoring_group
 from jobs import resolved as resolution
+from jobs.audit import append_audit, audit_row
 from jobs.coverage import Boundary, Coverage, pins_text, spelled
 from jobs.cut import (
     Cut,
@@ -45,7 +46,6 @@ from jobs.errors import ConfigError
 from jobs.faults import maybe_crash
 from jobs.kafka_source import offsets as kafka_offsets
 from jobs.ledger import current_epoch, snapshot, unfinished_epochs
-from jobs.operations.audit import append_audit, audit_row
 from jobs.operations.plan import Plan, header
 from jobs.operations.targets import TargetSpec, resolve_targets
 from jobs.pipeline import Pipeline

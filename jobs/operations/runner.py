@@ -9,6 +9,7 @@ from typing import Any
 
 from jobs import kafka_admin
 from jobs import resolved as resolution
+from jobs.audit import audit_row
 from jobs.cut import check_definition, fenced_tables, latest_cut
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
@@ -17,7 +18,6 @@ from jobs.errors import ConfigError, PlatformError
 from jobs.ledger import current_epoch
 from jobs.lock import LockedError, application_lock, describe, holder
 from jobs.operations import saved
-from jobs.operations.audit import audit_row
 from jobs.operations.plan import Plan
 from jobs.operations.restart import apply_plan, audit_dry_run, plan_rebuild
 from jobs.output.publisher import OutputPublisher

@@ -23,6 +23,7 @@ from typing import Any
 import pyarrow.dataset as ds
 from deltalake import DeltaTable
 
+from jobs.audit import append_audit, audit_row, who
 from jobs.cut import loadable
 from jobs.delta.layout import AppLayout
 from jobs.errors import ConfigError, ConsistencyError
@@ -37,7 +38,6 @@ from jobs.ledger import (
     read_ledger,
     unfinished_epochs,
 )
-from jobs.operations.audit import append_audit, audit_row, who
 from jobs.operations.plan import Plan
 from jobs.output.changes import commit_infos
 from jobs.pipeline import Pipeline

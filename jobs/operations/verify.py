@@ -28,6 +28,7 @@ from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from jobs.audit import append_audit, audit_row
 from jobs.coverage import Boundary, Intervals, layers
 from jobs.cut import current_log_history, floor_note, lineage_head, log_floor
 from jobs.delta.layout import AppLayout
@@ -38,7 +39,6 @@ from jobs.ledger import (
     snapshot,
     unfinished_operation,
 )
-from jobs.operations.audit import append_audit, audit_row
 from jobs.operations.backfill import aggregate_records, preview, read_records
 from jobs.output.changes import commit_infos
 from jobs.pipeline import Pipeline

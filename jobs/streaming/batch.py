@@ -44,6 +44,7 @@ from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
 from jobs import kafka_admin
+from jobs.audit import append_audit, audit_row
 from jobs.coverage import History, Pin
 from jobs.cut import recorded_definition
 from jobs.delta import layout as tables
@@ -57,7 +58,6 @@ from jobs.kafka_source import spark_kafka
 from jobs.ledger import snapshot
 from jobs.metrics import METRICS, Metrics
 from jobs.monitoring_group import MonitoringGroup
-from jobs.operations.audit import append_audit, audit_row
 from jobs.output.publisher import OutputPublisher
 from jobs.resolved import Resolved
 from jobs.streaming import dimensions, offset_log

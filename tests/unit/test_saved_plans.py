@@ -10,13 +10,13 @@ import pytest
 from deltalake import CommitProperties, DeltaTable
 
 from jobs import resolved as resolution
+from jobs.audit import append_audit, audit_row
 from jobs.cut import StateAction
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
 from jobs.errors import ConfigError
 from jobs.ledger import MAINTAIN, STARTED, Boundary
 from jobs.operations import saved
-from jobs.operations.audit import append_audit, audit_row
 from jobs.operations.plan import Plan
 from tests.output_tables import StateWriter, clicks_pipeline
 

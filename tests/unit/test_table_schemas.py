@@ -129,9 +129,9 @@ def test_a_key_added_to_the_changelog_stays_nullable_and_compactable(tmp_path: P
 def test_a_ledger_from_before_filters_gains_the_column_for_every_writer(tmp_path: Path) -> None:
     """An older platform's ledger lacks ``filtered``: an audit row (verify, maintain,
     a refused plan) fits it after the upgrade, and old rows read as null."""
+    from jobs.audit import append_audit, audit_row
     from jobs.delta import layout as tables
     from jobs.ledger import snapshot
-    from jobs.operations.audit import append_audit, audit_row
 
     layout = AppLayout(tmp_path, "inventory")
     old = pa.schema([f for f in tables.LEDGER_SCHEMA if f.name != "filtered"])
