@@ -55,7 +55,7 @@ lint: setup
 # -rs: the run ends with the number of skipped tests and why (under CI, where
 # CI is set, a skip fails: tests/conftest.py).
 test: lint chromium prometheus
-	$(BIN)/python -m pytest -q -rs -p no:cacheprovider -n 3 --dist loadfile --no-loadscope-reorder --durations=40
+	$(BIN)/python -m pytest -q -rs -p no:cacheprovider -n 4 --dist loadfile --no-loadscope-reorder --durations=40
 
 unit: lint
 	$(BIN)/python -m pytest -q -rs -p no:cacheprovider -n 2 -m "not integration"

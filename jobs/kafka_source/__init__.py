@@ -2,3 +2,8 @@
 Kafka source; ``offsets`` is pure planning, importable without Spark (status,
 planners and the Airflow hook use it).
 """
+
+__all__ = [
+    "offsets",
+    "spark_kafka",
+]

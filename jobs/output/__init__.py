@@ -1,1 +1,8 @@
 """Exactly-once publishing of an application's state changes to a Kafka topic."""
+
+__all__ = [
+    "bookmark",
+    "changes",
+    "publisher",
+    "records",
+]

@@ -148,3 +148,28 @@ def test_the_checks_find_what_they_look_for() -> None:
     )
     modules = {"jobs.cut", "jobs.ledger", "jobs.faults", "jobs.errors"}
     assert imported(source, "jobs.m", modules) == {"jobs.cut", "jobs.ledger", "jobs.faults"}
+
+
+def test_each_package_declares_its_modules() -> None:
+    """A package's ``__all__`` is its public modules (imported on demand: a package
+    imports none of them, so a JVM-free tool never loads Spark's side)."""
+    for init in sorted(
+        path for folder in ROOTS for path in (REPO_ROOT / folder).rglob("__init__.py")
+    ):
+        folder = init.parent
+        modules = sorted(
+            [p.stem for p in folder.glob("*.py") if not p.stem.startswith("_")]
+            + [p.name for p in folder.iterdir() if (p / "__init__.py").exists()]
+        )
+        tree = ast.parse(init.read_text())
+        declared = next(
+            (
+                ast.literal_eval(node.value)
+                for node in tree.body
+                if isinstance(node, ast.Assign)
+                and [getattr(t, "id", None) for t in node.targets] == ["__all__"]
+            ),
+            None,
+        )
+        assert declared == modules, f"{init.relative_to(REPO_ROOT)}: __all__"
+        assert not any(isinstance(n, ast.Import | ast.ImportFrom) for n in tree.body), init
