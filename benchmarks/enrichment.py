@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks.report import machine, scratch_broker, write_section
+from benchmarks.report import best_runs, machine, scratch_broker, table, write_section
 from include.sample_data import encoded, merchant_rows, order_events, write_merchants
 from jobs import kafka_admin
 from jobs.dimension import load_dimension, refresh
@@ -132,15 +132,14 @@ def render(args: argparse.Namespace, results: dict[str, list[dict[str, float]]])
         "batch and broadcast. Each run from a fresh warehouse, warm JVM, no output topic; "
         f"best of {args.rounds} rounds.",
         "",
-        "| variant | events/s | run s | batches | batch p50 s |",
-        "|---|---|---|---|---|",
+        *table(
+            ["variant", "events/s", "run s", "batches", "batch p50 s"],
+            best_runs(
+                results,
+                {"events_per_s": ",.0f", "seconds": ".2f", "batches": ".0f", "batch_p50_s": ".2f"},
+            ),
+        ),
     ]
-    for name, runs in results.items():
-        best = max(runs, key=lambda r: r["events_per_s"])
-        lines.append(
-            f"| {name} | {best['events_per_s']:,.0f} | {best['seconds']:.2f} | "
-            f"{best['batches']:.0f} | {best['batch_p50_s']:.2f} |"
-        )
     return "\n".join(lines) + "\n"
 
 

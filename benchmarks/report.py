@@ -7,7 +7,7 @@ import os
 import platform
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -27,6 +27,27 @@ def machine() -> str:
         f"{os.cpu_count()} cores, {memory_gib:.0f} GiB RAM, {platform.platform()}, "
         f"Python {platform.python_version()}"
     )
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    """A Markdown table's lines."""
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+        *("| " + " | ".join(row) + " |" for row in rows),
+    ]
+
+
+def best_runs(
+    results: dict[str, list[dict[str, float]]], columns: dict[str, str]
+) -> list[list[str]]:
+    """Per variant, its fastest run (events/s): the variant's name and each of
+    ``columns`` (a measure and its format)."""
+    rows = []
+    for name, runs in results.items():
+        best = max(runs, key=lambda r: r["events_per_s"])
+        rows.append([name, *(format(best[key], spec) for key, spec in columns.items())])
+    return rows
 
 
 def write_section(section: str, path: Path = RESULTS) -> None:

@@ -22,7 +22,7 @@ import statistics
 import time
 from collections.abc import Callable
 
-from benchmarks.report import machine, scratch_broker, write_section
+from benchmarks.report import best_runs, machine, scratch_broker, table, write_section
 from include.sample_data import encoded, order_events
 from jobs import kafka_admin
 from jobs.pipeline import Aggregation, Derived, Pipeline, load_pipeline
@@ -121,15 +121,11 @@ def render(
         "every 5 minutes: each aggregated order adds to two windows. One batch per run, "
         f"from a fresh warehouse, warm JVM; best of {args.rounds} rounds.",
         "",
-        "| variant | events/s | run s | filtered |",
-        "|---|---|---|---|",
+        *table(
+            ["variant", "events/s", "run s", "filtered"],
+            best_runs(results, {"events_per_s": ",.0f", "seconds": ".2f", "filtered": ",.0f"}),
+        ),
     ]
-    for name, runs in results.items():
-        best = max(runs, key=lambda r: r["events_per_s"])
-        lines.append(
-            f"| {name} | {best['events_per_s']:,.0f} | {best['seconds']:.2f} | "
-            f"{best['filtered']:,.0f} |"
-        )
     return "\n".join(lines) + "\n"
 
 

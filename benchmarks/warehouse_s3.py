@@ -23,7 +23,7 @@ import time
 import urllib.request
 from collections import Counter
 
-from benchmarks.report import machine, scratch_broker, write_section
+from benchmarks.report import machine, scratch_broker, table, write_section
 from include.sample_data import click_events, encoded
 from jobs import kafka_admin, storage_server
 from jobs.local_server import find_free_port
@@ -159,7 +159,7 @@ def render(
         ("restore", "the run after a rebuild: Spark's state restored from Delta, cold"),
     ):
         local, s3 = best("local disk", what), best("S3", what)
-        rows.append(f"| {label} | {local:.1f} | {s3:.1f} | {s3 / local:.2f}x |")
+        rows.append([label, f"{local:.1f}", f"{s3:.1f}", f"{s3 / local:.2f}x"])
     every = args.maintain_every
     cycles = [per_batch[i : i + every] for i in range(0, len(per_batch), every)]
 
@@ -168,24 +168,24 @@ def render(
 
     names = [f"runs {i * every + 1}-{i * every + len(c)}" for i, c in enumerate(cycles)]
     request_rows = [
-        f"| {kind} | " + " | ".join(f"{mean(c, kind):.0f}" for c in cycles) + " |"
+        [kind, *(f"{mean(c, kind):.0f}" for c in cycles)]
         for kind in KINDS
         if any(mean(c, kind) for c in cycles)
     ]
+    request_rows.append(["all", *(f"{mean(c):.0f}" for c in cycles)])
     series = json.dumps([sum(b.values()) for b in per_batch])
     return "\n".join(
         [
             "## The warehouse on S3 against the local disk",
             "",
             f"Command: `.venv/bin/python -m benchmarks.warehouse_s3 --events {args.events} "
-            f"--rounds {args.rounds} --batches {args.batches}` on {machine()}. The S3 store is "
+            f"--rounds {args.rounds} --batches {args.batches} --maintain-every "
+            f"{args.maintain_every}` on {machine()}. The S3 store is "
             "the embedded SeaweedFS on loopback; its own broker. Each time is a command as a "
             "user starts it (`python -m jobs ...`, a process of its own: Spark's start "
             f"included), from a fresh warehouse; best of {args.rounds} rounds, in seconds.",
             "",
-            "| | local disk | S3 | S3 / local |",
-            "|---|---|---|---|",
-            *rows,
+            *table(["", "local disk", "S3", "S3 / local"], rows),
             "",
             "The store's requests per scheduled run of one batch (200 events), on one "
             "application whose tables age by one batch a run, with `maintain` after every "
@@ -193,10 +193,7 @@ def render(
             "counted): the mean per run of each cycle between two maintains. Every request "
             "the driver, S3A and delta-rs make is counted by a proxy in front of the store.",
             "",
-            "| request | " + " | ".join(names) + " |",
-            "|---|" + "---|" * len(cycles),
-            *request_rows,
-            "| all | " + " | ".join(f"{mean(c):.0f}" for c in cycles) + " |",
+            *table(["request", *names], request_rows),
             "",
             f"Requests of each run in order: {series}.",
             "",

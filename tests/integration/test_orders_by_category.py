@@ -7,6 +7,7 @@ same orders and the file's rows."""
 from __future__ import annotations
 
 import calendar
+import dataclasses
 import json
 import time
 from collections import defaultdict
@@ -71,10 +72,19 @@ def dimension(spark: Any, settings: Any) -> str:
 
 
 def test_the_dimension_feeds_the_stream_and_a_fix_is_backfilled(  # type: ignore[no-untyped-def]
-    spark, broker, settings, kafka_config, new_topic, tmp_path
+    spark, broker, settings, kafka_config, new_topic, tmp_path, s3_warehouse
 ) -> None:
-    source = Path(settings.warehouse) / "incoming" / "merchants.jsonl"
-    assert sample_data.main(["merchants", "--out", str(source)]) == 0
+    """On the bucket: the dimension's file, its table (Spark writes it under the
+    table's lease), the stream and the backfill all on S3."""
+    settings = dataclasses.replace(settings, warehouse=s3_warehouse)
+    written = tmp_path / "merchants.jsonl"  # the sample file, uploaded where the job reads it
+
+    def upload(*fix: str) -> None:
+        assert sample_data.main(["merchants", "--out", str(written), *fix]) == 0
+        (s3_warehouse / "incoming" / "merchants.jsonl").write_bytes(written.read_bytes())
+
+    upload()
+    source = written
     assert "40 rows, committed version 0" in dimension(spark, settings)
     assert "unchanged at version 0" in dimension(spark, settings)  # no version for nothing
 
@@ -110,8 +120,7 @@ def test_the_dimension_feeds_the_stream_and_a_fix_is_backfilled(  # type: ignore
     moved = {
         m: "garden" if dims[m]["category"] != "garden" else "books" for m in ("M-001", "M-006")
     }
-    fix = [f"--category={m}={c}" for m, c in moved.items()]
-    assert sample_data.main(["merchants", "--out", str(source), *fix]) == 0
+    upload(*(f"--category={m}={c}" for m, c in moved.items()))
     assert "committed version 1" in dimension(spark, settings)
     after = expected(events, merchants(source))
     changed = {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
