@@ -318,7 +318,80 @@ def parse_duration(text: str, origin: str, key: str) -> int:
 
 
 def parse_pipeline(data: Any, origin: str) -> Pipeline:
+    """A pipeline definition's data (parsed YAML), checked section by section in
+    the file's order: the first problem is the one error."""
     top = _Reader(origin, data)
+    app_id, version, description = _parse_identity(top)
+    topics, starting, max_offsets, archive = _parse_source(top)
+    schema = _parse_schema(top)
+    enrich = _parse_enrich(top, schema)
+    record_filter = _expression(top, "filter", top.get("filter", str, None))
+    derived = _parse_derived(top, schema, [e.name for e in enrich])
+    names = {n.lower(): n for n in [*schema, *(d.name for d in derived)]}
+
+    def column(name: str) -> str | None:
+        """A field or derived column's type (None: derived, Spark's to say)."""
+        return schema.get(name) or KAFKA_COLUMNS.get(name)
+
+    keys = _parse_keys(top, set(names.values()), column)
+    event_time, max_ahead, not_before_us = _parse_event_time(top, set(names.values()), column)
+    window, watermark = _parse_window(top)
+    aggregations = _parse_aggregations(top, keys, set(names.values()), column)
+    _check_output_names(top, list(schema), [d.name for d in derived], aggregations)
+    guarantee = top.get("processing_guarantee", str, "exactly_once")
+    if guarantee not in GUARANTEES:
+        raise top.error(f"must be one of {', '.join(sorted(GUARANTEES))}", "processing_guarantee")
+    mode, interval = _parse_trigger(top)
+    shuffle = top.get("shuffle_partitions", int, 2)
+    if not 1 <= shuffle <= 10000:
+        raise top.error("must be between 1 and 10000", "shuffle_partitions")
+    schedule_minutes = top.get("schedule_minutes", int, 5)  # the Airflow DAG's interval
+    if not 1 <= schedule_minutes <= 1440:
+        raise top.error("must be between 1 and 1440", "schedule_minutes")
+    horizon, grace = _parse_maintenance(top)
+    output = _parse_output(top, topics)
+    top.finish()
+    pipeline = Pipeline(
+        application_id=app_id,
+        version=version,
+        topics=tuple(topics),
+        starting_offsets=starting,
+        max_offsets_per_trigger=max_offsets,
+        schema=schema,
+        keys=tuple(keys),
+        event_time=event_time,
+        window=window,
+        watermark_seconds=watermark,
+        derived=tuple(derived),
+        aggregations=tuple(aggregations),
+        processing_guarantee=cast(Guarantee, guarantee),
+        trigger_mode=mode,
+        trigger_interval_seconds=interval,
+        shuffle_partitions=shuffle,
+        schedule_minutes=schedule_minutes,
+        archive=archive,
+        max_ahead_seconds=max_ahead,
+        not_before_us=not_before_us,
+        rewind_horizon_seconds=horizon,
+        reader_grace_hours=grace,
+        description=description,
+        output=output,
+        filter=record_filter,
+        enrich=tuple(enrich),
+    )
+    if pipeline.archive and pipeline.uses_headers:
+        raise top.error(
+            "the raw archive does not keep Kafka headers: a backfill from it could not "
+            "recompute what reads kafka.headers",
+            "source.archive",
+        )
+    return pipeline
+
+
+ColumnType = Callable[[str], str | None]
+
+
+def _parse_identity(top: _Reader) -> tuple[str, int, str]:
     app_id = top.get("application_id", str)
     if not APPLICATION_ID.match(app_id):
         raise top.error(
@@ -334,8 +407,11 @@ def parse_pipeline(data: Any, origin: str) -> Pipeline:
     version = top.get("version", int, 1)
     if version < 1:
         raise top.error(f"must be a positive integer, got {version}", "version")
-    description = top.get("description", str, "")
+    return app_id, version, top.get("description", str, "")
 
+
+def _parse_source(top: _Reader) -> tuple[list[str], str, int | None, bool]:
+    """The topics, the starting offsets, the per-trigger limit and the archive flag."""
     source = top.sub("source")
     assert source is not None
     topics = source.get("topics", list)
@@ -353,18 +429,11 @@ def parse_pipeline(data: Any, origin: str) -> Pipeline:
         raise source.error("must be a positive integer", "max_offsets_per_trigger")
     archive = source.get("archive", bool, False)
     source.finish()
+    return topics, starting, max_offsets, archive
 
-    schema = _parse_schema(top)
-    enrich = _parse_enrich(top, schema)
-    record_filter = _expression(top, "filter", top.get("filter", str, None))
-    derived = _parse_derived(top, schema, [e.name for e in enrich])
-    names = {n.lower(): n for n in [*schema, *(d.name for d in derived)]}
 
-    def column(name: str) -> str | None:
-        """A field or derived column's type (None: derived, Spark's to say)."""
-        return schema.get(name) or KAFKA_COLUMNS.get(name)
-
-    keys = top.get("keys", list)
+def _parse_keys(top: _Reader, names: set[str], column: ColumnType) -> list[str]:
+    keys: list[str] = top.get("keys", list)
     if not keys:
         raise top.error("must list at least one group key", "keys")
     for key in keys:
@@ -376,7 +445,7 @@ def parse_pipeline(data: Any, origin: str) -> Pipeline:
                 f'{key.split(".")[1]}, expr: "{key}"}}] and keys: [{key.split(".")[1]}]',
                 "keys",
             )
-        if key not in names.values():
+        if key not in names:
             raise top.error(f"key {key!r} is not a field of the schema or a derived column", "keys")
         kind = column(key)
         if kind is not None and not sql_text.is_atomic(kind):
@@ -386,7 +455,15 @@ def parse_pipeline(data: Any, origin: str) -> Pipeline:
             )
     if len(set(keys)) != len(keys):
         raise top.error("lists a key twice", "keys")
+    return keys
 
+
+def _parse_event_time(
+    top: _Reader, names: set[str], column: ColumnType
+) -> tuple[EventTime, int, int | None]:
+    """The event-time column and unit, how far ahead of now an event may be, and the
+    instant before which none counts."""
+    origin = top.origin
     event = top.sub("event_time")
     assert event is not None
     event_column = event.get("field", str)
@@ -397,7 +474,7 @@ def parse_pipeline(data: Any, origin: str) -> Pipeline:
     not_before = event.get("not_before", str, None)
     not_before_us = None if not_before is None else _parse_instant(not_before, origin)
     event.finish()
-    if event_column not in names.values() and event_column != "kafka.timestamp":
+    if event_column not in names and event_column != "kafka.timestamp":
         raise top.error(
             f"{event_column!r} is not a field of the schema, a derived column or kafka.timestamp",
             "event_time.field",
@@ -410,7 +487,12 @@ def parse_pipeline(data: Any, origin: str) -> Pipeline:
             unit = event_time_unit(kind, cast(TimeUnit | None, unit), repr(event_column))
         except TypeProblem as exc:
             raise top.error(str(exc), f"event_time.{exc.key}") from None
+    return EventTime(event_column, cast(TimeUnit | None, unit)), max_ahead, not_before_us
 
+
+def _parse_window(top: _Reader) -> tuple[Window | None, int | None]:
+    """The window and the watermark (seconds), which come together."""
+    origin = top.origin
     window = None
     window_reader = top.sub("window", None)
     if window_reader is not None:
@@ -433,10 +515,15 @@ def parse_pipeline(data: Any, origin: str) -> Pipeline:
         raise top.error("is required with a window (it bounds the state it keeps)", "watermark")
     if window is None and watermark is not None:
         raise top.error("only applies to windowed pipelines; remove it", "watermark")
+    return window, watermark
 
+
+def _parse_aggregations(
+    top: _Reader, keys: list[str], names: set[str], column: ColumnType
+) -> list[Aggregation]:
     aggregations: list[Aggregation] = []
     for i, item in enumerate(top.get("aggregations", list)):
-        a = _Reader(origin, item, f"aggregations[{i}]")
+        a = _Reader(top.origin, item, f"aggregations[{i}]")
         name = a.get("name", str)
         function = a.get("function", str)
         src = a.get("field", str, None)
@@ -448,7 +535,7 @@ def parse_pipeline(data: Any, origin: str) -> Pipeline:
         if function == "count":
             if src is not None:
                 raise a.error("count takes no field", "field")
-        elif src is None or (src not in names.values() and src not in KAFKA_COLUMNS):
+        elif src is None or (src not in names and src not in KAFKA_COLUMNS):
             raise a.error(
                 f"{function} needs a field, a derived column or a kafka.* column, got {src!r}",
                 "field",
@@ -463,34 +550,29 @@ def parse_pipeline(data: Any, origin: str) -> Pipeline:
         aggregations.append(aggregation)
     if not aggregations:
         raise top.error("must list at least one aggregation", "aggregations")
-    _check_output_names(top, list(schema), [d.name for d in derived], aggregations)
+    return aggregations
 
-    guarantee = top.get("processing_guarantee", str, "exactly_once")
-    if guarantee not in GUARANTEES:
-        raise top.error(f"must be one of {', '.join(sorted(GUARANTEES))}", "processing_guarantee")
 
+def _parse_trigger(top: _Reader) -> tuple[TriggerMode, int]:
     trigger = top.sub("trigger", {})
     assert trigger is not None
     mode = trigger.get("mode", str, "available-now")
     if mode not in TRIGGER_MODES:
         raise trigger.error(f"must be one of {', '.join(sorted(TRIGGER_MODES))}", "mode")
     interval = parse_duration(
-        trigger.get("interval", str, "10 seconds"), origin, "trigger.interval"
+        trigger.get("interval", str, "10 seconds"), top.origin, "trigger.interval"
     )
     trigger.finish()
+    return cast(TriggerMode, mode), interval
 
-    shuffle = top.get("shuffle_partitions", int, 2)
-    if not 1 <= shuffle <= 10000:
-        raise top.error("must be between 1 and 10000", "shuffle_partitions")
-    schedule_minutes = top.get("schedule_minutes", int, 5)  # the Airflow DAG's interval
-    if not 1 <= schedule_minutes <= 1440:
-        raise top.error("must be between 1 and 1440", "schedule_minutes")
 
+def _parse_maintenance(top: _Reader) -> tuple[int, int]:
+    """The rewind horizon (seconds) and the readers' grace (hours)."""
     maintenance = top.sub("maintenance", {})
     assert maintenance is not None
     horizon = parse_duration(
         maintenance.get("rewind_horizon", str, DEFAULT_REWIND_HORIZON),
-        origin,
+        top.origin,
         "maintenance.rewind_horizon",
     )
     if horizon > MAX_REWIND_HORIZON_S:
@@ -499,43 +581,7 @@ def parse_pipeline(data: Any, origin: str) -> Pipeline:
     if not 0 <= grace <= 24 * 30:
         raise maintenance.error("must be between 0 and 720", "reader_grace_hours")
     maintenance.finish()
-    output = _parse_output(top, topics)
-    top.finish()
-    pipeline = Pipeline(
-        application_id=app_id,
-        version=version,
-        topics=tuple(topics),
-        starting_offsets=starting,
-        max_offsets_per_trigger=max_offsets,
-        schema=schema,
-        keys=tuple(keys),
-        event_time=EventTime(event_column, cast(TimeUnit | None, unit)),
-        window=window,
-        watermark_seconds=watermark,
-        derived=tuple(derived),
-        aggregations=tuple(aggregations),
-        processing_guarantee=cast(Guarantee, guarantee),
-        trigger_mode=cast(TriggerMode, mode),
-        trigger_interval_seconds=interval,
-        shuffle_partitions=shuffle,
-        schedule_minutes=schedule_minutes,
-        archive=archive,
-        max_ahead_seconds=max_ahead,
-        not_before_us=not_before_us,
-        rewind_horizon_seconds=horizon,
-        reader_grace_hours=grace,
-        description=description,
-        output=output,
-        filter=record_filter,
-        enrich=tuple(enrich),
-    )
-    if pipeline.archive and pipeline.uses_headers:
-        raise top.error(
-            "the raw archive does not keep Kafka headers: a backfill from it could not "
-            "recompute what reads kafka.headers",
-            "source.archive",
-        )
-    return pipeline
+    return horizon, grace
 
 
 def _normalized(expr: str) -> str:

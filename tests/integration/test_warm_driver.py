@@ -21,7 +21,13 @@ from deltalake import DeltaTable
 
 from jobs.local_server import find_free_port
 from jobs.settings import REPO_ROOT, load_settings
-from tests.conftest import pipeline_file, produce, recent_clicks, run_jobs
+from tests.conftest import (
+    pipeline_file,
+    produce,
+    recent_clicks,
+    run_jobs,
+    wait_out_a_killed_lease,
+)
 from tests.expected import clicks_per_window, state_as_counter
 
 pytestmark = pytest.mark.integration
@@ -29,13 +35,14 @@ pytestmark = pytest.mark.integration
 
 @contextmanager
 def warm_driver(settings, token: str, pipelines: Path, fault: str | None = None) -> Iterator[str]:  # type: ignore[no-untyped-def]
+    """``python -m jobs serve`` on ``settings``; its log beside the pipelines."""
     port = find_free_port(15000, 16000)
     env = {k: v for k, v in os.environ.items() if k != "PLATFORM_FAULT"}
     env["PLATFORM_DRIVER_TOKEN"] = token
     env["PLATFORM_PIPELINES_DIR"] = str(pipelines)  # it runs only pipelines from there
     if fault:
         env["PLATFORM_FAULT"] = fault
-    log = open(settings.warehouse.parent / f"driver-{port}.log", "wb")  # noqa: SIM115
+    log = open(pipelines / f"driver-{port}.log", "wb")  # noqa: SIM115
     proc = subprocess.Popen(
         [sys.executable, "-m", "jobs", "serve", "--port", str(port)]
         + ["--bootstrap-servers", settings.bootstrap_servers]
@@ -70,13 +77,17 @@ def warm_driver(settings, token: str, pipelines: Path, fault: str | None = None)
 
 
 def test_runs_on_a_warm_driver_are_exact(  # type: ignore[no-untyped-def]
-    spark, settings, kafka_config, new_topic, tmp_path: Path, monkeypatch
+    spark, settings, kafka_config, new_topic, tmp_path: Path, monkeypatch, s3_warehouse
 ) -> None:
+    """On the bucket, as the compose stack runs it: the driver's token is in the
+    user's own folder, and a killed driver's lease is taken over after it expires."""
+    settings = replace(settings, warehouse=s3_warehouse)
+    monkeypatch.setenv("PLATFORM_LEASE_SECONDS", "2")
     topic = new_topic(2)
     path = pipeline_file(tmp_path, "user_clicks", topic, archive=True)
     token = secrets.token_hex(16)
     first, second, third = recent_clicks(900, 0), recent_clicks(700, 3), recent_clicks(500, 5)
-    app = Path(settings.warehouse) / "user_clicks"
+    app = settings.warehouse / "user_clicks"
 
     def state() -> object:
         rows = DeltaTable(str(app / "state")).to_pyarrow_table().to_pylist()
@@ -129,6 +140,7 @@ def test_runs_on_a_warm_driver_are_exact(  # type: ignore[no-untyped-def]
         died = run_jobs(path, settings, "run", env=remote)
         assert died.returncode == 2
         assert "ended during the run" in died.stderr.strip().splitlines()[-1]
+    wait_out_a_killed_lease(settings.warehouse)
     monkeypatch.delenv("PLATFORM_DRIVER_URL")
     # (a recovery need not be a new process: what it recovers from is on disk)
     local = run_jobs(path, settings, "run", spark=spark)
