@@ -145,44 +145,73 @@ def plan_rewind(
         "reset_topics": sorted(selected),
     }
     if mode == "skip":
-        # Going back is refused (it would count records twice), except where the
-        # log now ends below the committed offset: those offsets hold new records of
-        # a recreated topic, never counted.
-        recreated = recreated_topics(pipeline, settings, layout, last.epoch)
-        backwards = {
-            tp: (current.get(tp), off)
-            for tp, off in chosen.items()
-            if off < current.get(tp, off) and current[tp] <= marks[tp][1] and tp[0] not in recreated
-        }
-        if backwards:
-            raise ConfigError(
-                f"--mode skip only moves forward (it keeps the state); these would go back: "
-                f"{_names(backwards)}; use --mode reprocess"
-            )
-        # A partition the application has not read yet (added to the topic since), or
-        # of a recreated topic, is read from its log start: skipping it skips from there.
-        start = {
-            tp: marks[tp][0] if tp[0] in recreated else current.get(tp, marks[tp][0])
-            for tp in chosen
-        }
-        skipped = {
-            f"{tp[0]}[{tp[1]}]": [start[tp], off] for tp, off in chosen.items() if off > start[tp]
-        }
-        restarted = {tp: off for tp, off in chosen.items() if off < current.get(tp, off)}
-        if restarted:
-            base["notes"] = [
-                f"{_names({tp: (None, off) for tp, off in restarted.items()})}: the topic was "
-                "recreated (new topic id, or a log that ends below the committed offset): "
-                "read from the target, state kept"
-            ]
-        return Plan(
-            **base,
-            target_offsets=target,
-            seed_state_version=last.state_version,
-            state_action=StateAction.KEEP,
-            boundary=last,
-            skipped=skipped,
+        return _plan_skip(pipeline, settings, layout, last, chosen, marks, target, base)
+    return _plan_reprocess(pipeline, settings, layout, current, chosen, marks, target, base)
+
+
+def _plan_skip(
+    pipeline: Pipeline,
+    settings: Settings,
+    layout: AppLayout,
+    last: Boundary,
+    chosen: Offsets,
+    marks: dict[tuple[str, int], tuple[int, int]],
+    target: Offsets,
+    base: dict[str, Any],
+) -> Plan:
+    """Skip to ``chosen``: the state is kept, the records between are not counted."""
+    current = last.end_offsets
+    # Going back is refused (it would count records twice), except where the
+    # log now ends below the committed offset: those offsets hold new records of
+    # a recreated topic, never counted.
+    recreated = recreated_topics(pipeline, settings, layout, last.epoch)
+    backwards = {
+        tp: (current.get(tp), off)
+        for tp, off in chosen.items()
+        if off < current.get(tp, off) and current[tp] <= marks[tp][1] and tp[0] not in recreated
+    }
+    if backwards:
+        raise ConfigError(
+            f"--mode skip only moves forward (it keeps the state); these would go back: "
+            f"{_names(backwards)}; use --mode reprocess"
         )
+    # A partition the application has not read yet (added to the topic since), or
+    # of a recreated topic, is read from its log start: skipping it skips from there.
+    start = {
+        tp: marks[tp][0] if tp[0] in recreated else current.get(tp, marks[tp][0]) for tp in chosen
+    }
+    skipped = {
+        f"{tp[0]}[{tp[1]}]": [start[tp], off] for tp, off in chosen.items() if off > start[tp]
+    }
+    restarted = {tp: off for tp, off in chosen.items() if off < current.get(tp, off)}
+    if restarted:
+        base["notes"] = [
+            f"{_names({tp: (None, off) for tp, off in restarted.items()})}: the topic was "
+            "recreated (new topic id, or a log that ends below the committed offset): "
+            "read from the target, state kept"
+        ]
+    return Plan(
+        **base,
+        target_offsets=target,
+        seed_state_version=last.state_version,
+        state_action=StateAction.KEEP,
+        boundary=last,
+        skipped=skipped,
+    )
+
+
+def _plan_reprocess(
+    pipeline: Pipeline,
+    settings: Settings,
+    layout: AppLayout,
+    current: Offsets,
+    chosen: Offsets,
+    marks: dict[tuple[str, int], tuple[int, int]],
+    target: Offsets,
+    base: dict[str, Any],
+) -> Plan:
+    """Go back to the boundary at or before ``target``: its state restored, the
+    records after it replayed."""
     boundary = boundary_at_or_before(layout, target, other_logs(pipeline, settings, layout))
     if boundary is None:
         origin = replay_from_origin(layout, marks, "a rewind before the first batch")
