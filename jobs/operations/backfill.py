@@ -99,15 +99,7 @@ def plan_backfill(
         )
     config, marks = broker_marks(pipeline, settings)
     if source == "archive":
-        if not pipeline.archive:
-            raise ConfigError(f"{pipeline.application_id} keeps no raw archive (archive: false)")
-        # The archive holds what retention deleted: any offset from 0 is a start.
-        # The log end stays the broker's (a start past the stream's last batch is
-        # a start like any other).
-        marks = {
-            tp: (0, max(marks.get(tp, (0, 0))[1], current.get(tp, 0)))
-            for tp in set(marks) | set(current)
-        }
+        marks = _archive_marks(pipeline, marks, current)
     # From the first offsets: the floor's state (a recreated topic's deleted log's
     # judgments), or empty. From a time or offsets: the boundary at or before it.
     wanted: kafka_offsets.Offsets | None = None
@@ -158,14 +150,36 @@ def plan_backfill(
             *notes,
         ],
     )
-    # Refusals before anything is fenced (the plan is made before and under the lock).
+    _refuse_before_fencing(layout, pipeline, plan)
+    return plan
+
+
+def _archive_marks(
+    pipeline: Pipeline,
+    marks: dict[tuple[str, int], tuple[int, int]],
+    current: kafka_offsets.Offsets,
+) -> dict[tuple[str, int], tuple[int, int]]:
+    """The offsets a backfill from the raw archive can read: any from 0 (the archive
+    holds what retention deleted) to the broker's log end (a start past the stream's
+    last batch is a start like any other)."""
+    if not pipeline.archive:
+        raise ConfigError(f"{pipeline.application_id} keeps no raw archive (archive: false)")
+    return {
+        tp: (0, max(marks.get(tp, (0, 0))[1], current.get(tp, 0)))
+        for tp in set(marks) | set(current)
+    }
+
+
+def _refuse_before_fencing(layout: AppLayout, pipeline: Pipeline, plan: Plan) -> None:
+    """The refusals a backfill makes before anything is fenced (the plan is made
+    before and under the lock): tables that cannot take the new definition, a
+    redefinition the plan does not publish, a seed of the wrong shape."""
     from jobs.operations.restart import check_seed_shape
 
     resolved = load(layout, pipeline)
     tables.ensure_tables(layout, resolved, republishing=True)
     check_redefinition(layout, resolved, plan)
     check_seed_shape(layout, pipeline, plan)
-    return plan
 
 
 def _dimension_note(
