@@ -336,95 +336,108 @@ class WarmDriver:
                 query.stop()
 
 
+class _Handler(BaseHTTPRequestHandler):
+    """The warm driver's HTTP answers; ``_handler`` gives it its driver and token."""
+
+    driver: WarmDriver
+    token: str
+    challenges: Challenges
+
+    timeout = READ_TIMEOUT_S  # a client that sends too slowly holds no thread for long
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.info("%s %s", self.address_string(), format % args)
+
+    def _reply(self, status: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body, default=str).encode()
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except OSError as exc:  # the client went away; the run's outcome stands
+            log.warning("could not answer the client (%s): %s", exc, body.get("error", "ok"))
+
+    def _refuse(self, status: int, message: str, code: int = 2) -> None:
+        """An answer for a run that was not started (the client may run it elsewhere)."""
+        self._reply(status, {"ok": False, "code": code, "error": message, "started": False})
+
+    def _authorized(self, body: bytes) -> bool:
+        scheme, _, rest = self.headers.get("Authorization", "").partition(" ")
+        nonce, _, given = rest.partition(" ")
+        if scheme != MAC_SCHEME or not self.challenges.redeem(nonce):
+            return False
+        wanted = mac(self.token, "client", nonce, hashlib.sha256(body).hexdigest())
+        return hmac.compare_digest(given.encode(), wanted.encode())
+
+    def do_GET(self) -> None:
+        url = urllib.parse.urlsplit(self.path)
+        if url.path == HEALTH_PATH:
+            self._reply(200, {"ok": True, "code": self.driver.code})
+            return
+        if url.path != CHALLENGE_PATH:
+            self._refuse(404, f"no such path {url.path}")
+            return
+        client = urllib.parse.parse_qs(url.query).get("client", [""])[0]
+        if not NONCE.fullmatch(client):
+            self._refuse(400, "client must be a hex nonce of 32 to 128 digits")
+            return
+        nonce = self.challenges.issue()
+        proof = mac(self.token, "driver", client, nonce)
+        self._reply(200, {"ok": True, "nonce": nonce, "proof": proof})
+
+    def _authorized_body(self) -> bytes | None:
+        """The run request's body, or None once refused (path, type, size, token)."""
+        if self.path != RUN_PATH:
+            self._refuse(404, f"no such path {self.path}")
+            return None
+        if self.headers.get("Content-Type") != "application/json":
+            self._refuse(415, "the request must be application/json")
+            return None
+        length = self.headers.get("Content-Length", "")
+        if not (length.isascii() and length.isdigit()) or int(length) > MAX_BODY:
+            self._refuse(413, "body missing or too large")
+            return None
+        self.connection.settimeout(READ_TIMEOUT_S)
+        body = self.rfile.read(int(length))
+        self.connection.settimeout(None)
+        if not self._authorized(body):
+            self._refuse(401, "missing or wrong token")
+            return None
+        return body
+
+    def do_POST(self) -> None:
+        body = self._authorized_body()
+        if body is None:
+            return
+        if not self.driver.slots.acquire(blocking=False):
+            self._refuse(503, f"the warm driver is busy with {MAX_RUNS} runs: try again")
+            return
+        try:
+            request = RunRequest.parse(body)
+            log.info("run of %s requested", request.pipeline)
+            pipeline = self.driver.check(request)
+        except Exception as exc:
+            self.driver.slots.release()
+            code, message = failure(exc)
+            self._refuse(422 if code == 2 else 500, message, code)
+            return
+        try:
+            answer = {"ok": True, "summary": self.driver.run(pipeline)}
+        except Exception as exc:
+            code, message = failure(exc)
+            if code != 2:
+                log.exception("run failed")
+            answer = {"ok": False, "code": code, "error": message}
+        finally:
+            self.driver.slots.release()
+        self._reply(200 if answer["ok"] else 422 if answer["code"] == 2 else 500, answer)
+
+
 def _handler(driver: WarmDriver, token: str) -> type[BaseHTTPRequestHandler]:
-    challenges = Challenges(token)
-
-    class Handler(BaseHTTPRequestHandler):
-        timeout = READ_TIMEOUT_S  # a client that sends too slowly holds no thread for long
-
-        def log_message(self, format: str, *args: Any) -> None:
-            log.info("%s %s", self.address_string(), format % args)
-
-        def _reply(self, status: int, body: dict[str, Any]) -> None:
-            data = json.dumps(body, default=str).encode()
-            try:
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-            except OSError as exc:  # the client went away; the run's outcome stands
-                log.warning("could not answer the client (%s): %s", exc, body.get("error", "ok"))
-
-        def _refuse(self, status: int, message: str, code: int = 2) -> None:
-            """An answer for a run that was not started (the client may run it elsewhere)."""
-            self._reply(status, {"ok": False, "code": code, "error": message, "started": False})
-
-        def _authorized(self, body: bytes) -> bool:
-            scheme, _, rest = self.headers.get("Authorization", "").partition(" ")
-            nonce, _, given = rest.partition(" ")
-            if scheme != MAC_SCHEME or not challenges.redeem(nonce):
-                return False
-            wanted = mac(token, "client", nonce, hashlib.sha256(body).hexdigest())
-            return hmac.compare_digest(given.encode(), wanted.encode())
-
-        def do_GET(self) -> None:
-            url = urllib.parse.urlsplit(self.path)
-            if url.path == HEALTH_PATH:
-                self._reply(200, {"ok": True, "code": driver.code})
-                return
-            if url.path != CHALLENGE_PATH:
-                self._refuse(404, f"no such path {url.path}")
-                return
-            client = urllib.parse.parse_qs(url.query).get("client", [""])[0]
-            if not NONCE.fullmatch(client):
-                self._refuse(400, "client must be a hex nonce of 32 to 128 digits")
-                return
-            nonce = challenges.issue()
-            proof = mac(token, "driver", client, nonce)
-            self._reply(200, {"ok": True, "nonce": nonce, "proof": proof})
-
-        def do_POST(self) -> None:
-            if self.path != RUN_PATH:
-                self._refuse(404, f"no such path {self.path}")
-                return
-            if self.headers.get("Content-Type") != "application/json":
-                self._refuse(415, "the request must be application/json")
-                return
-            length = self.headers.get("Content-Length", "")
-            if not (length.isascii() and length.isdigit()) or int(length) > MAX_BODY:
-                self._refuse(413, "body missing or too large")
-                return
-            self.connection.settimeout(READ_TIMEOUT_S)
-            body = self.rfile.read(int(length))
-            self.connection.settimeout(None)
-            if not self._authorized(body):
-                self._refuse(401, "missing or wrong token")
-                return
-            if not driver.slots.acquire(blocking=False):
-                self._refuse(503, f"the warm driver is busy with {MAX_RUNS} runs: try again")
-                return
-            try:
-                request = RunRequest.parse(body)
-                log.info("run of %s requested", request.pipeline)
-                pipeline = driver.check(request)
-            except Exception as exc:
-                driver.slots.release()
-                code, message = failure(exc)
-                self._refuse(422 if code == 2 else 500, message, code)
-                return
-            try:
-                answer = {"ok": True, "summary": driver.run(pipeline)}
-            except Exception as exc:
-                code, message = failure(exc)
-                if code != 2:
-                    log.exception("run failed")
-                answer = {"ok": False, "code": code, "error": message}
-            finally:
-                driver.slots.release()
-            self._reply(200 if answer["ok"] else 422 if answer["code"] == 2 else 500, answer)
-
-    return Handler
+    attributes = {"driver": driver, "token": token, "challenges": Challenges(token)}
+    return type("Handler", (_Handler,), attributes)
 
 
 def listen(port: int) -> ThreadingHTTPServer:

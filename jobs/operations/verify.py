@@ -43,9 +43,10 @@ from jobs.operations.backfill import aggregate_records, preview, read_records
 from jobs.output.changes import commit_infos
 from jobs.pipeline import Pipeline
 from jobs.progress import SparkJobProgress
-from jobs.resolved import store
+from jobs.resolved import Resolved, store
 from jobs.settings import Settings
 from jobs.streaming.records import resolve
+from jobs.warehouse import Location
 
 log = logging.getLogger(__name__)
 VERIFY = "verify"
@@ -160,29 +161,10 @@ def run_verify(
         + (f", keys sampled: {sample}" if sample is not None and sample < 1 else "")
         + ("" if floor is None else f"; {floor_note(floor)}")
     )
-    raw: DataFrame | None = None
-    for start, end in reads:
-        part = read_records(spark, resolved, settings, start, end, source)
-        raw = part if raw is None else raw.unionByName(part)
     keep = sampled(pipeline, sample)
-    schema = resolved.aggregate_schema
-    if raw is None and seed is None:
-        recomputed = pa.Table.from_batches([], schema=schema)
-    else:
-        with SparkJobProgress(spark, "verify", records):
-            if raw is None:
-                raw = read_records(spark, resolved, settings, {}, {}, source)
-            recomputed = aggregate_records(
-                spark, resolved, settings, raw, seed, keep, snap, reading=intervals
-            )
+    recomputed = _recompute(spark, resolved, settings, source, snap, intervals, seed, keep)
     version = comparable_version(layout, base_version, snap.epoch)
-    state_path = layout.table("state")
-    state = DeltaTable(str(state_path), version=version)
-    if keep is None or not state.file_uris():
-        current = state.to_pyarrow_table(columns=list(schema.names))
-    else:  # Spark filters the sample (of that version): only it reaches the driver
-        published = spark.read.format("delta").option("versionAsOf", version).load(str(state_path))
-        current = keep(published.select(*schema.names)).toArrow().cast(schema)
+    current = _published(spark, layout.table("state"), version, resolved.aggregate_schema, keep)
     report = preview(pipeline, current, recomputed, same=close)
     differing = report["keys_changed"] + report["keys_added"] + report["keys_removed"]
     result = {
@@ -212,3 +194,46 @@ def run_verify(
             "--from-earliest --reason ... --preview"
         )
     return result
+
+
+def _recompute(
+    spark: SparkSession,
+    resolved: Resolved,
+    settings: Settings,
+    source: str,
+    snap: LedgerSnapshot,
+    intervals: Intervals,
+    seed: int | None,
+    keep: Callable[[DataFrame], DataFrame] | None,
+) -> pa.Table:
+    """The state recomputed in one batch job: the floor's seed (if any) plus every
+    record the lineage judged, read in layers."""
+    raw: DataFrame | None = None
+    for start, end in layers(intervals):
+        part = read_records(spark, resolved, settings, start, end, source)
+        raw = part if raw is None else raw.unionByName(part)
+    if raw is None and seed is None:
+        return pa.Table.from_batches([], schema=resolved.aggregate_schema)
+    records = sum(end - start for spans in intervals.values() for start, end in spans)
+    with SparkJobProgress(spark, "verify", records):
+        if raw is None:
+            raw = read_records(spark, resolved, settings, {}, {}, source)
+        return aggregate_records(
+            spark, resolved, settings, raw, seed, keep, snap, reading=intervals
+        )
+
+
+def _published(
+    spark: SparkSession,
+    state_path: Location,
+    version: int,
+    schema: pa.Schema,
+    keep: Callable[[DataFrame], DataFrame] | None,
+) -> pa.Table:
+    """The state table at ``version``, or its sampled keys (Spark filters the
+    sample: only it reaches the driver)."""
+    state = DeltaTable(str(state_path), version=version)
+    if keep is None or not state.file_uris():
+        return state.to_pyarrow_table(columns=list(schema.names))
+    published = spark.read.format("delta").option("versionAsOf", version).load(str(state_path))
+    return keep(published.select(*schema.names)).toArrow().cast(schema)

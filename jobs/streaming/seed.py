@@ -154,7 +154,12 @@ def _verify_seeded_state(
             f"Spark's state has {len(value_type.fields)} aggregate buffers, the pipeline "  # type: ignore[attr-defined]
             f"{at + 1}: the stream does not resume"
         )
-    got = state.select(*columns)
+    return _compare_as_multisets(state.select(*columns), seed.select(*wanted))
+
+
+def _compare_as_multisets(got: DataFrame, want: DataFrame) -> int:
+    """The number of rows of ``got``; ConsistencyError unless ``got`` and ``want``
+    (the same columns by position) hold the same rows, each as many times."""
     names = [f"c{i}" for i in range(len(got.columns))]
     # Both sides as multisets in one job (the state store is read once): each
     # distinct row's count in Spark minus its count in the snapshot (grouping
@@ -162,7 +167,7 @@ def _verify_seeded_state(
     both = (
         got.toDF(*names)
         .withColumn("_n", F.lit(1))
-        .unionByName(seed.select(*wanted).toDF(*names).withColumn("_n", F.lit(-1)))
+        .unionByName(want.toDF(*names).withColumn("_n", F.lit(-1)))
     )
     rows = both.groupBy(*names).agg(
         F.sum("_n").alias("_diff"), F.count_if(F.col("_n") > 0).alias("_got")
