@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
-from deltalake import DeltaTable
+from deltalake import CommitProperties, DeltaTable
 
 from jobs import kafka_admin, monitoring_group
 from jobs import resolved as resolution
@@ -51,6 +51,7 @@ from jobs.operations.targets import TargetSpec, resolve_targets
 from jobs.pipeline import Pipeline
 from jobs.settings import Settings
 from jobs.snapshot import open_windows, seed_rows
+from jobs.warehouse import Location
 
 Offsets = kafka_offsets.Offsets
 
@@ -359,12 +360,7 @@ def apply_plan(
     if plan.state_action is not StateAction.PUBLISH:  # a backfill checked before recomputing
         check_seed_shape(layout, pipeline, plan)
     state_path = layout.table("state")
-    snapshot = seed_override
-    if snapshot is None and plan.seed_state_version is not None:
-        snapshot = DeltaTable(str(state_path), version=plan.seed_state_version).to_pyarrow_table()
-    if snapshot is not None:
-        snapshot = open_windows(pa.table(snapshot), pipeline)
-    seed = seed_rows(snapshot, pipeline) if snapshot is not None and snapshot.num_rows else None
+    seed = _seed(state_path, pipeline, plan, seed_override)
     # What is in ``state`` beyond the ledger is undone first: batches merged after the
     # last boundary without their ledger row (fenced, or crashed), and the writes of
     # operations that died after their fence (this one completes them; their rows go
@@ -416,6 +412,44 @@ def apply_plan(
     }
     if behind is not None:
         result["state_undone_to_version"] = behind
+    result.update(_state_after(state_path, action, restore_to, props, publish))
+    append_audit(
+        layout,
+        audit_row(
+            pipeline, plan.operation, new, {**details, "phase": "done", "result": result}, *offsets
+        ),
+    )
+    # Kafka's own tools show the application's lag from where the new epoch starts.
+    config = kafka_admin.client_config(settings.bootstrap_servers, settings.kafka_client)
+    monitoring_group.commit_once(config, pipeline.application_id, cut.starting_offsets)
+    return result
+
+
+def _seed(
+    state_path: Location, pipeline: Pipeline, plan: Plan, seed_override: pa.Table | None
+) -> pa.Table | None:
+    """The rows Spark's state is seeded with: the plan's state version (or the
+    given snapshot), its closed windows left out; None for an empty state."""
+    state_rows = seed_override
+    if state_rows is None and plan.seed_state_version is not None:
+        state_rows = DeltaTable(str(state_path), version=plan.seed_state_version).to_pyarrow_table()
+    if state_rows is not None:
+        state_rows = open_windows(pa.table(state_rows), pipeline)
+    return (
+        seed_rows(state_rows, pipeline) if state_rows is not None and state_rows.num_rows else None
+    )
+
+
+def _state_after(
+    state_path: Location,
+    action: StateAction,
+    restore_to: int | None,
+    props: CommitProperties,
+    publish: Callable[[], dict[str, Any]] | None,
+) -> dict[str, Any]:
+    """The plan's state action, fenced by ``props``: restored, emptied, published
+    onto, or kept. Returns what it did and the state's version after it."""
+    result: dict[str, Any] = {}
     if action is StateAction.RESTORE:
         assert restore_to is not None
         DeltaTable(str(state_path)).restore(restore_to, commit_properties=props)
@@ -426,15 +460,6 @@ def apply_plan(
         assert publish is not None
         result.update(publish())
     result["state_version"] = DeltaTable(str(state_path)).version()
-    append_audit(
-        layout,
-        audit_row(
-            pipeline, plan.operation, new, {**details, "phase": "done", "result": result}, *offsets
-        ),
-    )
-    # Kafka's own tools show the application's lag from where the new epoch starts.
-    config = kafka_admin.client_config(settings.bootstrap_servers, settings.kafka_client)
-    monitoring_group.commit_once(config, pipeline.application_id, cut.starting_offsets)
     return result
 
 
