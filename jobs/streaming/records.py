@@ -584,50 +584,8 @@ def resolve(spark: SparkSession, pipeline: Pipeline, warehouse: Location | None 
     headers = False
     for where, sql in pipeline.expressions:
         name = where.split(" (")[1][:-1] if where.startswith("derived") else "_filter"
-        try:
-            calls = sql_text.check_expression(sql)
-            unknown = sorted(set(calls) - builtin)
-        except sql_text.SqlTextError as exc:
-            raise ConfigError(f"{origin}: {where}: {exc} (in {sql!r})") from None
-        if unknown:
-            raise ConfigError(
-                f"{origin}: {where}: calls {', '.join(unknown)}, not a Spark built-in function "
-                "(user-defined functions are not allowed)"
-            )
-        unreviewed = sorted(set(calls) - spark_functions.CLASSIFIED)
-        if unreviewed:
-            raise ConfigError(
-                f"{origin}: {where}: calls {', '.join(unreviewed)}, a function this Spark has "
-                "and the platform has not reviewed for replays (classify it in "
-                "jobs/spark_functions.py)"
-            )
-        try:
-            frame = frame.select("*", F.expr(sql).alias(name))
-            kind = frame.schema[name].dataType.simpleString()
-            node = frame._jdf.queryExecution().analyzed()
-            lines = node.treeString().splitlines()
-            steps = {line.lstrip(" :+-").split(" ")[0] for line in lines}
-            # A subquery's plan is printed under its expression, marked ":".
-            subquery = any(line.lstrip().startswith(":") for line in lines)
-            per_record = steps <= PLAN_STEPS_PER_RECORD and not subquery
-            expression = node.projectList().last()
-            deterministic = per_record and expression.deterministic()
-            found = _tree_findings(spark, expression) if per_record else _Findings()
-        except PySparkException as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise ConfigError(f"{origin}: {where}: {first} (in {sql!r})") from None
-        if not per_record:
-            raise ConfigError(
-                f"{origin}: {where}: must compute one value per record from the record alone "
-                f"(no aggregate, window or generator function, no subquery), in {sql!r}"
-            )
-        if not deterministic:
-            raise ConfigError(
-                f"{origin}: {where}: is not deterministic: a replay would compute another "
-                f"result, in {sql!r}"
-            )
-        if found.refusal:
-            raise ConfigError(f"{origin}: {where}: {found.refusal}, in {sql!r}")
+        _check_calls(f"{origin}: {where}", sql, builtin)
+        frame, kind, found = _analysed(frame, spark, sql, name, f"{origin}: {where}")
         headers = headers or found.reads_headers
         if name == "_filter":
             if kind != "boolean":
@@ -635,6 +593,76 @@ def resolve(spark: SparkSession, pipeline: Pipeline, warehouse: Location | None 
             frame = frame.drop("_filter")
         else:
             types[name] = kind
+    _check_types(origin, pipeline, types)
+    resolved = resolution.of(pipeline, types, tables, headers, pinned)
+    if pipeline.archive and resolved.uses_headers:
+        raise ConfigError(
+            f"{origin}: source.archive: the raw archive does not keep Kafka headers: a "
+            "backfill from it could not recompute what reads kafka.headers"
+        )
+    return resolved
+
+
+def _check_calls(where: str, sql: str, builtin: frozenset[str]) -> None:
+    """``sql`` calls only Spark's built-in functions that the platform reviewed for
+    replays (from its text)."""
+    try:
+        calls = sql_text.check_expression(sql)
+        unknown = sorted(set(calls) - builtin)
+    except sql_text.SqlTextError as exc:
+        raise ConfigError(f"{where}: {exc} (in {sql!r})") from None
+    if unknown:
+        raise ConfigError(
+            f"{where}: calls {', '.join(unknown)}, not a Spark built-in function "
+            "(user-defined functions are not allowed)"
+        )
+    unreviewed = sorted(set(calls) - spark_functions.CLASSIFIED)
+    if unreviewed:
+        raise ConfigError(
+            f"{where}: calls {', '.join(unreviewed)}, a function this Spark has "
+            "and the platform has not reviewed for replays (classify it in "
+            "jobs/spark_functions.py)"
+        )
+
+
+def _analysed(
+    frame: DataFrame, spark: SparkSession, sql: str, name: str, where: str
+) -> tuple[DataFrame, str, _Findings]:
+    """``frame`` with ``sql`` as column ``name``, its type and what its tree reads,
+    by Spark's analyser: one value per record from the record alone, deterministic,
+    nothing the platform refuses."""
+    try:
+        frame = frame.select("*", F.expr(sql).alias(name))
+        kind = frame.schema[name].dataType.simpleString()
+        node = frame._jdf.queryExecution().analyzed()
+        lines = node.treeString().splitlines()
+        steps = {line.lstrip(" :+-").split(" ")[0] for line in lines}
+        # A subquery's plan is printed under its expression, marked ":".
+        subquery = any(line.lstrip().startswith(":") for line in lines)
+        per_record = steps <= PLAN_STEPS_PER_RECORD and not subquery
+        expression = node.projectList().last()
+        deterministic = per_record and expression.deterministic()
+        found = _tree_findings(spark, expression) if per_record else _Findings()
+    except PySparkException as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"{where}: {first} (in {sql!r})") from None
+    if not per_record:
+        raise ConfigError(
+            f"{where}: must compute one value per record from the record alone "
+            f"(no aggregate, window or generator function, no subquery), in {sql!r}"
+        )
+    if not deterministic:
+        raise ConfigError(
+            f"{where}: is not deterministic: a replay would compute another result, in {sql!r}"
+        )
+    if found.refusal:
+        raise ConfigError(f"{where}: {found.refusal}, in {sql!r}")
+    return frame, kind, found
+
+
+def _check_types(origin: str, pipeline: Pipeline, types: dict[str, str]) -> None:
+    """Keys, the event time and the aggregated columns have usable types, now that
+    Spark has typed the derived columns (``types``)."""
 
     def kind_of(name: str) -> str:
         return types.get(name) or pipeline.column_type(name) or ""
@@ -654,10 +682,3 @@ def resolve(spark: SparkSession, pipeline: Pipeline, warehouse: Location | None 
             aggregate_type(agg, kind_of(agg.field) if agg.field else "")
         except TypeProblem as exc:
             raise ConfigError(f"{origin}: aggregations[{i}].{exc.key}: {exc}") from None
-    resolved = resolution.of(pipeline, types, tables, headers, pinned)
-    if pipeline.archive and resolved.uses_headers:
-        raise ConfigError(
-            f"{origin}: source.archive: the raw archive does not keep Kafka headers: a "
-            "backfill from it could not recompute what reads kafka.headers"
-        )
-    return resolved
