@@ -56,11 +56,11 @@ QUICK_JIT = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=256m"
 os.environ.setdefault(JVM_OPTIONS_ENV, QUICK_JIT)
 os.environ.setdefault(embedded.EXTRA_ENV, QUICK_JIT)
 _topic_ids = itertools.count()
-# ``make test`` runs three workers on the two cores (two left them 20% idle: a
-# test waits on Kafka, Airflow or a killed process; three: 25:42 -> 23:56 whole),
-# a test file each at a time (``--dist loadfile``): the slowest files
-# go first so that no long file starts last with the other workers idle (ordered
-# by their measured time, longest first;
+# ``make test`` runs four workers on the two cores (the suite mostly waits: on
+# Kafka, Airflow, a lease, a killed process; two workers left the cores 20% idle,
+# three took 27:23 for 1,174 tests, four 25:52 for 1,185), a test file each at a
+# time (``--dist loadfile``): the slowest files go first so that no long file starts
+# last with the other workers idle (ordered by their measured time, longest first;
 # the cluster test, whose executors load both cores, before the fencing tests).
 SLOW_FIRST = (
     "test_repair_sequences.py",  # with its seeds on S3, the longest file (~9 min)

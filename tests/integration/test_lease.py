@@ -128,7 +128,7 @@ def test_a_frozen_holder_resumed_after_a_takeover_commits_nothing(
         _end(first)
     assert first.returncode == 2
     assert len(err.strip().splitlines()) == 1, err
-    assert err.startswith("error: the lease on app ") and "commits nothing more" in err
+    assert err.startswith("error: the lease on application app ") and "commits nothing more" in err
     assert len(_commits(app, "a")) == frozen  # nothing after it was frozen
 
 
