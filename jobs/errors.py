@@ -16,6 +16,8 @@ EXIT_CRASH = 1  # anything else
 # An error raised inside a Spark task or the source comes back wrapped in Java and
 # Python tracebacks; this finds the platform's own one-line message in it (the
 # JVM sources' user errors are ``platform.streaming.PlatformError``).
+# How delta-rs (object_store) reports a store it could not use.
+STORE_ERROR = re.compile(r"^Generic S3 error\b")
 WRAPPED_ERROR = re.compile(
     r"(?:jobs\.errors\.\w+Error|platform\.streaming\.PlatformError): (.+?)(?:\n|$| SQLSTATE)"
 )
@@ -86,6 +88,15 @@ def failure(exc: BaseException) -> tuple[int, str]:
     found = WRAPPED_ERROR.search(str(exc)) or WRAPPED_ERROR.search(jvm_trace(exc))
     if found:
         return EXIT_ERROR, found.group(1).strip()
+    if isinstance(exc, OSError) and STORE_ERROR.match(str(exc)):
+        # delta-rs' own reads and commits, which do not go through jobs/warehouse.py.
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        return EXIT_ERROR, (
+            f"the object store did not answer or refused a request ({first}): check "
+            "AWS_ENDPOINT_URL, that the store is up and the keys "
+            "(AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY); nothing of an unfinished batch or "
+            "operation was committed (a run replays it)"
+        )
     return EXIT_CRASH, crash_summary(exc)
 
 

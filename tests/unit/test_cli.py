@@ -169,3 +169,18 @@ def test_a_uri_that_lost_a_slash_is_refused(raw: str) -> None:
 
     with pytest.raises(ConfigError, match="s3://bucket/prefix"):
         Location.parse(raw)
+
+
+@pytest.mark.parametrize(
+    "message",
+    ["Generic S3 error", "Generic S3 error: Error after 10 retries in 3s: error sending request"],
+)
+def test_a_store_delta_rs_cannot_reach_is_one_error_line(message: str) -> None:
+    """delta-rs' own reads (a status, a table load) fail with a bare OSError when the
+    store does not answer: an expected failure with its repair, not a crash."""
+    from jobs.errors import failure
+
+    code, line = failure(OSError(message))
+    assert code == 2
+    assert line.startswith("the object store did not answer or refused a request (Generic S3")
+    assert "AWS_ENDPOINT_URL" in line and "traceback" not in line
