@@ -16,7 +16,7 @@ JARS_STAMP := $(JARS)/.resolved-$(shell cat $(POMS) | sha1sum | cut -c1-12)
 SOURCES := $(shell find include/jvm/sources -name '*.java') include/jvm/build_sources.sh
 SOURCES_JAR := $(JARS)/spark/platform-sources.jar
 
-.PHONY: setup demo test unit lint chromium prometheus bench broker-stop clean airflow airflow-stop
+.PHONY: setup demo test unit lint servers bench broker-stop clean airflow airflow-stop
 
 # Bytecode for every installed module, written once here on both cores (pip's own
 # pass is serial): a Python that may not write it (PYTHONDONTWRITEBYTECODE) would
@@ -54,26 +54,24 @@ lint: setup
 
 # -rs: the run ends with the number of skipped tests and why (under CI, where
 # CI is set, a skip fails: tests/conftest.py).
-test: lint chromium prometheus
-	$(BIN)/python -m pytest -q -rs -p no:cacheprovider -n 4 --dist loadfile --no-loadscope-reorder --durations=40
+test:
+	$(MAKE) -j2 lint servers
+	$(BIN)/python -m pytest -q -rs -p no:cacheprovider -n 3 --dist loadfile --no-loadscope-reorder --durations=40
 
 unit: lint
 	$(BIN)/python -m pytest -q -rs -p no:cacheprovider -n 2 -m "not integration"
 
-# The browser test drives Debian's chromium (Playwright's own download is offline).
-chromium:
-	@command -v chromium >/dev/null || { echo "installing Debian's chromium for the browser test"; \
-	  apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 \
-	  || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1; } \
-	  || echo "WARNING: could not install chromium: the browser test will be skipped (a failure under CI)"; }
-
-# The metrics tests run Debian's Prometheus server and Pushgateway.
-prometheus:
-	@{ command -v prometheus && command -v prometheus-pushgateway; } >/dev/null || { \
-	  echo "installing Debian's prometheus and prometheus-pushgateway for the metrics tests"; \
-	  apt-get install -y -q --no-install-recommends prometheus prometheus-pushgateway >/dev/null 2>&1 \
-	  || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends prometheus prometheus-pushgateway >/dev/null 2>&1; } \
-	  || echo "WARNING: could not install prometheus: the metrics tests will be skipped (a failure under CI)"; }
+# The servers the tests run from Debian: chromium for the browser test (Playwright's
+# own download is offline), prometheus and prometheus-pushgateway for the metrics
+# tests. One apt-get for all (apt holds one lock); ``make -j2 test`` installs them
+# while pip and Maven set up the rest.
+DEBIAN_SERVERS := chromium prometheus prometheus-pushgateway
+servers:
+	@missing=$$(for p in $(DEBIAN_SERVERS); do command -v $$p >/dev/null || echo $$p; done); \
+	  [ -z "$$missing" ] || { echo "installing Debian's $$missing for the tests"; \
+	  apt-get install -y -q --no-install-recommends $$missing >/dev/null 2>&1 \
+	  || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends $$missing >/dev/null 2>&1; } \
+	  || echo "WARNING: could not install $$missing: their tests will be skipped (a failure under CI)"; }
 
 bench: setup
 	$(BIN)/python -m benchmarks.throughput

@@ -6,9 +6,10 @@ events, Spark start-up included, and one with nothing to do.
 
 Each run starts from a fresh warehouse; where the seconds go comes from the job's
 own log lines (session ready, query started, each batch) and its ledger. Runs with
-the JVM's class-data-sharing archive and without (``PLATFORM_SPARK_CDS=off``), and
-sent to a warm driver (``python -m jobs serve``, ``PLATFORM_DRIVER_URL``): the
-run's process is then a client; the driver's own start-up is reported apart.
+the JVM's class-data-sharing archive and without (``PLATFORM_SPARK_CDS=off``), on
+JDK 25, where the archive is an AOT cache (``--modes aot``, ``--java-home``), and
+sent to a warm driver (``python -m jobs serve``, ``PLATFORM_DRIVER_URL``): the run's
+process is then a client; the driver's own start-up is reported apart.
 Writes its section of docs/benchmarks.md. Not a test: it asserts nothing.
 """
 
@@ -122,13 +123,26 @@ def warm_driver_runs(env: dict[str, str], work: Path, runs: int) -> list[dict[st
         server.wait(timeout=120)
 
 
+def on_java(base: dict[str, str], java_home: str) -> dict[str, str]:
+    """The runs' environment with ``java_home``'s Java for the driver (Spark's
+    ``JAVA_HOME``): on Java 25 the platform's archive is an AOT cache."""
+    return {**base, "JAVA_HOME": java_home, "PATH": f"{java_home}/bin{os.pathsep}{base['PATH']}"}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--no-write", action="store_true", help="print only")
     parser.add_argument(
-        "--modes", default=MODES, help="comma list: off, on (CDS), warm (warm driver)"
+        "--modes",
+        default=MODES,
+        help="comma list: off, on (CDS), aot (JDK 25's AOT cache), warm (warm driver)",
+    )
+    parser.add_argument(
+        "--java-home",
+        default="/usr/lib/jvm/temurin-25-jdk-amd64",
+        help="the JDK 25+ of the aot mode",
     )
     args = parser.parse_args()
     results: dict[str, list[dict[str, float]]] = {}
@@ -148,10 +162,13 @@ def main() -> None:
             warm = warm_driver_runs(base, work, args.runs)
             results["warm driver, first run"] = warm[:1]
             results["warm driver, later runs"] = warm[1:]
-        for cds in [m for m in modes if m in ("off", "on")]:
-            env = {**base, "PLATFORM_SPARK_CDS": cds}
-            if cds == "on":  # the archive exists from then on
-                one_run({**env, "PLATFORM_WAREHOUSE": str(work / "warmup")})
+        for cds in [m for m in modes if m in ("off", "on", "aot")]:
+            env = {**base, "PLATFORM_SPARK_CDS": "off" if cds == "off" else "on"}
+            if cds == "aot":
+                env = on_java(env, args.java_home)
+            if cds != "off":  # the first run writes the archive (or the AOT cache)
+                warmup = one_run({**env, "PLATFORM_WAREHOUSE": str(work / f"warmup-{cds}")})
+                print(cds, "writing run", round(warmup["wall"], 2), flush=True)
                 time.sleep(65)  # the dump settles (jobs/streaming/jvm.py)
             for round_ in range(args.runs):
                 warehouse = work / f"wh-{cds}-{round_}"
@@ -200,7 +217,9 @@ def render(args: argparse.Namespace, results: dict[str, list[dict[str, float]]])
             value = p50(key)
             return "-" if value != value else f"{value:.1f}"  # NaN: not measured
 
-        name = mode if mode.startswith("warm") else f"cold process, CDS {mode}"
+        name = {"aot": "cold process, JDK 25 AOT cache"}.get(
+            mode, mode if mode.startswith("warm") else f"cold process, CDS {mode}"
+        )
         lines.append(
             f"| {name} | {cell('session')} | {cell('query')} "
             f"| {cell('first_batch_done')} | {p50('wall'):.1f} | {p50('batch'):.1f} "

@@ -27,8 +27,9 @@ from pathlib import Path
 from benchmarks.report import best_runs, machine, scratch_broker, table, write_section
 from include.sample_data import encoded, merchant_rows, order_events, write_merchants
 from jobs import kafka_admin
-from jobs.dimension import load_dimension, refresh
-from jobs.pipeline import Derived, Pipeline, load_pipeline
+from jobs.dimension_load import load_dimension, refresh
+from jobs.pipeline.model import Derived, Pipeline
+from jobs.pipeline.parser import load_pipeline
 from jobs.settings import Settings, load_settings
 from jobs.streaming.run import run_pipeline
 from jobs.streaming.spark import get_spark

@@ -23,7 +23,7 @@ from jobs.operations.backfill import run_backfill
 from jobs.operations.restart import plan_rebuild
 from jobs.operations.runner import run_operation
 from jobs.operations.targets import TargetSpec
-from jobs.pipeline import load_pipeline
+from jobs.pipeline.parser import load_pipeline
 from jobs.settings import load_settings
 from jobs.streaming.run import run_pipeline
 from jobs.streaming.spark import get_spark
@@ -66,7 +66,6 @@ def main() -> None:
                 pipeline,
                 settings,
                 lambda fs=from_source: plan_rebuild(pipeline, settings, "benchmark", fs),
-                False,
                 quiet,
             )
             summary = run_pipeline(spark, pipeline, settings)

@@ -19,14 +19,15 @@ import pyarrow as pa
 import yaml
 
 from benchmarks.report import machine, scratch_broker, write_section
-from jobs import kafka_admin, resolved
+from jobs import kafka_admin, resolution
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
 from jobs.delta.writer import BatchWriter
 from jobs.output.changes import commit_infos, net_changes
+from jobs.output.encoding import encode
 from jobs.output.publisher import OutputPublisher
-from jobs.output.records import encode
-from jobs.pipeline import Pipeline, parse_pipeline
+from jobs.pipeline.model import Pipeline
+from jobs.pipeline.parser import parse_pipeline
 from jobs.settings import REPO_ROOT
 
 REPEATS = 3
@@ -52,7 +53,7 @@ def rows(p: Pipeline, n: int, batch_id: int) -> pa.Table:
             "batch_id": [batch_id] * n,
             "updated_at": [start] * n,
         },
-        resolved.of(p).state_schema,
+        resolution.of(p).state_schema,
     )
 
 
@@ -63,9 +64,9 @@ def measure(sizes: list[int]) -> list[dict[str, float]]:
         for n in sizes:
             p = pipeline(f"out_{n}")
             layout = AppLayout(work / f"warehouse_{n}", p.application_id)
-            tables.ensure_tables(layout, resolved.of(p))
+            tables.ensure_tables(layout, resolution.of(p))
             writer = BatchWriter(p.application_id, 0)
-            publisher = OutputPublisher(resolved.of(p), layout, config)
+            publisher = OutputPublisher(resolution.of(p), layout, config)
             publisher.open()
             publisher.publish_pending()  # the first: an empty snapshot
             timings: dict[str, list[float]] = {"changes": [], "encode": [], "publish": []}
@@ -77,7 +78,7 @@ def measure(sizes: list[int]) -> list[dict[str, float]]:
                 assert version is not None
                 started = time.monotonic()
                 info_v = commit_infos(layout.table("state"), version, version)[version]
-                changes = net_changes(resolved.of(p), layout.table("state"), version, info_v)
+                changes = net_changes(resolution.of(p), layout.table("state"), version, info_v)
                 timings["changes"].append(time.monotonic() - started)
                 started = time.monotonic()
                 sum(1 for _ in encode(p, changes, 3))

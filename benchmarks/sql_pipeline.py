@@ -25,7 +25,8 @@ from collections.abc import Callable
 from benchmarks.report import best_runs, machine, scratch_broker, table, write_section
 from include.sample_data import encoded, order_events
 from jobs import kafka_admin
-from jobs.pipeline import Aggregation, Derived, Pipeline, load_pipeline
+from jobs.pipeline.model import Aggregation, Derived, Pipeline
+from jobs.pipeline.parser import load_pipeline
 from jobs.settings import load_settings
 from jobs.streaming.run import run_pipeline
 from jobs.streaming.spark import get_spark

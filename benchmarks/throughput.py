@@ -24,7 +24,7 @@ import psutil
 from benchmarks.report import machine, scratch_broker, write_section
 from include.sample_data import click_events, encoded
 from jobs import kafka_admin
-from jobs.pipeline import load_pipeline
+from jobs.pipeline.parser import load_pipeline
 from jobs.settings import load_settings
 from jobs.streaming.run import run_pipeline
 from jobs.streaming.spark import get_spark

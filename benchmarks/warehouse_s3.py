@@ -27,7 +27,7 @@ from benchmarks.report import machine, scratch_broker, table, write_section
 from include.sample_data import click_events, encoded
 from jobs import kafka_admin, storage_server
 from jobs.local_server import find_free_port
-from jobs.pipeline import load_pipeline
+from jobs.pipeline.parser import load_pipeline
 from jobs.settings import REPO_ROOT, load_settings
 from jobs.warehouse import Location
 from tests.s3_proxy import COUNTS_PATH

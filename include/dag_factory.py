@@ -14,7 +14,7 @@ Per pipeline ``stream_<application_id>``:
   ``<application_id>_state`` Asset: a downstream Spark batch job (``jobs/daily_summary.py``).
 
 Per dimension in ``include/dimensions`` ``dimension_<name>``: the batch job that
-keeps the table pipelines enrich from (``jobs/dimension.py``), publishing it as the
+keeps the table pipelines enrich from (``jobs/dimension_load.py``), publishing it as the
 ``dims.<name>`` Asset; a stream DAG that enriches from it names it as an inlet.
 
 The ``state`` and ``changelog`` tables are Assets (outlets), so downstream DAGs
@@ -31,9 +31,10 @@ from typing import Any, NoReturn
 from airflow.providers.standard.operators.python import PythonOperator
 from airflow.sdk import DAG, Asset, Param
 
-from jobs.dimension import Dimension, load_each_dimension
+from jobs.dimension_load import Dimension, load_each_dimension
 from jobs.errors import ConfigError
-from jobs.pipeline import DIMENSIONS_DIR, Pipeline, load_each_pipeline
+from jobs.pipeline.model import DIMENSIONS_DIR, Pipeline
+from jobs.pipeline.parser import load_each_pipeline
 from jobs.settings import Settings, load_settings
 from jobs.warehouse import Location
 from platform_airflow.operators import PlatformJobOperator

@@ -24,13 +24,13 @@ from airflow.providers.standard.operators.python import PythonOperator, ShortCir
 from airflow.sdk import DAG, Param
 
 from include.dag_factory import START, default_args
-from jobs.pipeline import load_each_pipeline
+from jobs.pipeline.parser import load_each_pipeline
 from jobs.settings import load_settings
 from platform_airflow.hooks import PlatformHook
 from platform_airflow.operators import PlanApprovalOperator, PlatformJobOperator, run_plan_id
 
 if TYPE_CHECKING:
-    from jobs.operations.saved import SavedPlan
+    from jobs.operations.saved_plans import SavedPlan
 
 REWIND_TARGETS = ["to-earliest", "to-latest", "to-offset", "to-datetime", "by-duration", "shift-by"]
 BACKFILL_STARTS = ["from-earliest", "from-datetime", "from-offset"]
@@ -134,13 +134,13 @@ def sparkline(counts: list[int]) -> str:
 
 def describe_plan(**context: Any) -> str:
     from jobs.delta.layout import AppLayout
-    from jobs.operations import saved
+    from jobs.operations import saved_plans
 
     settings = load_settings()
     app = context["params"]["pipeline"]
     layout = AppLayout(settings.warehouse, app)
     operation = context["dag"].dag_id.removeprefix("maintenance_")
-    return plan_markdown(saved.load(layout, run_plan_id(context), operation))
+    return plan_markdown(saved_plans.load(layout, run_plan_id(context), operation))
 
 
 def operation_dag(

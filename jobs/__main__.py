@@ -1,7 +1,9 @@
 """``python -m jobs ...`` and ``spark-submit jobs/__main__.py ...``."""
 
+import faulthandler
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -10,6 +12,9 @@ if not __package__:  # run as a script by spark-submit: make ``jobs`` importable
 
 from jobs.cli import main
 
+# ``kill -USR1 <pid>`` prints every Python thread's stack to stderr (a run that
+# seems stuck says where; ``jstack`` does the same for its JVM).
+faulthandler.register(signal.SIGUSR1, all_threads=True)
 code = main()
 # Everything is committed and flushed by now. Native libraries (Arrow's and
 # librdkafka's thread pools) can abort the interpreter's own shutdown ("terminate

@@ -14,7 +14,7 @@ from deltalake import write_deltalake
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
 from jobs.delta.writer import check_hold
-from jobs.pipeline import Pipeline
+from jobs.pipeline.model import Pipeline
 
 
 def who() -> str:

@@ -13,6 +13,7 @@ import json
 import logging
 import sys
 import traceback
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,8 @@ from jobs.errors import (
     failure,
 )
 from jobs.lock import LockedError
-from jobs.pipeline import Pipeline, load_pipeline
+from jobs.pipeline.model import Pipeline
+from jobs.pipeline.parser import load_pipeline
 from jobs.settings import Settings, bootstrap_servers, load_settings, warehouse_location
 
 METRICS_EXPORTER_PORT = 9464  # the exporter's default port
@@ -265,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         settings = _settings(args)
         if args.command == "serve":
-            from jobs.service import serve
+            from jobs.warm_driver import serve
 
             port = args.port or settings.driver_port
             if not 1 <= port <= 65535:
@@ -311,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dimension(args: argparse.Namespace, settings: Settings) -> int:
-    from jobs.dimension import load_dimension, refresh
+    from jobs.dimension_load import load_dimension, refresh
     from jobs.streaming.spark import command_session
 
     dimension = load_dimension(args.dimension, settings.dimensions_dir)
@@ -362,7 +364,7 @@ def _counted_operation(args: argparse.Namespace, settings: Settings, pipeline: P
 def _run(args: argparse.Namespace, settings: Settings, pipeline: object) -> int:
     from jobs.delta.layout import AppLayout
     from jobs.lock import LockedError, describe, holder
-    from jobs.pipeline import Pipeline
+    from jobs.pipeline.model import Pipeline
     from jobs.report import print_run_report
     from jobs.streaming.run import preflight, run_pipeline
     from jobs.streaming.spark import command_session
@@ -377,7 +379,7 @@ def _run(args: argparse.Namespace, settings: Settings, pipeline: object) -> int:
             f"application {pipeline.application_id} is busy: held by {describe(busy)}"
         )
     if settings.driver_url and (args.trigger or pipeline.trigger_mode) == "available-now":
-        from jobs.service import run_remote
+        from jobs.warm_driver import run_remote
 
         # A continuous run is a long-lived process anyway: it always runs here.
         summary = run_remote(settings, pipeline)
@@ -391,7 +393,9 @@ def _run(args: argparse.Namespace, settings: Settings, pipeline: object) -> int:
 
         serve(settings.metrics_port, settings.metrics_address)
     faults.arm()
-    with command_session(settings, f"platform-{pipeline.application_id}") as spark:
+    with command_session(
+        settings, f"platform-{pipeline.application_id}", runs_a_pipeline=True
+    ) as spark:
         summary = run_pipeline(spark, pipeline, settings, args.trigger)
     if not args.quiet:
         print_run_report(pipeline, settings, summary)
@@ -400,28 +404,21 @@ def _run(args: argparse.Namespace, settings: Settings, pipeline: object) -> int:
 
 def _operation(args: argparse.Namespace, settings: Settings, pipeline: object) -> int:
     from jobs.operations.restart import plan_rebuild, plan_rewind
-    from jobs.operations.runner import check_reason, run_operation
+    from jobs.operations.runner import check_reason
     from jobs.operations.targets import TargetKind, TargetSpec
-    from jobs.pipeline import Pipeline
+    from jobs.pipeline.model import Pipeline
 
     assert isinstance(pipeline, Pipeline)
     reason = check_reason(args.reason)
     if args.command == "rebuild":
-        run_operation(
-            pipeline,
+        return _plan_or_apply(
+            args,
             settings,
+            pipeline,
             lambda: plan_rebuild(pipeline, settings, reason, args.from_source),
-            args.dry_run,
-            plan_id=args.plan,
-            operation="rebuild",
-            save_as=args.save_plan,
         )
-        return 0
     if args.plan is not None:
-        run_operation(
-            pipeline, settings, _saved_only, args.dry_run, plan_id=args.plan, operation="rewind"
-        )
-        return 0
+        return _plan_or_apply(args, settings, pipeline, _saved_only)
     kinds: dict[str, TargetKind] = {
         "to_earliest": "earliest",
         "to_latest": "latest",
@@ -434,14 +431,26 @@ def _operation(args: argparse.Namespace, settings: Settings, pipeline: object) -
     value = getattr(args, chosen)
     spec = TargetSpec(kinds[chosen], None if value is True else str(value))
     topics = [t.strip() for t in args.topics.split(",")] if args.topics else None
-    run_operation(
-        pipeline,
+    return _plan_or_apply(
+        args,
         settings,
+        pipeline,
         lambda: plan_rewind(pipeline, settings, reason, spec, args.mode, topics),
-        args.dry_run,
-        operation="rewind",
-        save_as=args.save_plan,
     )
+
+
+def _plan_or_apply(
+    args: argparse.Namespace, settings: Settings, pipeline: Pipeline, make_plan: Callable[[], Any]
+) -> int:
+    """``--dry-run``: plan and save; else apply (``--plan``: exactly a saved plan)."""
+    from jobs.operations.runner import dry_run_operation, run_operation
+
+    if args.dry_run:
+        if args.plan is not None:
+            raise ConfigError("--plan applies a saved plan: leave out --dry-run")
+        dry_run_operation(pipeline, settings, make_plan, save_as=args.save_plan)
+    else:
+        run_operation(pipeline, settings, make_plan, plan_id=args.plan, operation=args.command)
     return 0
 
 
@@ -464,7 +473,7 @@ def _backfill(args: argparse.Namespace, settings: Settings, pipeline: object) ->
     from jobs.operations.backfill import run_backfill
     from jobs.operations.runner import check_reason
     from jobs.operations.targets import TargetSpec
-    from jobs.pipeline import Pipeline
+    from jobs.pipeline.model import Pipeline
     from jobs.streaming.spark import command_session
 
     assert isinstance(pipeline, Pipeline)
@@ -477,7 +486,7 @@ def _backfill(args: argparse.Namespace, settings: Settings, pipeline: object) ->
         spec = TargetSpec("datetime", args.from_datetime)
     else:
         spec = TargetSpec("offset", args.from_offset)
-    with command_session(settings, "backfill") as spark:
+    with command_session(settings, "backfill", runs_a_pipeline=True) as spark:
         run_backfill(
             spark,
             pipeline,

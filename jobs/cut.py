@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -32,25 +33,28 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable
 
-from jobs.coverage import Boundary, History, Pin, origin
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout, file_location
 from jobs.delta.log import commit_infos
-from jobs.delta.writer import bump_epoch
+from jobs.delta.writer import bump_epoch, fenced_properties
 from jobs.errors import ConfigError, ConsistencyError, SourceError
+from jobs.faults import maybe_crash
+from jobs.kafka_admin import TopicsNow
 from jobs.kafka_source import offsets as kafka_offsets
 from jobs.ledger import (
     IS_BATCH,
-    LedgerSnapshot,
+    LedgerVersion,
     beyond_horizon,
     current_epoch,
+    current_ledger,
     last_batch,
     last_batches,
     read_ledger,
-    snapshot,
     unfinished_epochs,
 )
-from jobs.pipeline import Pipeline, definition_changes, shape_changes
+from jobs.lineage import Boundary, History, Pin, origin
+from jobs.pipeline.checks import definition_changes, only_rekeying, state_shape_changes
+from jobs.pipeline.model import Pipeline
 from jobs.warehouse import Location
 
 log = logging.getLogger(__name__)
@@ -162,69 +166,92 @@ def latest_cut(layout: AppLayout, epoch: int) -> Cut | None:
     return None
 
 
-def _shape_changes(pipeline: Pipeline, cut: Cut, new_checkpoint: bool) -> list[str]:
-    before = cut.state_shape
-    if before is None:
-        if new_checkpoint or "window_key" not in pipeline.state_shape:
-            return []
-        # Recorded before shapes were: Spark keys its hopping windows by their start.
-        before = {**pipeline.state_shape, "window_key": None}
-    changes = shape_changes(before, pipeline.state_shape)
-    if new_checkpoint:
-        changes = [c for c in changes if not c.startswith(("shuffle_partitions", "window_key"))]
-    return changes
-
-
 def needs_rekeying(pipeline: Pipeline, cut: Cut) -> bool:
     """The epoch's checkpoint keys hopping windows by their start (written before
     they were keyed by their last pane) and nothing else changed: a seeded
     ``rebuild`` starts a checkpoint with the new keys from the unchanged state."""
-    changes = _shape_changes(pipeline, cut, new_checkpoint=False)
-    return bool(changes) and all(c.startswith("window_key") for c in changes)
+    return only_rekeying(state_shape_changes(cut.state_shape, pipeline.state_shape, False))
 
 
 def check_state_shape(
     layout: AppLayout, pipeline: Pipeline, cut: Cut, new_checkpoint: bool = False
 ) -> None:
-    """Refuse, before Spark starts, a pipeline whose state does not fit the epoch's.
-    ``new_checkpoint``: the state is seeded into a fresh checkpoint (a rewind's,
-    rebuild's or backfill's), whose shuffle partitions and hopping window keys may
-    differ (the published rows mean the same under either key)."""
-    changes = _shape_changes(pipeline, cut, new_checkpoint)
-    if not new_checkpoint and needs_rekeying(pipeline, cut):
+    """Refuse a pipeline whose state does not fit the epoch's. ``new_checkpoint``:
+    the state is seeded into a fresh checkpoint (a rewind's, rebuild's or
+    backfill's), whose shuffle partitions and hopping window keys may differ (the
+    published rows mean the same under either key)."""
+    check_pipeline(layout, pipeline, cut, definition=False, new_checkpoint=new_checkpoint)
+
+
+def check_against_current_cut(layout: AppLayout, pipeline: Pipeline, shape: bool = True) -> None:
+    """``check_pipeline`` against the current epoch's cut (none yet: nothing to
+    check); ``shape=False``: the definition only (an operation may change the shape)."""
+    cut = latest_cut(layout, current_epoch(layout))
+    if cut is not None:
+        check_pipeline(layout, pipeline, cut, shape=shape)
+
+
+def check_pipeline(
+    layout: AppLayout,
+    pipeline: Pipeline,
+    cut: Cut,
+    shape: bool = True,
+    definition: bool = True,
+    new_checkpoint: bool = False,
+) -> None:
+    """Refuse, before Spark starts, a pipeline that does not fit the epoch ``cut``
+    began: what Spark's state holds (its ``state_shape``), and its definition,
+    which must be the one recorded under the same version. The version is how the
+    ledger, the output topic and a backfill tell results of one logic from another;
+    it is compared with every epoch's cut and the newest batch that ran it."""
+    app, version = pipeline.application_id, pipeline.version
+    recorded = _recorded_definitions(layout, cut, version) if definition else []
+    changes = (
+        state_shape_changes(cut.state_shape, pipeline.state_shape, new_checkpoint) if shape else []
+    )
+    differing = [(where, definition_changes(d, pipeline)) for where, d in recorded]
+    if changes and not new_checkpoint and only_rekeying(changes):
         raise ConfigError(
-            f"pipeline {pipeline.application_id}: epoch {cut.epoch}'s checkpoint keys hopping "
-            f"windows by their start, this platform by their last pane ({changes[0]}): its "
-            f"checkpoint cannot continue; repair: python -m jobs rebuild --pipeline "
-            f"{pipeline.application_id} --reason ... (seeds a new checkpoint from the published "
-            "state, which is unchanged; Kafka is not re-read)"
+            f"pipeline {app}: epoch {cut.epoch}'s checkpoint keys hopping windows by their "
+            f"start, this platform by their last pane ({changes[0]}): its checkpoint cannot "
+            f"continue; repair: python -m jobs rebuild --pipeline {app} --reason ... (seeds "
+            "a new checkpoint from the published state, which is unchanged; Kafka is not re-read)"
         )
     if changes:
         raise ConfigError(
-            f"pipeline {pipeline.application_id} v{pipeline.version} changes what Spark's state "
-            f"holds since epoch {cut.epoch} began ({'; '.join(changes)}): "
+            f"pipeline {app} v{version} changes what Spark's state holds since epoch "
+            f"{cut.epoch} began ({'; '.join(changes)}): "
             + (
                 "the state it would be seeded from does not fit it"
                 if new_checkpoint
                 else "its checkpoint cannot continue"
             )
-            + f"; repair: python -m jobs backfill --pipeline {pipeline.application_id} "
-            "--from-earliest --reason ... (republishes the state with the new definition), or "
-            f"python -m jobs rebuild --pipeline {pipeline.application_id} --from-source "
-            "--reason ... (recomputes it from the source)"
+            + f"; repair: python -m jobs backfill --pipeline {app} --from-earliest --reason "
+            "... (republishes the state with the new definition), or python -m jobs rebuild "
+            f"--pipeline {app} --from-source --reason ... (recomputes it from the source)"
         )
+    for where, changed in differing:
+        if changed:
+            newest = max(int(d.get("version", 0)) for _w, d in recorded)
+            newest = max(newest, version, _highest_version(layout))
+            raise ConfigError(
+                f"pipeline {app}: version {version} was recorded with another definition "
+                f"({where}): {', '.join(changed)} "
+                f"{'differs' if len(changed) == 1 else 'differ'}; set version: "
+                f"{newest + 1} (results of another logic need another version; python -m "
+                f"jobs backfill --pipeline {app} ... then republishes earlier results under it)"
+            )
 
 
 def recorded_definition(pipeline: Pipeline) -> dict[str, Any]:
     return {"version": pipeline.version, "parts": pipeline.definition}
 
 
-def check_definition(layout: AppLayout, pipeline: Pipeline, cut: Cut) -> None:
-    """Refuse a definition that differs from any recorded under the same version:
-    the version is how the ledger, the output topic and a backfill tell results of
-    one logic from another. Compared with every epoch's cut and the newest batch
-    that ran the version (``cut``: the current epoch's)."""
-    version = pipeline.version
+def _recorded_definitions(
+    layout: AppLayout, cut: Cut, version: int
+) -> list[tuple[str, dict[str, Any]]]:
+    """Each recorded definition, with where: every epoch's cut up to ``cut``'s (of
+    any version), and the newest batch that ran ``version``."""
     recorded: list[tuple[str, dict[str, Any]]] = []
     for epoch in range(cut.epoch + 1):
         found = cut if epoch == cut.epoch else read_cut(layout, epoch)
@@ -232,23 +259,42 @@ def check_definition(layout: AppLayout, pipeline: Pipeline, cut: Cut) -> None:
             recorded.append((f"epoch {epoch}'s cut", found.definition))
     last = last_batch(layout, ds.field("pipeline_version") == version)
     if last is not None:
-        definition = json.loads(last["details"] or "{}").get("definition")
-        if definition:
-            where = f"epoch {last['epoch']} batch {last['batch_id']}"
-            recorded.append((where, definition))
-    for where, definition in recorded:
-        changed = definition_changes(definition, pipeline)
-        if changed:
-            newest = max(int(d.get("version", 0)) for _w, d in recorded)
-            newest = max(newest, version, _highest_version(layout))
-            raise ConfigError(
-                f"pipeline {pipeline.application_id}: version {version} was recorded with "
-                f"another definition ({where}): {', '.join(changed)} "
-                f"{'differs' if len(changed) == 1 else 'differ'}; set version: "
-                f"{newest + 1} (results of another logic need another version; python -m "
-                f"jobs backfill --pipeline {pipeline.application_id} ... then republishes "
-                "earlier results under it)"
-            )
+        kept = json.loads(last["details"] or "{}").get("definition")
+        if kept:
+            recorded.append((f"epoch {last['epoch']} batch {last['batch_id']}", kept))
+    return recorded
+
+
+def epoch_start(layout: AppLayout, pipeline: Pipeline, topics: TopicsNow) -> Cut:
+    """The cut the current epoch starts from, checked against the pipeline
+    (``check_pipeline``) and the brokers (a topic recreated since). A new
+    application's first cut comes from the pipeline's ``starting_offsets`` against
+    the brokers now, written once so that every restart agrees; maintenance
+    operations write their own."""
+    epoch = current_epoch(layout)
+    cut = read_cut(layout, epoch)
+    if cut is not None:
+        check_pipeline(layout, pipeline, cut)
+        check_same_topics(cut.topic_ids, topics.ids)
+        return cut
+    if epoch > 0:
+        raise ConsistencyError(
+            f"epoch {epoch} of {layout.application_id} has no cut: an operation fenced the "
+            "application and did not finish; run the operation again (see the ledger)"
+        )
+    start = kafka_offsets.resolve_starting_offsets(
+        pipeline.starting_offsets, topics.partitions, topics.marks
+    )
+    first = Cut(
+        epoch=epoch,
+        starting_offsets=kafka_offsets.to_json_dict(start),
+        origin=Origin.PIPELINE.value,
+        topic_ids=topics.ids,
+        state_shape=pipeline.state_shape,
+        definition=recorded_definition(pipeline),
+    )
+    write_cut(layout, first)
+    return first
 
 
 def _highest_version(layout: AppLayout) -> int:
@@ -287,8 +333,8 @@ def first_offsets(layout: AppLayout) -> Offsets:
     """Where the application first read each partition of the topics' current logs
     (``coverage.origin``): epochs that read a deleted log are left out, their
     offsets are positions in a log that is gone."""
-    snap = snapshot(layout)
-    history = None if snap is None else current_log_history(layout, snap)
+    ledger_now = current_ledger(layout)
+    history = None if ledger_now is None else current_log_history(layout, ledger_now)
     first_cut = None if history and 0 in history.excluded else read_cut(layout, 0)
     batches = [] if history is None else [b for e in history.batches.values() for b in e]
     return origin(batches, {} if first_cut is None else first_cut.offsets())
@@ -338,16 +384,18 @@ def fenced_tables(layout: AppLayout, pipeline: Pipeline) -> list[Location]:
 
 def remove_orphans(
     layout: AppLayout,
-    pipeline: Pipeline,
+    fenced: list[Location],
     new_epoch: int,
     props: CommitProperties,
     unfinished: list[int] | None = None,
 ) -> dict[str, int]:
     """Rows that batches wrote without their ledger row (fenced or crashed between
-    two commits) are removed: every table ends where the ledger does. So are the
-    rows (batch id -1) of operations that died before they were done (epochs
-    ``unfinished``): the operation completing them writes them again, once. Call
-    after the epoch bump (nothing of an older epoch can be written any more)."""
+    two commits) are removed from the ``fenced`` tables: every table ends where the
+    ledger does (the ledger itself, and ``state``, whose orphans are undone by the
+    cut's state action, are left). So are the rows (batch id -1) of operations that
+    died before they were done (epochs ``unfinished``): the operation completing
+    them writes them again, once. Call after the epoch bump (nothing of an older
+    epoch can be written any more)."""
     last = last_batches(read_ledger(layout, ["entry_type", "epoch", "batch_id"], IS_BATCH))
     # Batches of an epoch commit in order, so a table row is committed iff its
     # batch id is at most the ledger's last one for its epoch.
@@ -358,10 +406,11 @@ def remove_orphans(
         epochs = ", ".join(str(e) for e in died)
         orphan = f"({orphan}) OR (batch_id = -1 AND epoch IN ({epochs}))"
     removed: dict[str, int] = {}
-    for name in tables.table_names(pipeline):
+    for path in fenced:
+        name = path.name
         if name in (tables.LEDGER, "state"):
             continue
-        table = DeltaTable(str(layout.table(name)))
+        table = DeltaTable(str(path))
         metrics = table.delete(orphan, commit_properties=props)
         count = int(metrics.get("num_deleted_rows", 0) or 0)
         if count:
@@ -405,17 +454,17 @@ def unfinished_state_version(layout: AppLayout, unfinished: list[int]) -> int | 
 
 def live_boundaries(
     layout: AppLayout,
-    snap: LedgerSnapshot | None = None,
+    ledger_now: LedgerVersion | None = None,
     other_logs: frozenset[int] = frozenset(),
 ) -> list[Boundary]:
     """Every point of the live lineage the state can be taken from, in order: its
     batch boundaries, and the cut of each completed operation on it (batch id -1:
     its offsets and the state version it left; a skip's target, a backfill's end).
     ``other_logs``: epochs that read a topic's deleted log, left out."""
-    snap = snap or snapshot(layout)
-    if snap is None:
+    ledger_now = ledger_now or current_ledger(layout)
+    if ledger_now is None:
         return []
-    history = snap.history(other_logs)
+    history = ledger_now.history(other_logs)
     cuts = {}
     for epoch in history.upto:
         cut = read_cut(layout, epoch) if epoch in history.steps else None
@@ -424,12 +473,12 @@ def live_boundaries(
     return history.boundaries(cuts)
 
 
-def lineage_head(layout: AppLayout, snap: LedgerSnapshot | None = None) -> Boundary | None:
+def lineage_head(layout: AppLayout, ledger_now: LedgerVersion | None = None) -> Boundary | None:
     """Where the application's live lineage ends: its last batch boundary or, when a
     completed operation began an epoch after that batch and no batch ran since, the
     operation's cut. What a rebuild or a skip continues from: the last batch would
     undo that operation."""
-    boundaries = live_boundaries(layout, snap)
+    boundaries = live_boundaries(layout, ledger_now)
     return boundaries[-1] if boundaries else None
 
 
@@ -441,13 +490,13 @@ def boundary_at_or_before(
     reached at its end), never before the floor (``log_floor``); None: before the
     first batch. ``other_logs``: epochs that read an earlier log of a topic
     (deleted and recreated since): their offsets do not compare with ``target``'s."""
-    snap = snapshot(layout)
-    if snap is None:
+    ledger_now = current_ledger(layout)
+    if ledger_now is None:
         return None
-    history = snap.history(other_logs)
-    chosen = history.latest_before(live_boundaries(layout, snap, other_logs), target)
+    history = ledger_now.history(other_logs)
+    chosen = history.latest_before(live_boundaries(layout, ledger_now, other_logs), target)
     if history.floor is not None and (chosen is None or chosen.floor):
-        return log_floor(layout, snap)  # kept by maintain whatever its age
+        return log_floor(layout, ledger_now)  # kept by maintain whatever its age
     if chosen is None:
         if other_logs and not history.upto:
             raise ConfigError(
@@ -467,18 +516,18 @@ def boundary_at_or_before(
     return chosen
 
 
-def log_floor(layout: AppLayout, snap: LedgerSnapshot | None = None) -> Boundary | None:
+def log_floor(layout: AppLayout, ledger_now: LedgerVersion | None = None) -> Boundary | None:
     """Where a recomputation "from the first offsets" starts (``History.floor``):
     the cut that moved the application onto a recreated topic's new log keeping
     its state, which holds the deleted log's judgments; None: from empty state.
-    ``snap``: the ledger read the caller planned from, else one read now."""
-    snap = snap or snapshot(layout)
-    if snap is None:
+    ``ledger_now``: the ledger read the caller planned from, else one read now."""
+    ledger_now = ledger_now or current_ledger(layout)
+    if ledger_now is None:
         return None
-    history = current_log_history(layout, snap)
+    history = current_log_history(layout, ledger_now)
     if history.floor is None:
         return None
-    for found in live_boundaries(layout, snap, history.excluded):
+    for found in live_boundaries(layout, ledger_now, history.excluded):
         if found.floor:
             # ``maintain`` keeps this version whatever its age (not only the
             # horizon's): the question is whether its files are there.
@@ -581,13 +630,13 @@ def _check_restorable(layout: AppLayout, chosen: Boundary, what: str, repair: st
         )
 
 
-def current_log_history(layout: AppLayout, snap: LedgerSnapshot) -> History:
+def current_log_history(layout: AppLayout, ledger_now: LedgerVersion) -> History:
     """The coverage without the epochs that read a topic's deleted log (what the
     application reads now is the current cut's log): what verify recomputes and
     whose judgments a backfill reuses."""
-    cut = latest_cut(layout, snap.epoch)
+    cut = latest_cut(layout, ledger_now.epoch)
     ids = {} if cut is None else cut.topic_ids
-    return snap.history(epochs_on_other_logs(layout, ids))
+    return ledger_now.history(epochs_on_other_logs(layout, ids))
 
 
 def state_behind(layout: AppLayout) -> int | None:
@@ -606,31 +655,85 @@ def state_behind(layout: AppLayout) -> int | None:
     return min(versions) if versions else None
 
 
+@dataclass(frozen=True)
+class StateChange:
+    """What a cut does to the published ``state`` table: the plan's action, with
+    what is beyond the ledger (``state_behind``) undone first. A KEEP restores to
+    there, a PUBLISH (``publish``: the backfill's commit) publishes onto it; a
+    RESTORE goes back to ``restore_to``, a boundary before all of it."""
+
+    action: StateAction
+    restore_to: int | None = None
+    behind: int | None = None
+    publish: Callable[[], dict[str, Any]] | None = None
+
+    def resolved(self) -> StateChange:
+        if self.behind is not None and self.action is StateAction.KEEP:
+            return StateChange(StateAction.RESTORE, self.behind, self.behind, self.publish)
+        return self
+
+
 def apply_cut(
     layout: AppLayout,
     pipeline: Pipeline,
     cut: Cut,
+    kept_topic_ids: dict[str, str],
     reason: str,
     audit: pa.Table,
-    props: CommitProperties,
-    seed: pa.Table | None = None,
-    unfinished: list[int] | None = None,
-) -> dict[str, int]:
-    """Steps 1-3 of making ``cut`` the application's (see the module docstring); the
-    caller applies the state action (4.) with ``props``, the new epoch's fence.
+    seed: pa.Table | None,
+    unfinished: list[int],
+    state: StateChange,
+) -> dict[str, Any]:
+    """Make ``cut`` the application's (steps 1-4 of the module docstring), each
+    commit fenced by the new epoch (its ``origin`` names the operation). First,
+    before anything is written: a topic
+    recreated since the previous cut is accepted only where the operation points it
+    at its new log (``kept_topic_ids``: the previous cut's ids of the others).
     ``unfinished``: the epochs of operations that died, which this cut completes.
-    Returns the orphan rows removed per table."""
+    Returns what it did, for the operation's audit row."""
+    check_same_topics(kept_topic_ids, cut.topic_ids)
+    paths = fenced_tables(layout, pipeline)
     if seed is not None:
         write_seed(seed, seed_file(layout, cut.epoch))
     write_cut(layout, cut)
-    bump_epoch(
-        fenced_tables(layout, pipeline),
+    props = fenced_properties(
         pipeline.application_id,
         cut.epoch,
-        reason,
-        first_rows=audit,
+        cut.origin,
+        {"reason": reason, "pipeline_version": str(pipeline.version)},
     )
-    return remove_orphans(layout, pipeline, cut.epoch, props, unfinished)
+    bump_epoch(paths, pipeline.application_id, cut.epoch, reason, first_rows=audit)
+    orphans = remove_orphans(layout, paths, cut.epoch, props, unfinished)
+    maybe_crash("after_fence")
+    state = state.resolved()
+    result: dict[str, Any] = {
+        "seeded_rows": cut.seed_rows or 0,
+        "state_action": state.action.value,
+        "orphan_rows_removed": orphans,
+    }
+    if state.behind is not None:
+        result["state_undone_to_version"] = state.behind
+    result.update(_change_state(layout.table("state"), state, props))
+    return result
+
+
+def _change_state(path: Location, state: StateChange, props: CommitProperties) -> dict[str, Any]:
+    """The state action in one fenced commit (a PUBLISH: after undoing what is
+    beyond the ledger). Returns what it did and the state's version after it."""
+    result: dict[str, Any] = {}
+    if state.action is StateAction.RESTORE:
+        assert state.restore_to is not None
+        DeltaTable(str(path)).restore(state.restore_to, commit_properties=props)
+        result["restored_version"] = state.restore_to
+    elif state.action is StateAction.EMPTY:
+        DeltaTable(str(path)).delete(commit_properties=props)
+    elif state.action is StateAction.PUBLISH:
+        assert state.publish is not None
+        if state.behind is not None:
+            DeltaTable(str(path)).restore(state.behind, commit_properties=props)
+        result.update(state.publish())
+    result["state_version"] = DeltaTable(str(path)).version()
+    return result
 
 
 def write_seed(rows: pa.Table, path: Location) -> None:
@@ -640,3 +743,17 @@ def write_seed(rows: pa.Table, path: Location) -> None:
         landing.land()
     finally:
         landing.discard()
+
+
+def check_same_topics(recorded: Mapping[str, str], now: Mapping[str, str]) -> None:
+    """A topic whose id changed since the cut was deleted and recreated: its offsets
+    name other records. Stop and name the repair; never read on."""
+    for topic, topic_id in sorted(recorded.items()):
+        current = now.get(topic)
+        if current is not None and current != topic_id:
+            raise SourceError(
+                f"topic {topic!r} was deleted and recreated since the application's cut (topic "
+                f"id {topic_id}, now {current}): its offsets name other records; repair: python "
+                f"-m jobs rewind --to-earliest --topics {topic} --mode skip --reason ... (keeps "
+                "the state, reads the new topic from its start)"
+            )

@@ -30,7 +30,7 @@ from pyspark.sql import functions as F
 from jobs.delta.layout import AppLayout
 from jobs.errors import ConfigError, ConsistencyError
 from jobs.lock import table_lock
-from jobs.pipeline import Pipeline
+from jobs.pipeline.model import Pipeline
 from jobs.settings import Settings
 from jobs.warehouse import Location
 

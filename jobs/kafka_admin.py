@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import (
@@ -149,20 +150,6 @@ def topic_ids(client: AdminClient, topics: Iterable[str]) -> dict[str, str]:
     return {t: i for t, i in found.items() if i and i != NO_TOPIC_ID and set(i) != {"A"}}
 
 
-def check_same_topics(recorded: Mapping[str, str], now: Mapping[str, str]) -> None:
-    """A topic whose id changed since the cut was deleted and recreated: its offsets
-    name other records. Stop and name the repair; never read on."""
-    for topic, topic_id in sorted(recorded.items()):
-        current = now.get(topic)
-        if current is not None and current != topic_id:
-            raise SourceError(
-                f"topic {topic!r} was deleted and recreated since the application's cut (topic "
-                f"id {topic_id}, now {current}): its offsets name other records; repair: python "
-                f"-m jobs rewind --to-earliest --topics {topic} --mode skip --reason ... (keeps "
-                "the state, reads the new topic from its start)"
-            )
-
-
 def create_topic(
     client: AdminClient,
     topic: str,
@@ -285,6 +272,26 @@ def watermarks(
         return partition_watermarks(consumer, partitions, timeout_s)
     finally:
         consumer.close()
+
+
+@dataclass(frozen=True)
+class TopicsNow:
+    """What the brokers say of a pipeline's topics, asked once at a run's start:
+    each topic's partitions, its id (``topic_ids``) and each partition's (low, high)
+    watermarks."""
+
+    partitions: dict[str, list[int]]
+    ids: dict[str, str]
+    marks: dict[tuple[str, int], tuple[int, int]]
+
+
+def topics_now(config: Mapping[str, str], topics: Iterable[str], servers: str) -> TopicsNow:
+    wanted = list(topics)
+    client = admin(config)
+    partitions = topic_partitions(client, wanted, servers)
+    ids = topic_ids(client, wanted)
+    marks = watermarks(config, [(t, p) for t, parts in partitions.items() for p in parts])
+    return TopicsNow(partitions, ids, marks)
 
 
 def consumer_lag(

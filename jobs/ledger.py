@@ -17,11 +17,11 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 from deltalake import DeltaTable
 
-from jobs.coverage import BatchEntry, Boundary, History, Pin, Step, partition_of
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
 from jobs.delta.writer import table_epoch
 from jobs.kafka_source import offsets as kafka_offsets
+from jobs.lineage import BatchEntry, Boundary, History, Pin, Step, partition_of
 
 Offsets = kafka_offsets.Offsets
 BATCH = "batch"
@@ -120,7 +120,7 @@ def pins(recorded: dict[str, Any] | None) -> tuple[tuple[str, Pin | None], ...]:
     return tuple(sorted((str(k), Pin.of(v)) for k, v in (recorded or {}).items()))
 
 
-class LedgerSnapshot:
+class LedgerVersion:
     """The ledger at one version: every read from it agrees with the others and
     with its epoch (a batch committed meanwhile is in none of them)."""
 
@@ -156,11 +156,11 @@ class LedgerSnapshot:
         return self._histories[excluded]
 
 
-def snapshot(layout: AppLayout) -> LedgerSnapshot | None:
+def current_ledger(layout: AppLayout) -> LedgerVersion | None:
     path = layout.table(tables.LEDGER)
     if not DeltaTable.is_deltatable(str(path)):
         return None
-    return LedgerSnapshot(layout, DeltaTable(str(path)))
+    return LedgerVersion(layout, DeltaTable(str(path)))
 
 
 def read_ledger(
@@ -168,8 +168,8 @@ def read_ledger(
 ) -> pa.Table | None:
     """The ledger's rows (only ``columns``, only those matching ``where``: the ledger
     grows by a row per batch, so callers read what they need)."""
-    snap = snapshot(layout)
-    return None if snap is None else snap.rows(columns, where)
+    ledger_now = current_ledger(layout)
+    return None if ledger_now is None else ledger_now.rows(columns, where)
 
 
 def ledger_dataset(layout: AppLayout) -> ds.Dataset | None:
@@ -241,10 +241,10 @@ BOUNDARY_COLUMNS = [
 ]
 
 
-def batch_boundaries(layout: AppLayout, snap: LedgerSnapshot | None = None) -> list[Boundary]:
+def batch_boundaries(layout: AppLayout, ledger_now: LedgerVersion | None = None) -> list[Boundary]:
     """Every committed batch end of the application's live lineage, oldest first."""
-    snap = snap or snapshot(layout)
-    return [] if snap is None else snap.history().boundaries({})
+    ledger_now = ledger_now or current_ledger(layout)
+    return [] if ledger_now is None else ledger_now.history().boundaries({})
 
 
 def _micros(value: Any) -> int:
@@ -254,8 +254,8 @@ def _micros(value: Any) -> int:
     return int(value or 0)
 
 
-def last_boundary(layout: AppLayout, snap: LedgerSnapshot | None = None) -> Boundary | None:
-    boundaries = batch_boundaries(layout, snap)
+def last_boundary(layout: AppLayout, ledger_now: LedgerVersion | None = None) -> Boundary | None:
+    boundaries = batch_boundaries(layout, ledger_now)
     return boundaries[-1] if boundaries else None
 
 
@@ -277,12 +277,14 @@ def kept_state_version(layout: AppLayout) -> int | None:
 
 
 def _operations_by_epoch(
-    layout: AppLayout, since: int, snap: LedgerSnapshot | None = None
+    layout: AppLayout, since: int, ledger_now: LedgerVersion | None = None
 ) -> dict[int, list[dict[str, Any]]]:
     """The applied (not dry-run, not maintain) operation rows of epochs ``since`` and
     later, oldest first, with their details parsed."""
     where = (ds.field("epoch") >= since) & ~IS_BATCH
-    ledger = read_ledger(layout, where=where) if snap is None else snap.rows(where=where)
+    ledger = (
+        read_ledger(layout, where=where) if ledger_now is None else ledger_now.rows(where=where)
+    )
     found: dict[int, list[dict[str, Any]]] = {}
     for row in sorted(ledger.to_pylist() if ledger else [], key=lambda r: r["commit_time"]):
         details = json.loads(row["details"] or "{}")
@@ -306,14 +308,14 @@ def beyond_horizon(layout: AppLayout, state_version: int | None) -> int | None:
 
 
 def unfinished_operation(
-    layout: AppLayout, snap: LedgerSnapshot | None = None
+    layout: AppLayout, ledger_now: LedgerVersion | None = None
 ) -> UnfinishedOperation | None:
     """The operation that moved the application to its current epoch, if it has not
     recorded that it finished (it died after the fence: its cut may be incomplete)."""
-    epoch = current_epoch(layout) if snap is None else snap.epoch
+    epoch = current_epoch(layout) if ledger_now is None else ledger_now.epoch
     if epoch == 0:
         return None
-    applied = _operations_by_epoch(layout, epoch, snap).get(epoch, [])
+    applied = _operations_by_epoch(layout, epoch, ledger_now).get(epoch, [])
     if not _died(applied):
         return None
     # The epoch's first row: the operation's bump ("started"), or the fence it put

@@ -29,7 +29,8 @@ from prometheus_client.registry import Collector
 from jobs import kafka_admin
 from jobs.delta import layout as tables
 from jobs.errors import ConfigError, PlatformError
-from jobs.pipeline import APPLICATION_ID, load_pipeline
+from jobs.pipeline.model import APPLICATION_ID
+from jobs.pipeline.parser import load_pipeline
 from jobs.settings import Settings
 from jobs.warehouse import Location
 

@@ -6,7 +6,7 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from jobs.delta.layout import AppLayout
-from jobs.pipeline import Pipeline
+from jobs.pipeline.model import Pipeline
 from jobs.settings import Settings
 from jobs.status import application_status, format_status
 from jobs.streaming.run import RunSummary

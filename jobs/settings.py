@@ -319,7 +319,7 @@ def java_options(name: str) -> str:
 
 
 def configured_driver_token() -> str | None:
-    """The token a warm driver and its clients share, when given (``jobs/service.py``)."""
+    """The token a warm driver and its clients share, when given (``jobs/warm_driver.py``)."""
     raw = _env("DRIVER_TOKEN", "")
     if raw and not TOKEN.fullmatch(raw):
         raise refused(

@@ -7,7 +7,7 @@ ANSI mode turns an overflow into an error (a dead letter) or a wrapped number, t
 time parser policy and the session time zone change every parsed time. The
 platform sets each one on its sessions (``jobs/streaming/spark.py``), refuses a
 session that computes otherwise, and records them with the resolved pipeline
-(``jobs/resolved.py``), where a later run, operation or warm driver checks them.
+(``jobs/resolution.py``), where a later run, operation or warm driver checks them.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 DAG parsing, ``status`` and the planners load pipelines without a JVM, so the
 checks here are textual: the DDL types of the schema (normalized to Spark's own
 names) and the functions an expression calls. Whether an expression resolves and
-what type it yields is Spark's to say (``jobs/streaming/records.py``).
+what type it yields is Spark's to say (``jobs/streaming/judging.py``).
 """
 
 from __future__ import annotations

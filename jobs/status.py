@@ -10,9 +10,9 @@ from typing import Any
 from deltalake import DeltaTable
 
 from jobs import kafka_admin
-from jobs.coverage import Intervals
 from jobs.cut import (
     check_readable,
+    check_same_topics,
     current_log_history,
     latest_cut,
     live_boundaries,
@@ -25,16 +25,17 @@ from jobs.ledger import (
     IS_BATCH,
     batch_rows,
     current_epoch,
+    current_ledger,
     kept_state_version,
     last_batch,
     read_ledger,
-    snapshot,
     unfinished_operation,
 )
+from jobs.lineage import Intervals
 from jobs.lock import holder
 from jobs.output.bookmark import repair
 from jobs.output.publisher import read_bookmark
-from jobs.pipeline import Pipeline
+from jobs.pipeline.model import Pipeline
 from jobs.settings import Settings
 from jobs.streaming import offset_log
 
@@ -116,7 +117,9 @@ def application_status(
         batches_committed = len(rows)
         if rows:
             totals = {c: sum(int(r[c] or 0) for r in rows) for c in COUNT_COLUMNS}
-            history = None if (snap := snapshot(layout)) is None else snap.history()
+            history = (
+                None if (ledger_now := current_ledger(layout)) is None else ledger_now.history()
+            )
             standing = {} if history is None else history.standing()
             # What standing backfills judged again: earlier batches' rows there are gone.
             rejudged = [
@@ -198,10 +201,10 @@ def _output(
 def _oldest_rewind_target(layout: AppLayout) -> dict[str, Any] | None:
     """The oldest boundary a rewind can still restore (of the topics' current logs)."""
     kept = kept_state_version(layout) or 0
-    snap = snapshot(layout)
-    if snap is None:
+    ledger_now = current_ledger(layout)
+    if ledger_now is None:
         return None
-    for b in live_boundaries(layout, snap, current_log_history(layout, snap).excluded):
+    for b in live_boundaries(layout, ledger_now, current_log_history(layout, ledger_now).excluded):
         if b.state_version >= kept:
             return {
                 "epoch": b.epoch,
@@ -277,10 +280,10 @@ def _check_replayed_tables(
     """What ``run`` refuses before its first batch: a replay of records judged before
     (after a rewind) that needs a dimension table no longer readable as its batches
     joined it (a version gone, or the table deleted and loaded again)."""
-    snap = snapshot(layout)
-    if snap is None:
+    ledger_now = current_ledger(layout)
+    if ledger_now is None:
         return None
-    history = current_log_history(layout, snap)
+    history = current_log_history(layout, ledger_now)
     committed = offset_log.committed_batches(layout.checkpoint(epoch))
     reading = history.replay_from(cut, committed[-1] if committed else None)
     names = tuple(e.name for e in pipeline.enrich)
@@ -375,7 +378,7 @@ def _lags(
         return []
     try:
         plan.check_continuity(committed, marks)
-        kafka_admin.check_same_topics(
+        check_same_topics(
             topic_ids or {}, kafka_admin.topic_ids(kafka_admin.admin(config), pipeline.topics)
         )
     except PlatformError as exc:

@@ -26,11 +26,11 @@ import logging
 
 from deltalake import DeltaTable
 
-from jobs.coverage import History, Intervals
 from jobs.cut import current_log_history
 from jobs.delta.layout import AppLayout
 from jobs.delta.writer import fenced_properties
-from jobs.ledger import snapshot
+from jobs.ledger import current_ledger
+from jobs.lineage import History, Intervals
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +38,10 @@ log = logging.getLogger(__name__)
 def remove_superseded_dead_letters(layout: AppLayout) -> int:
     """Delete the dead letters the lineage no longer stands by; the rows deleted."""
     path = layout.table("dead_letter")
-    snap = snapshot(layout)
-    if snap is None or not DeltaTable.is_deltatable(str(path)):
+    ledger_now = current_ledger(layout)
+    if ledger_now is None or not DeltaTable.is_deltatable(str(path)):
         return 0
-    history = snap.history()
+    history = ledger_now.history()
     clauses = _discarded(history)
     newest_batch = max(history.batches, default=-1)
     recent = [
@@ -50,10 +50,10 @@ def remove_superseded_dead_letters(layout: AppLayout) -> int:
         if epoch > newest_batch and getattr(history.steps.get(epoch), "action", "") == "publish"
     ]
     if recent:
-        clauses += _judged_again(current_log_history(layout, snap), recent)
+        clauses += _judged_again(current_log_history(layout, ledger_now), recent)
     if not clauses:
         return 0
-    props = fenced_properties(layout.application_id, snap.epoch, "supersede_dead_letters")
+    props = fenced_properties(layout.application_id, ledger_now.epoch, "supersede_dead_letters")
     metrics = DeltaTable(str(path)).delete(" OR ".join(clauses), commit_properties=props)
     count = int(metrics.get("num_deleted_rows", 0) or 0)
     if count:

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
@@ -93,7 +93,15 @@ SLOW_FIRST = (
 
 # A test that starts a server (the broker, Spark, Airflow, a browser) is an
 # integration test; ``make unit`` runs the others.
-SERVER_FIXTURES = {"broker", "spark", "settings", "kafka_config", "new_topic", "s3_server"}
+SERVER_FIXTURES = {
+    "broker",
+    "spark",
+    "settings",
+    "kafka_config",
+    "new_topic",
+    "clicks_app",
+    "s3_server",
+}
 SERVER_FILES = {"test_stream_dag_run.py"}  # runs a DAG's tasks: Spark
 
 
@@ -207,6 +215,52 @@ def new_topic(kafka_config: dict[str, str]):  # type: ignore[no-untyped-def]
     return make
 
 
+@dataclasses.dataclass(frozen=True)
+class ClicksApp:
+    """``user_clicks`` reading a topic of its own: the setup the operations tests
+    share (``clicks_app``). ``feed`` produces events and runs the stream over them."""
+
+    topic: str
+    path: Path
+    pipeline: Any  # jobs.pipeline.model.Pipeline
+    settings: Settings
+    kafka_config: dict[str, str]
+    session: Callable[[], Any]  # the shared SparkSession, started on first use
+
+    def produce(self, events: list[bytes]) -> list[bytes]:
+        produce(self.kafka_config, self.topic, list(events))
+        return events
+
+    def run(self) -> Any:  # jobs.streaming.run.RunSummary
+        from jobs.streaming.run import run_pipeline
+
+        return run_pipeline(self.session(), self.pipeline, self.settings)
+
+    def feed(self, events: list[bytes]) -> list[bytes]:
+        self.produce(events)
+        self.run()
+        return events
+
+
+@pytest.fixture
+def clicks_app(request, settings, kafka_config, new_topic, tmp_path):  # type: ignore[no-untyped-def]
+    """``clicks_app(partitions, output=True, **source)`` -> a ``ClicksApp`` on a new
+    topic (publishing to ``out_<topic>`` with ``output``)."""
+    from jobs.pipeline.parser import load_pipeline
+    from tests.output_topic import with_output
+
+    def make(partitions: int = 1, output: bool = False, **source: object) -> ClicksApp:
+        topic = new_topic(partitions)
+        path = pipeline_file(tmp_path, "user_clicks", topic, **source)
+        if output:
+            with_output(path, f"out_{topic}")
+        pipeline = load_pipeline(str(path), tmp_path)
+        session = lambda: request.getfixturevalue("spark")  # noqa: E731
+        return ClicksApp(topic, path, pipeline, settings, kafka_config, session)
+
+    return make
+
+
 def produce(
     config: dict[str, str], topic: str, values: list[bytes | None], key: bytes | None = None
 ) -> None:
@@ -253,6 +307,7 @@ def run_jobs(
     *args: str,
     env: dict[str, str] | None = None,
     spark: Any = None,
+    timeout: float = 300,
 ) -> subprocess.CompletedProcess[str]:
     """``python -m jobs <args> --pipeline <file>`` against the test broker and warehouse:
     in a new process (``env``: extra environment, e.g. a cluster's
@@ -269,7 +324,7 @@ def run_jobs(
         env={**os.environ, **(env or {})},
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
         start_new_session=True,  # its own process group: a PLATFORM_FAULT kills only it
     )
 

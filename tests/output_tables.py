@@ -9,11 +9,12 @@ from pathlib import Path
 import pyarrow as pa
 import yaml
 
-from jobs import resolved as resolution
+from jobs import resolution
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
 from jobs.delta.writer import BatchWriter
-from jobs.pipeline import Pipeline, parse_pipeline
+from jobs.pipeline.model import Pipeline
+from jobs.pipeline.parser import parse_pipeline
 from jobs.settings import REPO_ROOT
 
 START = datetime(2026, 11, 23, 10, 0, tzinfo=UTC)

@@ -1,5 +1,5 @@
 """Where an application's data lives, and its tables' fixed schemas (the others
-follow from the pipeline's types: ``jobs/resolved.py``).
+follow from the pipeline's types: ``jobs/resolution.py``).
 
 <warehouse>/<application_id>/changelog     append: every state change, per batch
 <warehouse>/<application_id>/state         merge: current value per key (and window)
@@ -24,7 +24,7 @@ from deltalake import Schema as DeltaSchema
 from jobs import sql_text
 from jobs.delta.log import TABLE_CONFIGURATION
 from jobs.errors import ConfigError
-from jobs.pipeline import APPLICATION_ID, Pipeline
+from jobs.pipeline.model import APPLICATION_ID, Pipeline
 from jobs.warehouse import Location
 
 TIMESTAMP = pa.timestamp("us", tz="UTC")
@@ -218,7 +218,7 @@ def _described(columns: dict[str, str]) -> str:
 
 
 class TableSchemas(Protocol):
-    """What the tables need of a resolved pipeline (``jobs/resolved.py``'s
+    """What the tables need of a resolved pipeline (``jobs/resolution.py``'s
     ``Resolved``): its definition and every table's columns."""
 
     @property

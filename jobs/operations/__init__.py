@@ -2,6 +2,7 @@
 (``jobs/cut.py``) in a new epoch that fences the old one, and is audited in the ledger."""
 
 __all__ = [
+    "apply",
     "backfill",
     "maintain",
     "plan",
@@ -9,7 +10,7 @@ __all__ = [
     "publish",
     "restart",
     "runner",
-    "saved",
+    "saved_plans",
     "targets",
     "verify",
 ]

@@ -34,16 +34,6 @@ from deltalake import CommitProperties, DeltaTable, write_deltalake
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from jobs.coverage import (
-    Boundary,
-    Coverage,
-    Intervals,
-    Pin,
-    layers,
-    named,
-    pins_text,
-    spelled,
-)
 from jobs.cut import (
     StateAction,
     boundary_at_or_before,
@@ -63,18 +53,29 @@ from jobs.errors import ConfigError
 from jobs.faults import maybe_crash
 from jobs.kafka_source import offsets as kafka_offsets
 from jobs.kafka_source import spark_kafka
-from jobs.ledger import LedgerSnapshot, current_epoch, snapshot
+from jobs.ledger import LedgerVersion, current_epoch, current_ledger
+from jobs.lineage import (
+    Boundary,
+    Coverage,
+    Intervals,
+    Pin,
+    layers,
+    named,
+    pins_text,
+    spelled,
+)
+from jobs.operations.apply import apply_plan, check_seed_shape
 from jobs.operations.plan import Plan, header
 from jobs.operations.restart import broker_marks, other_logs
 from jobs.operations.targets import TargetSpec, resolve_targets
-from jobs.pipeline import Pipeline, stored_column
+from jobs.pipeline.model import Pipeline, stored_column
 from jobs.progress import SparkJobProgress
-from jobs.resolved import Resolved, load, store
+from jobs.resolution import Resolved, load_stored, store
 from jobs.settings import Settings
-from jobs.snapshot import seed_rows
-from jobs.streaming import dimensions, records
+from jobs.state_seed import seed_rows
+from jobs.streaming import analyser, enrichment, judging, table_versions
+from jobs.streaming.judging import BATCH_TIME_COLUMN, WATERMARK_COLUMN
 from jobs.streaming.query import aggregate
-from jobs.streaming.records import BATCH_TIME_COLUMN, WATERMARK_COLUMN
 from jobs.warehouse import Location
 
 SAMPLES = 10
@@ -127,7 +128,7 @@ def plan_backfill(
     if pipeline.enrich:
         if dimensions_from == "newest":
             newest = {
-                e.name: dimensions.newest_pin(e.path(settings.warehouse)).to_json()
+                e.name: table_versions.newest_pin(e.path(settings.warehouse)).to_json()
                 for e in pipeline.enrich
             }
         notes.append(_dimension_note(layout, pipeline, newest))
@@ -174,9 +175,7 @@ def _refuse_before_fencing(layout: AppLayout, pipeline: Pipeline, plan: Plan) ->
     """The refusals a backfill makes before anything is fenced (the plan is made
     before and under the lock): tables that cannot take the new definition, a
     redefinition the plan does not publish, a seed of the wrong shape."""
-    from jobs.operations.restart import check_seed_shape
-
-    resolved = load(layout, pipeline)
+    resolved = load_stored(layout, pipeline)
     tables.ensure_tables(layout, resolved, republishing=True)
     check_redefinition(layout, resolved, plan)
     check_seed_shape(layout, pipeline, plan)
@@ -187,8 +186,8 @@ def _dimension_note(
 ) -> str:
     """Which versions of the enrichments' tables the recomputation joins: the ones
     the batches recorded, or (recorded -> ``newest``) each table's newest."""
-    snap = snapshot(layout)
-    head = Coverage() if snap is None else current_log_history(layout, snap).head
+    ledger_now = current_ledger(layout)
+    head = Coverage() if ledger_now is None else current_log_history(layout, ledger_now).head
     names = tuple(e.name for e in pipeline.enrich)
     parts = []
     for i, e in enumerate(pipeline.enrich):
@@ -209,10 +208,10 @@ def judged_since(
     """The offsets the state judged after ``boundary`` (all, without one), and the
     gaps (skipped ranges) among them from ``read_from`` on: what a backfill reads
     and what it leaves out."""
-    snap = snapshot(layout)
-    if snap is None:
+    ledger_now = current_ledger(layout)
+    if ledger_now is None:
         return {}, {}
-    history = current_log_history(layout, snap)
+    history = current_log_history(layout, ledger_now)
     head = history.head
     judged = head.judged() if boundary is None else head.excluding(history.coverage_at(boundary))
     gaps = {
@@ -272,23 +271,23 @@ def aggregate_records(
     raw: DataFrame,
     seed_state_version: int | None = None,
     keep: Callable[[DataFrame], DataFrame] | None = None,
-    snap: LedgerSnapshot | None = None,
+    ledger_now: LedgerVersion | None = None,
     dimension_versions: dict[str, Pin] | None = None,
     reading: Intervals | None = None,
     letters: list[pa.Table] | None = None,
 ) -> pa.Table:
     """``raw`` judged as the stream judged it (the ledger's watermarks and batch
     times), aggregated with the pipeline, plus a seed state version's rows;
-    ``keep`` filters the contributions (a sample of keys). ``snap``: the ledger read
+    ``keep`` filters the contributions (a sample of keys). ``ledger_now``: the ledger read
     the caller planned from (verify's), else one read now. ``reading``: the offsets
     ``raw`` holds (only their judgments are joined, their table versions read).
     ``letters``: gets the records judged dead letters (``dead_letter``'s columns
     but the stamps), from the same read of the records."""
     layout = AppLayout(settings.warehouse, resolved.application_id)
-    snap = snap or snapshot(layout)
-    head = Coverage() if snap is None else current_log_history(layout, snap).head
+    ledger_now = ledger_now or current_ledger(layout)
+    head = Coverage() if ledger_now is None else current_log_history(layout, ledger_now).head
     raw = with_stream_decisions(spark, raw, head, resolved, dimension_versions, reading)
-    classified = records.classify(raw, resolved)
+    classified = judging.classify(raw, resolved)
     if letters is not None:
         classified = classified.persist()  # one read of the records for both
     try:
@@ -310,7 +309,7 @@ def _aggregated(
 ) -> pa.Table:
     """The judged records' contributions (plus a seed state version's rows, kept
     by ``keep``) aggregated with the pipeline."""
-    contributions = records.contributions(classified, resolved)
+    contributions = judging.contributions(classified, resolved)
     if seed_state_version is not None:
         base = DeltaTable(str(layout.table("state")), version=seed_state_version)
         seed = seed_rows(base.to_pyarrow_table(), resolved.pipeline)
@@ -323,7 +322,7 @@ def _aggregated(
 
 
 def dead_letters_of(classified: DataFrame) -> pa.Table:
-    """The records ``records.classify`` judged dead letters, as ``dead_letter`` rows
+    """The records ``judging.classify`` judged dead letters, as ``dead_letter`` rows
     without the epoch, batch and commit time (dead letters are rare: collected)."""
     rows = classified.where(F.col("_reason").isNotNull()).select(
         F.col("_topic").alias("topic"),
@@ -357,7 +356,7 @@ def with_stream_decisions(
     newest versions."""
     names = tuple(e.name for e in resolved.pipeline.enrich)
     decided = head.decisions(names, reading)
-    newest, ranges = dimensions.joined_versions(spark, resolved, decided, dimension_versions)
+    newest, ranges = table_versions.joined_versions(spark, resolved, decided, dimension_versions)
     # Each enrichment's pins, the newest last: a record joins its range's by index.
     pins = [
         sorted({r[6 + i] for r in ranges} - {newest[i]}) + [newest[i]] for i in range(len(names))
@@ -366,13 +365,13 @@ def with_stream_decisions(
     last = head.watermark_ms
     schema = "r_topic string, r_partition int, r_begin long, r_end long, r_watermark long, "
     schema += ", ".join(["r_time long", *(f"r_dim{i} long" for i in range(len(names)))])
-    joined = dimensions.in_ranges(spark, raw, slots, schema)
+    joined = enrichment.in_ranges(spark, raw, slots, schema)
     now = F.unix_millis(F.current_timestamp())
     columns: list[Column | str] = [
         *raw.columns,
         F.coalesce(F.col("r_time"), now).alias(BATCH_TIME_COLUMN),
         *(
-            F.coalesce(F.col(f"r_dim{i}"), F.lit(len(pins[i]) - 1)).alias(dimensions.slot_column(i))
+            F.coalesce(F.col(f"r_dim{i}"), F.lit(len(pins[i]) - 1)).alias(enrichment.slot_column(i))
             for i in range(len(names))
         ),
     ]
@@ -381,8 +380,8 @@ def with_stream_decisions(
         columns.append(watermark.alias(WATERMARK_COLUMN))
     judged = joined.select(*columns)
     for i in range(len(names)):
-        tables = dimensions.at_pins(spark, resolved, i, pins[i])
-        judged = judged.join(F.broadcast(tables), dimensions.slot_column(i), "left")
+        tables = enrichment.at_pins(spark, resolved, i, pins[i])
+        judged = judged.join(F.broadcast(tables), enrichment.slot_column(i), "left")
     return judged
 
 
@@ -405,8 +404,10 @@ def archived_records(
     # Values can be large: small columnar batches keep a task's memory in bounds.
     spark.conf.set("spark.sql.parquet.columnarReaderBatchSize", "256")
     raw = spark.read.format("delta").option("versionAsOf", archive.version()).load(str(path))
-    snap = snapshot(layout)
-    deleted_logs = [] if snap is None else sorted(current_log_history(layout, snap).excluded)
+    ledger_now = current_ledger(layout)
+    deleted_logs = (
+        [] if ledger_now is None else sorted(current_log_history(layout, ledger_now).excluded)
+    )
     if deleted_logs:  # their offsets are positions in a log that is gone, not this one's
         raw = raw.filter(~F.col("epoch").isin(deleted_logs))
     ranges = [
@@ -775,12 +776,13 @@ def run_backfill(
     save_as: str | None = None,
     dimensions_from: str = "recorded",
 ) -> Plan:
-    """Plan; with ``preview_only`` recompute and report; else fence, recompute,
-    publish and restart (see ``runner.run_operation``)."""
-    from jobs.operations.restart import apply_plan
-    from jobs.operations.runner import run_operation
+    """Plan; with ``preview_only`` recompute and report (``runner.dry_run_operation``);
+    else fence, recompute, publish and restart (``runner.run_operation``)."""
+    from jobs.operations.runner import dry_run_operation, run_operation
 
-    resolved = records.resolve(spark, pipeline, settings.warehouse)
+    if preview_only and plan_id is not None:
+        raise ConfigError("--plan applies a saved plan: leave out --preview")
+    resolved = analyser.resolve(spark, pipeline, settings.warehouse)
     layout = AppLayout(settings.warehouse, pipeline.application_id)
     store(layout, resolved)  # what the plan, made without Spark, reads
 
@@ -810,15 +812,11 @@ def run_backfill(
             lambda: publish(resolved, settings, plan, corrected, letters),
         )
 
-    return run_operation(
-        pipeline,
-        settings,
-        lambda: plan_backfill(pipeline, settings, reason, start, source, dimensions_from),
-        preview_only,
-        echo,
-        apply=apply,
-        inspect=show,
-        plan_id=plan_id,
-        operation="backfill",
-        save_as=save_as,
-    )
+    def make_plan() -> Plan:
+        return plan_backfill(pipeline, settings, reason, start, source, dimensions_from)
+
+    if not preview_only:
+        return run_operation(
+            pipeline, settings, make_plan, echo, apply=apply, plan_id=plan_id, operation="backfill"
+        )
+    return dry_run_operation(pipeline, settings, make_plan, echo, inspect=show, save_as=save_as)

@@ -35,7 +35,6 @@ from deltalake.exceptions import CommitFailedError
 
 from jobs import kafka_admin
 from jobs.audit import append_audit, audit_row
-from jobs.coverage import Boundary
 from jobs.cut import live_boundaries, log_floor, seed_file
 from jobs.delta import layout as tables
 from jobs.delta.files import stale_staged_files
@@ -50,10 +49,11 @@ from jobs.ledger import (
     current_epoch,
     unfinished_operation,
 )
+from jobs.lineage import Boundary
 from jobs.lock import LockedError, describe, holder
 from jobs.output.changes import commit_infos
 from jobs.output.publisher import read_bookmark, versions_needed
-from jobs.pipeline import Pipeline
+from jobs.pipeline.model import Pipeline
 from jobs.settings import Settings
 from jobs.warehouse import Location
 

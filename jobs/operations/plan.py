@@ -11,9 +11,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from jobs.coverage import Boundary, Pin, partition_of
 from jobs.cut import StateAction
 from jobs.kafka_source import offsets as kafka_offsets
+from jobs.lineage import Boundary, Pin, partition_of
 
 Offsets = kafka_offsets.Offsets
 
@@ -49,7 +49,7 @@ class Plan:
     # Topics a rewind points at their current log: they may have been recreated.
     reset_topics: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    plan_id: str | None = None  # a saved plan's id (``saved.py``), when it was reviewed
+    plan_id: str | None = None  # a saved plan's id (``saved_plans.py``), when it was reviewed
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Plan:
@@ -91,6 +91,19 @@ class Plan:
     @property
     def records_skipped(self) -> int:
         return sum(end - start for start, end in self.skipped.values())
+
+    def audit(self, dry_run: bool) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+        """What the ledger's audit row of this plan records: its details, and the
+        current and target offsets (``audit.audit_row``'s last three arguments)."""
+        details = {
+            "reason": self.reason,
+            "plan": self.to_dict(),
+            "dry_run": dry_run,
+            "epoch_before": self.epoch_before,
+            "epoch_after": self.epoch_before if dry_run else self.epoch_after,
+        }
+        current = kafka_offsets.to_json_dict(self.current_offsets)
+        return details, current, kafka_offsets.to_json_dict(self.target_offsets)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -14,8 +14,7 @@ from typing import Any
 
 from deltalake import DeltaTable
 
-from jobs import kafka_admin
-from jobs import resolved as resolution
+from jobs import kafka_admin, resolution
 from jobs.audit import append_audit, audit_row
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
@@ -23,7 +22,7 @@ from jobs.errors import ConfigError, OutputError
 from jobs.ledger import current_epoch
 from jobs.lock import application_lock
 from jobs.output.publisher import OutputPublisher, read_bookmark
-from jobs.pipeline import Pipeline
+from jobs.pipeline.model import Pipeline
 from jobs.settings import Settings
 
 PUBLISH = "publish"
@@ -42,7 +41,7 @@ def run_publish(
             f"pipeline {pipeline.application_id} has no output topic (add output: {{topic: ...}})"
         )
     layout = AppLayout(settings.warehouse, pipeline.application_id)
-    tables.ensure_tables(layout, resolution.load(layout, pipeline))
+    tables.ensure_tables(layout, resolution.load_stored(layout, pipeline))
     config = kafka_admin.client_config(settings.bootstrap_servers, settings.kafka_client)
     topic = pipeline.output.topic
     current = DeltaTable(str(layout.table("state"))).version()
@@ -67,7 +66,7 @@ def run_publish(
         echo("dry run: nothing was published (the plan is recorded in the ledger)")
         return {}
     with application_lock(layout, f"{PUBLISH} --reason {reason!r}"):
-        output = OutputPublisher(resolution.load(layout, pipeline), layout, config)
+        output = OutputPublisher(resolution.load_stored(layout, pipeline), layout, config)
         output.open(republish=snapshot)
         try:
             done = [output.publish_snapshot()] if snapshot else output.publish_pending()

@@ -1,32 +1,20 @@
-"""Planning and applying the restarts: rebuild and rewind (backfill publishes first,
-then restarts the same way).
+"""Planning the restarts: rebuild and rewind (a backfill plans its own and
+restarts the same way).
 
 The planners are pure reads (ledger, broker watermarks) that return a ``Plan``: the
-cut's offsets, the snapshot version and the state action. ``apply_plan`` hands the
-cut to ``jobs.cut.apply_cut`` (seed, cut file, fence of every table, orphan
-removal), applies the state action in one commit, and records the result; the next
-``run`` starts the new epoch from the cut.
+cut's offsets, the snapshot version and the state action. ``operations/apply.py``
+carries a plan out through the cut; the next ``run`` starts the new epoch from it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable
-
-from jobs import kafka_admin, monitoring_group
-from jobs import resolved as resolution
-from jobs.audit import append_audit, audit_row
-from jobs.coverage import Boundary, Coverage, pins_text, spelled
+from jobs import kafka_admin
 from jobs.cut import (
-    Cut,
     StateAction,
-    apply_cut,
     boundary_at_or_before,
     check_readable,
-    check_state_shape,
     current_log_history,
     epochs_on_other_logs,
     fill_from_first,
@@ -34,24 +22,17 @@ from jobs.cut import (
     latest_cut,
     lineage_head,
     log_floor,
-    read_cut,
-    recorded_definition,
     replay_from_origin,
-    state_behind,
 )
-from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
-from jobs.delta.writer import fenced_properties
 from jobs.errors import ConfigError
-from jobs.faults import maybe_crash
 from jobs.kafka_source import offsets as kafka_offsets
-from jobs.ledger import current_epoch, snapshot, unfinished_epochs
+from jobs.ledger import current_epoch, current_ledger
+from jobs.lineage import Boundary, Coverage, pins_text, spelled
 from jobs.operations.plan import Plan, header
 from jobs.operations.targets import TargetSpec, resolve_targets
-from jobs.pipeline import Pipeline
+from jobs.pipeline.model import Pipeline
 from jobs.settings import Settings
-from jobs.snapshot import open_windows, seed_rows
-from jobs.warehouse import Location
 
 Offsets = kafka_offsets.Offsets
 
@@ -76,46 +57,48 @@ def plan_rebuild(pipeline: Pipeline, settings: Settings, reason: str, from_sourc
     epoch = current_epoch(layout)
     last = lineage_head(layout)
     current = last.end_offsets if last else {}
-    if from_source or last is None:
-        _config, marks = broker_marks(pipeline, settings)
-        floor = log_floor(layout)
-        if floor is not None:  # a topic recreated: from its new log's first offsets
-            target = fill_from_first(layout, floor.end_offsets, marks)
-            return Plan(
-                **header("rebuild", pipeline.application_id, reason, epoch, current),
-                target_offsets=target,
-                seed_state_version=floor.state_version,
-                state_action=StateAction.RESTORE,
-                restore_version=floor.state_version,
-                boundary=floor,
-                records_to_replay=sum(current.get(tp, off) - off for tp, off in target.items()),
-                notes=[
-                    "recomputes from the cut of the repair that moved onto a recreated "
-                    "topic's new log (the new log's first offsets)",
-                    floor_note(floor),
-                    *replay_notes(layout, pipeline, floor),
-                ],
-            )
-        target = replay_from_origin(layout, marks, "rebuild --from-source")
+    head = header("rebuild", pipeline.application_id, reason, epoch, current)
+    if not from_source and last is not None:
         return Plan(
-            **header("rebuild", pipeline.application_id, reason, epoch, current),
+            **head,
+            target_offsets=dict(current),
+            seed_state_version=last.state_version,
+            state_action=StateAction.KEEP,
+            boundary=last,
+            notes=["restores Spark's state from Delta; Kafka is not re-read"],
+        )
+    _config, marks = broker_marks(pipeline, settings)
+    floor = log_floor(layout)  # a topic recreated: from its new log's first offsets
+    replayed = replay_notes(layout, pipeline, floor)
+    if floor is not None:
+        target = fill_from_first(layout, floor.end_offsets, marks)
+        return Plan(
+            **head,
             target_offsets=target,
-            seed_state_version=None,
-            state_action=StateAction.EMPTY,
+            seed_state_version=floor.state_version,
+            state_action=StateAction.RESTORE,
+            restore_version=floor.state_version,
+            boundary=floor,
             records_to_replay=sum(current.get(tp, off) - off for tp, off in target.items()),
             notes=[
-                "recomputes from the application's first offsets; the published state is "
-                "empty until the replay has caught up",
-                *replay_notes(layout, pipeline),
+                "recomputes from the cut of the repair that moved onto a recreated "
+                "topic's new log (the new log's first offsets)",
+                floor_note(floor),
+                *replayed,
             ],
         )
+    target = replay_from_origin(layout, marks, "rebuild --from-source")
     return Plan(
-        **header("rebuild", pipeline.application_id, reason, epoch, current),
-        target_offsets=dict(current),
-        seed_state_version=last.state_version,
-        state_action=StateAction.KEEP,
-        boundary=last,
-        notes=["restores Spark's state from Delta; Kafka is not re-read"],
+        **head,
+        target_offsets=target,
+        seed_state_version=None,
+        state_action=StateAction.EMPTY,
+        records_to_replay=sum(current.get(tp, off) - off for tp, off in target.items()),
+        notes=[
+            "recomputes from the application's first offsets; the published state is "
+            "empty until the replay has caught up",
+            *replayed,
+        ],
     )
 
 
@@ -253,10 +236,10 @@ def replay_notes(layout: AppLayout, pipeline: Pipeline, since: Boundary | None =
     re-reads, said in the plan: the ranges a skip left out after it (a gap is never
     filled silently), and the dimension versions its records join (those their
     earlier batches recorded, each still readable, or one error naming it)."""
-    snap = snapshot(layout)
-    if snap is None:
+    ledger_now = current_ledger(layout)
+    if ledger_now is None:
         return []
-    history = current_log_history(layout, snap)
+    history = current_log_history(layout, ledger_now)
     gaps = history.head.gaps_since(Coverage() if since is None else history.coverage_at(since))
     notes = [f"the replay also judges the ranges a skip left out ({spelled(gaps)})"] if gaps else []
     names = tuple(e.name for e in pipeline.enrich)
@@ -305,181 +288,3 @@ def recreated_topics(
         return set()
     now = broker_topic_ids(pipeline, settings)
     return {t for t, i in cut.topic_ids.items() if t in now and now[t] != i}
-
-
-def checked_topic_ids(
-    pipeline: Pipeline, settings: Settings, layout: AppLayout, plan: Plan
-) -> dict[str, str]:
-    """The topic ids the new cut records. A topic recreated since the current cut is
-    accepted only when this operation points it at its new log (a rewind of it)."""
-    now = broker_topic_ids(pipeline, settings)
-    previous = read_cut(layout, plan.epoch_before)
-    if previous is not None:
-        kept = {t: i for t, i in previous.topic_ids.items() if t not in plan.reset_topics}
-        kafka_admin.check_same_topics(kept, now)
-    return now
-
-
-def watermark_floor(layout: AppLayout, plan: Plan) -> int:
-    """The watermark below which the new epoch treats windows as closed: where the
-    state it starts from stands. Emptied state reopens everything; a backfill's
-    published state has judged every record the stream read, with the stream's
-    watermarks, so it continues from the highest one."""
-    if plan.state_action is StateAction.PUBLISH:
-        snap = snapshot(layout)
-        return 0 if snap is None else snap.history().head.watermark_ms
-    if plan.state_action is StateAction.EMPTY or plan.boundary is None:
-        return 0
-    return plan.boundary.watermark_ms
-
-
-def check_seed_shape(layout: AppLayout, pipeline: Pipeline, plan: Plan) -> None:
-    """A plan seeded from the published state at a boundary needs that state to
-    have the pipeline's shape: the shape of the cut the boundary's epoch began with."""
-    if plan.seed_state_version is None:
-        return
-    epoch = plan.epoch_before if plan.boundary is None else plan.boundary.epoch
-    cut = latest_cut(layout, epoch)
-    if cut is not None:
-        check_state_shape(layout, pipeline, cut, new_checkpoint=True)
-
-
-def apply_plan(
-    pipeline: Pipeline,
-    settings: Settings,
-    plan: Plan,
-    seed_override: pa.Table | None = None,
-    publish: Callable[[], dict[str, Any]] | None = None,
-) -> dict[str, Any]:
-    """Carry out ``plan`` (the caller holds the application lock)."""
-    layout = AppLayout(settings.warehouse, pipeline.application_id)
-    tables.ensure_tables(layout, resolution.load(layout, pipeline), plan.republishes)
-    if current_epoch(layout) != plan.epoch_before:
-        raise ConfigError("the application moved to another epoch since the plan was made")
-    new = plan.epoch_after
-    if plan.state_action is not StateAction.PUBLISH:  # a backfill checked before recomputing
-        check_seed_shape(layout, pipeline, plan)
-    state_path = layout.table("state")
-    seed = _seed(state_path, pipeline, plan, seed_override)
-    # What is in ``state`` beyond the ledger is undone first: batches merged after the
-    # last boundary without their ledger row (fenced, or crashed), and the writes of
-    # operations that died after their fence (this one completes them; their rows go
-    # with the orphans). A KEEP plan restores to there; a PUBLISH publishes onto it,
-    # so everything it changes reaches the changelog once. (A RESTORE goes back to a
-    # boundary, before all of these.)
-    unfinished = unfinished_epochs(layout)
-    behind = state_behind(layout)
-    action, restore_to = plan.state_action, plan.restore_version
-    if behind is not None and action is StateAction.KEEP:
-        action, restore_to = StateAction.RESTORE, behind
-    cut = Cut(
-        epoch=new,
-        starting_offsets=kafka_offsets.to_json_dict(plan.target_offsets),
-        origin=plan.operation,
-        seed_rows=None if seed is None else seed.num_rows,
-        watermark_ms=watermark_floor(layout, plan),
-        topic_ids=checked_topic_ids(pipeline, settings, layout, plan),
-        state_shape=pipeline.state_shape,
-        definition=recorded_definition(pipeline),
-    )
-    offsets = (
-        kafka_offsets.to_json_dict(plan.current_offsets),
-        kafka_offsets.to_json_dict(plan.target_offsets),
-    )
-    details = {
-        "reason": plan.reason,
-        "plan": plan.to_dict(),
-        "dry_run": False,
-        "epoch_before": plan.epoch_before,
-        "epoch_after": new,
-    }
-    props = fenced_properties(
-        pipeline.application_id,
-        new,
-        plan.operation,
-        {"reason": plan.reason, "pipeline_version": str(pipeline.version)},
-    )
-    # The bump commit on the ledger is the audit row: fenced and recorded at once.
-    audit = audit_row(pipeline, plan.operation, new, {**details, "phase": "started"}, *offsets)
-    orphans = apply_cut(layout, pipeline, cut, plan.reason, audit, props, seed, unfinished)
-    maybe_crash("after_fence")
-    if behind is not None and action is StateAction.PUBLISH:
-        DeltaTable(str(state_path)).restore(behind, commit_properties=props)
-    result: dict[str, Any] = {
-        "seeded_rows": cut.seed_rows or 0,
-        "state_action": action.value,
-        "orphan_rows_removed": orphans,
-    }
-    if behind is not None:
-        result["state_undone_to_version"] = behind
-    result.update(_state_after(state_path, action, restore_to, props, publish))
-    append_audit(
-        layout,
-        audit_row(
-            pipeline, plan.operation, new, {**details, "phase": "done", "result": result}, *offsets
-        ),
-    )
-    # Kafka's own tools show the application's lag from where the new epoch starts.
-    config = kafka_admin.client_config(settings.bootstrap_servers, settings.kafka_client)
-    monitoring_group.commit_once(config, pipeline.application_id, cut.starting_offsets)
-    return result
-
-
-def _seed(
-    state_path: Location, pipeline: Pipeline, plan: Plan, seed_override: pa.Table | None
-) -> pa.Table | None:
-    """The rows Spark's state is seeded with: the plan's state version (or the
-    given snapshot), its closed windows left out; None for an empty state."""
-    state_rows = seed_override
-    if state_rows is None and plan.seed_state_version is not None:
-        state_rows = DeltaTable(str(state_path), version=plan.seed_state_version).to_pyarrow_table()
-    if state_rows is not None:
-        state_rows = open_windows(pa.table(state_rows), pipeline)
-    return (
-        seed_rows(state_rows, pipeline) if state_rows is not None and state_rows.num_rows else None
-    )
-
-
-def _state_after(
-    state_path: Location,
-    action: StateAction,
-    restore_to: int | None,
-    props: CommitProperties,
-    publish: Callable[[], dict[str, Any]] | None,
-) -> dict[str, Any]:
-    """The plan's state action, fenced by ``props``: restored, emptied, published
-    onto, or kept. Returns what it did and the state's version after it."""
-    result: dict[str, Any] = {}
-    if action is StateAction.RESTORE:
-        assert restore_to is not None
-        DeltaTable(str(state_path)).restore(restore_to, commit_properties=props)
-        result["restored_version"] = restore_to
-    elif action is StateAction.EMPTY:
-        DeltaTable(str(state_path)).delete(commit_properties=props)
-    elif action is StateAction.PUBLISH:
-        assert publish is not None
-        result.update(publish())
-    result["state_version"] = DeltaTable(str(state_path)).version()
-    return result
-
-
-def audit_dry_run(pipeline: Pipeline, settings: Settings, plan: Plan) -> None:
-    layout = AppLayout(settings.warehouse, pipeline.application_id)
-    tables.ensure_tables(layout, resolution.load(layout, pipeline), plan.republishes)
-    append_audit(
-        layout,
-        audit_row(
-            pipeline,
-            plan.operation,
-            plan.epoch_before,
-            {
-                "reason": plan.reason,
-                "plan": plan.to_dict(),
-                "dry_run": True,
-                "epoch_before": plan.epoch_before,
-                "epoch_after": plan.epoch_before,
-            },
-            kafka_offsets.to_json_dict(plan.current_offsets),
-            kafka_offsets.to_json_dict(plan.target_offsets),
-        ),
-    )

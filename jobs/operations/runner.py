@@ -7,25 +7,28 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from jobs import kafka_admin
-from jobs import resolved as resolution
+from jobs import kafka_admin, resolution
 from jobs.audit import audit_row
-from jobs.cut import check_definition, fenced_tables, latest_cut
+from jobs.cut import check_against_current_cut, fenced_tables
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
 from jobs.delta.writer import bump_epoch
 from jobs.errors import ConfigError, PlatformError
 from jobs.ledger import current_epoch
 from jobs.lock import LockedError, application_lock, describe, holder
-from jobs.operations import saved
+from jobs.operations import saved_plans
+from jobs.operations.apply import apply_plan
 from jobs.operations.plan import Plan
-from jobs.operations.restart import apply_plan, audit_dry_run, plan_rebuild
+from jobs.operations.restart import plan_rebuild
 from jobs.output.publisher import OutputPublisher
-from jobs.pipeline import Pipeline
+from jobs.pipeline.model import Pipeline
+from jobs.resolution import Resolved
 from jobs.settings import Settings
 from jobs.superseded import remove_superseded_dead_letters
 
-FENCE_WAIT_S = 120.0
+# How long an operation waits for the stream it fenced to exit: it sees the fence at its
+# next commit, or within seconds when idle; a batch in flight finishes (or fails) first.
+FENCE_WAIT_S = 300.0
 
 
 def check_reason(reason: str) -> str:
@@ -35,61 +38,79 @@ def check_reason(reason: str) -> str:
     return reason
 
 
+def dry_run_operation(
+    pipeline: Pipeline,
+    settings: Settings,
+    make_plan: Callable[[], Plan],
+    echo: Callable[[str], None] = print,
+    inspect: Callable[[Plan], dict[str, Any] | None] | None = None,
+    save_as: str | None = None,
+) -> Plan:
+    """Plan (pure) -> print -> save and audit it: nothing else changes.
+
+    ``inspect`` adds to it (a backfill's preview, saved with the plan). The plan is
+    saved (``saved_plans.py``) under ``save_as`` (the id an Airflow run chooses) or
+    a new id, which it prints: ``run_operation(plan_id=...)`` applies exactly it."""
+    layout = AppLayout(settings.warehouse, pipeline.application_id)
+    resolved = resolution.load_stored(layout, pipeline)
+    check_against_current_cut(layout, pipeline, shape=False)
+    plan = make_plan()
+    echo(plan.describe())
+    # The tables first: the position saved must be the one an apply will see.
+    tables.ensure_tables(layout, resolved, plan.republishes)
+    extra = inspect(plan) if inspect is not None else None
+    saved_plans.record_dry_run(layout, pipeline, plan, extra, save_as)
+    echo(f"plan: {plan.plan_id}")
+    echo(
+        "dry run: nothing was changed (the plan is recorded in the ledger); apply exactly "
+        f"it with --plan {plan.plan_id}"
+    )
+    return plan
+
+
 def run_operation(
     pipeline: Pipeline,
     settings: Settings,
     make_plan: Callable[[], Plan],
-    dry_run: bool,
     echo: Callable[[str], None] = print,
     apply: Callable[[Plan], dict[str, Any]] | None = None,
-    inspect: Callable[[Plan], dict[str, Any] | None] | None = None,
     plan_id: str | None = None,
     operation: str = "",
-    save_as: str | None = None,
 ) -> Plan:
-    """``inspect`` adds to a dry run (a backfill's preview, saved with the plan);
-    ``apply`` replaces the plain restart (a backfill publishes before it restarts).
-    A dry run saves its plan (``saved.py``) and prints its id; ``plan_id`` applies
-    exactly that plan, or refuses when the application moved since (``save_as``:
-    the id to save it under, as an Airflow run chooses it)."""
+    """Plan (pure) -> print -> fence a running stream, take the application, apply
+    the cut -> publish the corrections.
+
+    ``apply`` replaces the plain apply (a backfill publishes before it restarts).
+    ``plan_id`` applies exactly a plan a dry run saved (``dry_run_operation``), or
+    refuses when the application moved since."""
     layout = AppLayout(settings.warehouse, pipeline.application_id)
-    cut = latest_cut(layout, current_epoch(layout))
-    if cut is not None:  # a saved plan too: the cut it writes records the definition
-        check_definition(layout, pipeline, cut)
-    if plan_id is not None:
-        if dry_run:
-            raise ConfigError("--plan applies a saved plan: leave out --dry-run/--preview")
-        return _apply_saved(
-            pipeline, settings, layout, saved.load(layout, plan_id, operation), echo, apply
-        )
-    busy = None if dry_run else holder(layout)
-    if busy is not None and not str(busy.get("purpose", "")).startswith("run"):
-        # Another operation: refuse. A stream is fenced instead (below).
-        raise LockedError(
-            f"application {pipeline.application_id} is busy: held by {describe(busy)}"
-        )
-    plan = make_plan()
-    echo(plan.describe())
-    if dry_run:
-        extra = inspect(plan) if inspect is not None else None
-        # The tables first: the position saved must be the one an apply will see.
-        tables.ensure_tables(layout, resolution.load(layout, pipeline), plan.republishes)
-        saved_id = saved.save(layout, pipeline, plan, extra, save_as)
-        plan.plan_id = saved_id
-        audit_dry_run(pipeline, settings, plan)
-        echo(f"plan: {saved_id}")
-        echo(
-            "dry run: nothing was changed (the plan is recorded in the ledger); apply exactly "
-            f"it with --plan {saved_id}"
-        )
-        return plan
-    if busy is not None:
+    reviewed = None if plan_id is None else saved_plans.load(layout, plan_id, operation)
+    applied = reviewed is not None and _already_applied(layout, reviewed, echo)
+    busy = holder(layout)
+    if applied and busy is not None and reviewed is not None:
+        return reviewed.plan  # the running stream publishes what that attempt left
+    _refuse_busy(pipeline, busy, reviewed)
+    resolved = resolution.load_stored(layout, pipeline)
+    check_against_current_cut(layout, pipeline, shape=False)  # a saved plan's cut records it
+    plan = make_plan() if reviewed is None else reviewed.plan
+    if not applied:
+        echo(plan.describe() if reviewed is None else _reviewed_header(reviewed))
+    if busy is not None:  # a stream: fenced now (it cannot commit after this)
+        tables.ensure_tables(layout, resolved, plan.republishes)
         fence_running_stream(pipeline, layout, plan, busy, echo)
-    with application_lock(layout, f"{plan.operation} --reason {plan.reason!r}"):
+    purpose = f"--plan {plan_id}" if reviewed is not None else f"--reason {plan.reason!r}"
+    with application_lock(layout, f"{plan.operation} {purpose}"):
+        if applied:  # that attempt may have died before it published
+            publish_corrections(resolved, layout, settings, echo)
+            return plan
         fence_epoch = current_epoch(layout)
         try:
-            plan = make_plan()  # again: the stream may have committed more before the fence
-            echo(f"plan under the lock:\n{plan.describe()}")
+            if reviewed is not None:
+                plan = saved_plans.check_unmoved(layout, pipeline.version, reviewed)
+            else:  # again: the stream may have committed more before the fence
+                plan = make_plan()
+                echo(f"plan under the lock:\n{plan.describe()}")
+            tables.ensure_tables(layout, resolved, plan.republishes)
             result = apply(plan) if apply is not None else apply_plan(pipeline, settings, plan)
         except PlatformError as refused:
             # Refused before the operation's own epoch began (its plan, or a check
@@ -99,47 +120,46 @@ def run_operation(
             raise resume_unchanged(pipeline, settings, plan.operation, refused, echo) from refused
         echo(f"applied: {result}; epoch {plan.epoch_before} -> {plan.epoch_after}")
         supersede_dead_letters(layout, echo)
-        publish_corrections(pipeline, settings, echo)
+        publish_corrections(resolved, layout, settings, echo)
     echo(f"next: python -m jobs run --pipeline {pipeline.application_id} resumes from the cut")
     return plan
 
 
-def _apply_saved(
-    pipeline: Pipeline,
-    settings: Settings,
-    layout: AppLayout,
-    reviewed: saved.SavedPlan,
-    echo: Callable[[str], None],
-    apply: Callable[[Plan], dict[str, Any]] | None,
-) -> Plan:
-    """The reviewed plan, as it was saved: never recomputed. A running stream is
-    not fenced for it (that would move the application away from the plan)."""
-    plan_id = reviewed.plan_id
-    plan = reviewed.plan
-    when = saved.applied_at(layout, plan_id)
-    if when is not None:  # a retry after the apply (Airflow's, say): nothing to do
-        echo(f"plan {plan_id} was already applied at {when}: nothing to do")
-        if holder(layout) is None:  # (a running stream publishes what is pending itself)
-            with application_lock(layout, f"{plan.operation} --plan {plan_id}"):
-                publish_corrections(pipeline, settings, echo)  # in case that attempt died
-        return plan
-    busy = holder(layout)
-    if busy is not None:
+def _refuse_busy(
+    pipeline: Pipeline, busy: dict[str, object] | None, reviewed: saved_plans.SavedPlan | None
+) -> None:
+    """Another operation holds the application: refused. A stream is fenced instead,
+    but not for a reviewed plan (that would move the application away from it)."""
+    if busy is None:
+        return
+    if reviewed is not None:
         raise LockedError(
             f"application {pipeline.application_id} is busy: held by {describe(busy)}; a "
             "saved plan applies to a stopped application (stop the stream, or apply without "
             "--plan, which fences it and plans again)"
         )
-    echo(f"applying plan {plan_id} (made {reviewed.created_at} by {reviewed.created_by}):")
-    echo(plan.describe())
-    with application_lock(layout, f"{plan.operation} --plan {plan_id}"):
-        plan = saved.check_unmoved(layout, pipeline, reviewed)
-        result = apply(plan) if apply is not None else apply_plan(pipeline, settings, plan)
-        echo(f"applied: {result}; epoch {plan.epoch_before} -> {plan.epoch_after}")
-        supersede_dead_letters(layout, echo)
-        publish_corrections(pipeline, settings, echo)
-    echo(f"next: python -m jobs run --pipeline {pipeline.application_id} resumes from the cut")
-    return plan
+    if not str(busy.get("purpose", "")).startswith("run"):
+        raise LockedError(
+            f"application {pipeline.application_id} is busy: held by {describe(busy)}"
+        )
+
+
+def _already_applied(
+    layout: AppLayout, reviewed: saved_plans.SavedPlan, echo: Callable[[str], None]
+) -> bool:
+    """A retry after the apply (Airflow's, say): nothing to do."""
+    when = saved_plans.applied_at(layout, reviewed.plan_id)
+    if when is not None:
+        echo(f"plan {reviewed.plan_id} was already applied at {when}: nothing to do")
+    return when is not None
+
+
+def _reviewed_header(reviewed: saved_plans.SavedPlan) -> str:
+    """The reviewed plan, as it was saved: never recomputed."""
+    return (
+        f"applying plan {reviewed.plan_id} (made {reviewed.created_at} by "
+        f"{reviewed.created_by}):\n{reviewed.plan.describe()}"
+    )
 
 
 def supersede_dead_letters(layout: AppLayout, echo: Callable[[str], None]) -> None:
@@ -155,17 +175,17 @@ def supersede_dead_letters(layout: AppLayout, echo: Callable[[str], None]) -> No
 
 
 def publish_corrections(
-    pipeline: Pipeline, settings: Settings, echo: Callable[[str], None]
+    resolved: Resolved, layout: AppLayout, settings: Settings, echo: Callable[[str], None]
 ) -> None:
     """The operation's state changes to the output topic, as corrections. They are
     applied already: if the topic cannot take them now, the next run publishes them
     (nothing is lost; the reason is printed)."""
-    if pipeline.output is None:
+    output_topic = resolved.pipeline.output
+    if output_topic is None:
         return
-    layout = AppLayout(settings.warehouse, pipeline.application_id)
     config = kafka_admin.client_config(settings.bootstrap_servers, settings.kafka_client)
     try:
-        with OutputPublisher(resolution.load(layout, pipeline), layout, config) as output:
+        with OutputPublisher(resolved, layout, config) as output:
             done = output.publish_pending()
     except Exception as exc:  # applied already: the operation must not look failed
         echo(f"output: not published yet ({exc}); the next run publishes it")
@@ -173,7 +193,7 @@ def publish_corrections(
     records = sum(p.records for p in done)
     echo(
         f"output: {records} record(s) of {len(done)} state version(s) published to "
-        f"{pipeline.output.topic}"
+        f"{output_topic.topic}"
     )
 
 
@@ -219,16 +239,9 @@ def fence_running_stream(
     stream's last commit and starts the epoch after it."""
     epoch = current_epoch(layout)
     echo(f"fencing the running stream ({describe(busy)}) at epoch {epoch + 1}")
-    tables.ensure_tables(layout, resolution.load(layout, pipeline), plan.republishes)
-    bump_epoch(
-        fenced_tables(layout, pipeline),
-        pipeline.application_id,
-        epoch + 1,
-        plan.reason,
-        first_rows=audit_row(
-            pipeline, "fence", epoch + 1, {"reason": plan.reason, "for": plan.operation}
-        ),
-    )
+    paths = fenced_tables(layout, pipeline)
+    row = audit_row(pipeline, "fence", epoch + 1, {"reason": plan.reason, "for": plan.operation})
+    bump_epoch(paths, pipeline.application_id, epoch + 1, plan.reason, first_rows=row)
     deadline = time.monotonic() + FENCE_WAIT_S
     while holder(layout) is not None:
         if time.monotonic() > deadline:

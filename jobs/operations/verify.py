@@ -1,7 +1,7 @@
 """``verify``: recompute the state in batch and compare it with the published one.
 
 The recomputation covers exactly the records the published state is made of: the
-judged intervals of its coverage (``jobs/coverage.py``). So records a rewind
+judged intervals of its coverage (``jobs/lineage.py``). So records a rewind
 skipped stay out, and a range replayed after a rewind counts once.
 
 The comparison is with the ``state`` table at its newest version before any
@@ -29,23 +29,23 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from jobs.audit import append_audit, audit_row
-from jobs.coverage import Boundary, Intervals, layers
 from jobs.cut import current_log_history, floor_note, lineage_head, log_floor
 from jobs.delta.layout import AppLayout
 from jobs.errors import ConfigError, ConsistencyError
 from jobs.ledger import (
-    LedgerSnapshot,
+    LedgerVersion,
+    current_ledger,
     last_boundary,
-    snapshot,
     unfinished_operation,
 )
+from jobs.lineage import Boundary, Intervals, layers
 from jobs.operations.backfill import aggregate_records, preview, read_records
 from jobs.output.changes import commit_infos
-from jobs.pipeline import Pipeline
+from jobs.pipeline.model import Pipeline
 from jobs.progress import SparkJobProgress
-from jobs.resolved import Resolved, store
+from jobs.resolution import Resolved, store
 from jobs.settings import Settings
-from jobs.streaming.records import resolve
+from jobs.streaming.analyser import resolve
 from jobs.warehouse import Location
 
 log = logging.getLogger(__name__)
@@ -93,31 +93,31 @@ def _epoch_of(info: dict[str, Any]) -> int:
         return -1
 
 
-def state_lineage(snap: LedgerSnapshot) -> tuple[str, int, Intervals, Boundary | None]:
+def state_lineage(ledger_now: LedgerVersion) -> tuple[str, int, Intervals, Boundary | None]:
     """What the published state stands for as of one read of the ledger: a
     description, the state version its lineage was committed at (or after), the
     offsets it judged (its coverage, skipped ranges left out), and the boundary
     whose state holds a recreated topic's deleted log (taken as it is: no broker
     can replay it)."""
-    layout = snap.layout
-    unfinished = unfinished_operation(layout, snap)
+    layout = ledger_now.layout
+    unfinished = unfinished_operation(layout, ledger_now)
     if unfinished is not None:
         raise ConsistencyError(
             f"{layout.application_id}: {unfinished.describe()}; verify after it is completed"
         )
-    history = current_log_history(layout, snap)
-    floor = log_floor(layout, snap)
+    history = current_log_history(layout, ledger_now)
+    floor = log_floor(layout, ledger_now)
     judged = (
         history.head.judged()
         if floor is None
         else history.head.excluding(history.coverage_at(floor))
     )
-    boundary = last_boundary(layout, snap)
-    epoch = snap.epoch
+    boundary = last_boundary(layout, ledger_now)
+    epoch = ledger_now.epoch
     if boundary is not None and boundary.epoch == epoch:
         return f"epoch {epoch} batch {boundary.batch_id}", boundary.state_version, judged, floor
-    if epoch in snap.history().steps:  # an operation started this epoch; no batch of it yet
-        head = lineage_head(layout, snap)
+    if epoch in ledger_now.history().steps:  # an operation started this epoch; no batch of it yet
+        head = lineage_head(layout, ledger_now)
         base = -1 if head is None else head.state_version
         return f"epoch {epoch} as its operation began it", base, judged, floor
     raise ConfigError(f"{layout.application_id} has no committed batch: nothing to verify")
@@ -148,10 +148,10 @@ def run_verify(
         raise ConfigError(f"{pipeline.application_id} has no state table: nothing to verify")
     # One read of the ledger: the lineage, the base version and the epoch agree
     # (a batch committed meanwhile is in none of them).
-    snap = snapshot(layout)
-    if snap is None:
+    ledger_now = current_ledger(layout)
+    if ledger_now is None:
         raise ConfigError(f"{pipeline.application_id} has no ledger: nothing to verify")
-    where, base_version, intervals, floor = state_lineage(snap)
+    where, base_version, intervals, floor = state_lineage(ledger_now)
     seed = None if floor is None else floor.state_version
     reads = layers(intervals)
     records = sum(end - start for spans in intervals.values() for start, end in spans)
@@ -162,8 +162,8 @@ def run_verify(
         + ("" if floor is None else f"; {floor_note(floor)}")
     )
     keep = sampled(pipeline, sample)
-    recomputed = _recompute(spark, resolved, settings, source, snap, intervals, seed, keep)
-    version = comparable_version(layout, base_version, snap.epoch)
+    recomputed = _recompute(spark, resolved, settings, source, ledger_now, intervals, seed, keep)
+    version = comparable_version(layout, base_version, ledger_now.epoch)
     current = _published(spark, layout.table("state"), version, resolved.aggregate_schema, keep)
     report = preview(pipeline, current, recomputed, same=close)
     differing = report["keys_changed"] + report["keys_added"] + report["keys_removed"]
@@ -177,7 +177,7 @@ def run_verify(
     }
     append_audit(
         layout,
-        audit_row(pipeline, VERIFY, snap.epoch, {"reason": "drift check", **result}),
+        audit_row(pipeline, VERIFY, ledger_now.epoch, {"reason": "drift check", **result}),
     )
     echo(
         f"verify: {result['rows_compared']} rows compared, {differing} differ "
@@ -201,7 +201,7 @@ def _recompute(
     resolved: Resolved,
     settings: Settings,
     source: str,
-    snap: LedgerSnapshot,
+    ledger_now: LedgerVersion,
     intervals: Intervals,
     seed: int | None,
     keep: Callable[[DataFrame], DataFrame] | None,
@@ -219,7 +219,7 @@ def _recompute(
         if raw is None:
             raw = read_records(spark, resolved, settings, {}, {}, source)
         return aggregate_records(
-            spark, resolved, settings, raw, seed, keep, snap, reading=intervals
+            spark, resolved, settings, raw, seed, keep, ledger_now, reading=intervals
         )
 
 

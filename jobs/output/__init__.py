@@ -3,6 +3,6 @@
 __all__ = [
     "bookmark",
     "changes",
+    "encoding",
     "publisher",
-    "records",
 ]

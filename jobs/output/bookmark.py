@@ -26,7 +26,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from jobs.errors import OutputError
-from jobs.output.records import HEADER_PREFIX
+from jobs.output.encoding import HEADER_PREFIX
 
 NAME_PREFIX = "platform-output."
 TIMEOUT_S = 30.0

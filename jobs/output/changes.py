@@ -19,7 +19,7 @@ from deltalake import DeltaTable
 from jobs.delta.cdf import AFTER, BEFORE, rows_of, version_changes
 from jobs.delta.log import commit_infos as log_commit_infos
 from jobs.errors import ConsistencyError
-from jobs.resolved import Resolved
+from jobs.resolution import Resolved
 from jobs.warehouse import Location
 
 Kind = Literal["change", "correction", "snapshot"]

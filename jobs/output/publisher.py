@@ -28,7 +28,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -49,9 +49,9 @@ from jobs.ledger import current_epoch
 from jobs.output import bookmark
 from jobs.output.bookmark import Bookmark, repair
 from jobs.output.changes import VersionChanges, commit_infos, net_changes, snapshot
-from jobs.output.records import encode, headers
-from jobs.pipeline import Output, Pipeline
-from jobs.resolved import Resolved
+from jobs.output.encoding import encode, headers
+from jobs.pipeline.model import Output, Pipeline
+from jobs.resolution import Resolved
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -429,12 +429,16 @@ def _bounded(call: Callable[[], object]) -> None:
         raise failed[0]
 
 
-def open_publisher(
+@contextlib.contextmanager
+def opened_publisher(
     resolved: Resolved, layout: AppLayout, config: dict[str, Any]
-) -> OutputPublisher | None:
-    """An open publisher when the pipeline has an output topic, else None."""
+) -> Iterator[OutputPublisher | None]:
+    """A run's publisher, when the pipeline has an output topic: open (older
+    publishers fenced), every version not yet in the topic published, closed at the
+    end. Without an output topic: None."""
     if resolved.pipeline.output is None:
-        return None
-    publisher = OutputPublisher(resolved, layout, config)
-    publisher.open()
-    return publisher
+        yield None
+        return
+    with OutputPublisher(resolved, layout, config) as publisher:
+        publisher.publish_pending()
+        yield publisher

@@ -1,18 +1,21 @@
 """The Spark side: session, the streaming query, and the per-batch commit."""
 
 __all__ = [
+    "analyser",
     "batch",
     "batch_watermark",
     "changelog_files",
     "dead_letters",
-    "dimensions",
+    "enrichment",
+    "follow",
+    "judging",
     "jvm",
     "observed",
     "offset_log",
     "outage",
     "query",
-    "records",
     "run",
     "seed",
     "spark",
+    "table_versions",
 ]

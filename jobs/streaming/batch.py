@@ -45,7 +45,6 @@ from pyspark.sql import DataFrame, SparkSession
 
 from jobs import kafka_admin
 from jobs.audit import append_audit, audit_row
-from jobs.coverage import History, Pin
 from jobs.cut import recorded_definition
 from jobs.delta import layout as tables
 from jobs.delta.files import DataFile
@@ -55,16 +54,19 @@ from jobs.errors import ConsistencyError
 from jobs.faults import maybe_crash
 from jobs.kafka_source import offsets as kafka_offsets
 from jobs.kafka_source import spark_kafka
-from jobs.ledger import snapshot
+from jobs.kafka_source.offsets import Offsets, Watermarks, from_json_dict
+from jobs.ledger import current_ledger
+from jobs.lineage import History, Pin
 from jobs.metrics import METRICS, Metrics
 from jobs.monitoring_group import MonitoringGroup
 from jobs.output.publisher import OutputPublisher
-from jobs.resolved import Resolved
-from jobs.streaming import dimensions, offset_log
+from jobs.progress import Progress
+from jobs.resolution import Resolved
+from jobs.streaming import enrichment, offset_log, table_versions
 from jobs.streaming.changelog_files import WRITTEN_SCHEMA, StagedFilesTask
 from jobs.streaming.dead_letters import batch_reader
+from jobs.streaming.judging import OBSERVATION
 from jobs.streaming.observed import observed_metrics
-from jobs.streaming.query import OBSERVATION
 from jobs.streaming.seed import verify_seeded_state
 from jobs.warehouse import Location, parquet_dataset, parquet_rows
 
@@ -135,6 +137,43 @@ class BatchResult:
     ledger: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class Reach:
+    """How far an available-now run (a replay after a rewind or rebuild, say) is
+    through what its topics held when it started: from ``start`` to each
+    partition's high watermark in ``marks``."""
+
+    title: str
+    start: Offsets
+    marks: Watermarks
+
+    def total(self) -> int:
+        return sum(
+            max(0, high - self.start.get(tp, high)) for tp, (_low, high) in self.marks.items()
+        )
+
+    def done(self, positions: dict[str, Any]) -> int:
+        reached = from_json_dict(positions)
+        return sum(
+            max(0, min(reached.get(tp, 0), high) - self.start.get(tp, high))
+            for tp, (_low, high) in self.marks.items()
+        )
+
+
+class _Laps:
+    """A batch's timings: each phase's seconds since the previous lap."""
+
+    def __init__(self, started: float) -> None:
+        self.started = started
+        self.timings: dict[str, float] = {}
+
+    def lap(self, name: str) -> None:
+        self.timings[name] = round(self.elapsed() - sum(self.timings.values()), 3)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+
 class BatchCommitter:
     """Callable for ``foreachBatch``; one instance per streaming run."""
 
@@ -155,6 +194,7 @@ class BatchCommitter:
         replays: list[tuple[Any, ...]] | None = None,
         output: OutputPublisher | None = None,
         guard: Callable[[], None] | None = None,
+        reach: Reach | None = None,
     ) -> None:
         self.spark = spark
         self.output = output
@@ -192,63 +232,39 @@ class BatchCommitter:
         # The source judges lateness by max(Spark's watermark, the cut's floor); the
         # ledger records that one, so backfills and later cuts decide the same way.
         self.watermark_floor_ms = watermark_floor_ms
-        # Ranges earlier batches judged that this run may replay (``dimensions.merged``).
+        # Ranges earlier batches judged that this run may replay (``table_versions.merged``).
         self.replays = replays or []
         self._changed_rows = 0
         self._checked_progress: set[int] = set()
+        # An available-now run shows how far it is through what was there at its start.
+        self.reach = reach
+        total = 0 if reach is None else reach.total()
+        self.progress = Progress(reach.title, total) if reach is not None and total else None
+        if self.progress is not None:
+            self.progress.__enter__()
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        started = time.monotonic()
+        """One micro-batch: read (the one Spark action), then commit: dead letters,
+        raw archive, changelog, state, and last the ledger row that makes it done."""
+        laps = _Laps(time.monotonic())
         self.check_watermark_drops()  # of the batches committed before this one
-        extra: dict[str, Any] = {}
-        if batch_id == 1 and self.seed_path is not None:
-            # Batch 0 absorbed the seed and read no record (Kafka waited for its
-            # commit); before this batch's records are aggregated, Spark's state
-            # must equal the cut's snapshot. A mismatch stops here, nothing committed.
-            extra["seed_verified_rows"] = verify_seeded_state(
-                self.spark, self.resolved, self.checkpoint, self.seed_path
-            )
+        extra = self._seed_check(batch_id)
         now = pa.scalar(int(time.time() * 1_000_000), tables.TIMESTAMP)
         ledger_path = self.layout.table(tables.LEDGER)
         done = committed_batch(
             DeltaTable(str(ledger_path)), self.pipeline.application_id, self.epoch
         )
+        skipped = done is not None and done >= batch_id
         changelog_path = self.layout.table("changelog")
         changelog_done = self._committed(changelog_path, batch_id)
-        # The one action on this batch: it runs the scan, the aggregation, the
-        # observation and the tasks' changelog files together (a second action would
-        # scan Kafka again). Spark's update-mode output is exactly the (key, window)
-        # rows this batch changed; the seed batch re-emits the cut's snapshot, which
-        # the state table already holds.
         seed_batch = batch_id == 0 and self.seed_path is not None
-        task = StagedFilesTask(
-            str(changelog_path),
-            self.epoch,
-            batch_id,
-            self.aggregate_schema,
-            self.changelog_schema,
-            (("epoch", self.epoch), ("batch_id", batch_id), ("commit_time", now.value)),
-            write=not (seed_batch or changelog_done or (done is not None and done >= batch_id)),
-        )
-        written = [
-            DataFile(row["name"], row["size"], row["num_records"])
-            for row in batch.mapInArrow(task, WRITTEN_SCHEMA).collect()
-        ]
-        timings: dict[str, float] = {}
-
-        def lap(name: str) -> None:
-            timings[name] = round(time.monotonic() - started - sum(timings.values()), 3)
-
-        lap("spark")
+        written = self._scan(batch, batch_id, now, not (seed_batch or changelog_done or skipped))
+        laps.lap("spark")
         if seed_batch and self.seed_path is not None:
             extra["seed_rows"] = parquet_rows(self.seed_path)
         metrics = observed_metrics(self.spark, self.query_name, OBSERVATION)
-        if done is not None and done >= batch_id:
-            log.info("batch %d of epoch %d is already committed: skipped", batch_id, self.epoch)
-            self.positions = offset_log.read_offsets(self.checkpoint, batch_id).end_offsets
-            self.metrics.replay_skipped(self.pipeline.application_id, self.pipeline.version)
-            self.results.append(BatchResult(batch_id, True, {}))
-            self._publish()
+        if skipped:
+            self._skip(batch_id)
             return
         offsets = offset_log.read_offsets(self.checkpoint, batch_id)
         start = offset_log.batch_start(
@@ -266,12 +282,83 @@ class BatchCommitter:
         )
         self._changed_rows = changes.num_rows
         counts = self._counts(metrics, batch_id, start, offsets.end_offsets)
-        letters = metrics["dead_letters"]
         stamp = {"epoch": self.epoch, "batch_id": batch_id, "commit_time": now.as_py()}
         meta = {"platform_operation": "batch", "pipeline_version": str(self.pipeline.version)}
+        laps.lap("prepare")
+        versions = self._commit_tables(
+            batch_id, (start, offsets.end_offsets), changes, written, metrics, stamp, meta, laps
+        )
+        ledger = self._ledger_row(batch_id, start, offsets, counts, versions, now)
+        ledger["details"] = json.dumps(
+            {
+                # "now" of the batch's event-time bounds (a backfill reuses it)
+                "batch_timestamp_ms": offsets.batch_timestamp_ms,
+                "definition": recorded_definition(self.pipeline),
+                **self._dimension_versions(metrics, start, offsets.end_offsets),
+                "seconds": round(laps.elapsed(), 3),
+                "timings": laps.timings,
+                **extra,
+            }
+        )
+        self.ledger_writer.append(
+            ledger_path, batch_id, pa.Table.from_pylist([ledger], tables.LEDGER_SCHEMA), meta
+        )
+        maybe_crash("after_ledger", batch_id)
+        self._after_commit(batch_id, offsets.end_offsets, ledger, metrics, laps)
 
-        lap("prepare")
+    def _seed_check(self, batch_id: int) -> dict[str, Any]:
+        """Batch 0 absorbed the seed and read no record (Kafka waited for its
+        commit); before batch 1's records are aggregated, Spark's state must equal
+        the cut's snapshot. A mismatch stops here, nothing committed."""
+        if batch_id != 1 or self.seed_path is None:
+            return {}
+        rows = verify_seeded_state(self.spark, self.resolved, self.checkpoint, self.seed_path)
+        return {"seed_verified_rows": rows}
+
+    def _scan(self, batch: DataFrame, batch_id: int, now: Any, write: bool) -> list[DataFile]:
+        """The one action on this batch: it runs the scan, the aggregation, the
+        observation and the tasks' changelog files together (a second action would
+        scan Kafka again). Spark's update-mode output is exactly the (key, window)
+        rows this batch changed; the seed batch re-emits the cut's snapshot, which
+        the state table already holds (``write`` false: nothing staged)."""
+        task = StagedFilesTask(
+            str(self.layout.table("changelog")),
+            self.epoch,
+            batch_id,
+            self.aggregate_schema,
+            self.changelog_schema,
+            (("epoch", self.epoch), ("batch_id", batch_id), ("commit_time", now.value)),
+            write=write,
+        )
+        return [
+            DataFile(row["name"], row["size"], row["num_records"])
+            for row in batch.mapInArrow(task, WRITTEN_SCHEMA).collect()
+        ]
+
+    def _skip(self, batch_id: int) -> None:
+        """A batch the ledger already holds (a replay after a crash past its commit)."""
+        log.info("batch %d of epoch %d is already committed: skipped", batch_id, self.epoch)
+        self._moved(offset_log.read_offsets(self.checkpoint, batch_id).end_offsets)
+        self.metrics.replay_skipped(self.pipeline.application_id, self.pipeline.version)
+        self.results.append(BatchResult(batch_id, True, {}))
+        self._publish()
+
+    def _commit_tables(
+        self,
+        batch_id: int,
+        span: tuple[dict[str, Any], dict[str, Any]],
+        changes: ChangedRows,
+        written: list[DataFile],
+        metrics: dict[str, Any],
+        stamp: dict[str, Any],
+        meta: dict[str, str],
+        laps: _Laps,
+    ) -> dict[str, int | None]:
+        """The batch's tables, each commit idempotent by (epoch, batch): dead
+        letters, the raw archive, the changelog, then the state merge. Returns the
+        Delta versions written, and the state version the batch leaves behind."""
         versions: dict[str, int | None] = {}
+        letters = metrics["dead_letters"]
         if letters:
             versions["dead_letter"] = self.writer.append(
                 self.layout.table("dead_letter"),
@@ -279,17 +366,17 @@ class BatchCommitter:
                 batch_reader(self.consumer_config, letters, stamp),
                 meta,
             )
-        lap("dead_letter")
+        laps.lap("dead_letter")
         maybe_crash("after_dead_letter", batch_id)
         if self.pipeline.archive:
-            versions["raw"] = self._archive(batch_id, start, offsets.end_offsets, meta)
-            lap("raw")
+            versions["raw"] = self._archive(batch_id, *span, meta)
+            laps.lap("raw")
         if changes.num_rows:
             if written:
                 versions["changelog"] = self.writer.add_files(
-                    changelog_path, batch_id, written, self.changelog_schema, meta
+                    self.layout.table("changelog"), batch_id, written, self.changelog_schema, meta
                 )
-            lap("changelog")
+            laps.lap("changelog")
             maybe_crash("after_changelog", batch_id)
             versions["state"] = self.writer.merge(
                 self.layout.table("state"),
@@ -299,13 +386,25 @@ class BatchCommitter:
                 meta,
                 within=changes.within(),
             )
-            lap("state")
+            laps.lap("state")
             maybe_crash("after_state", batch_id)
         # The state version this batch leaves behind: a rewind's time-travel target.
         versions["state_after"] = (
             versions.get("state") or DeltaTable(str(self.layout.table("state"))).version()
         )
-        ledger = {
+        return versions
+
+    def _ledger_row(
+        self,
+        batch_id: int,
+        start: dict[str, Any],
+        offsets: Any,
+        counts: dict[str, int],
+        versions: dict[str, int | None],
+        now: Any,
+    ) -> dict[str, Any]:
+        """The batch's ledger row, but its ``details``."""
+        return {
             "application_id": self.pipeline.application_id,
             "entry_type": "batch",
             "epoch": self.epoch,
@@ -317,33 +416,30 @@ class BatchCommitter:
             "pipeline_version": self.pipeline.version,
             "processing_guarantee": self.pipeline.processing_guarantee,
             "delta_versions": json.dumps(versions, sort_keys=True),
-            "details": json.dumps(
-                {
-                    # "now" of the batch's event-time bounds (a backfill reuses it)
-                    "batch_timestamp_ms": offsets.batch_timestamp_ms,
-                    "definition": recorded_definition(self.pipeline),
-                    **self._dimension_versions(metrics, start, offsets.end_offsets),
-                    "seconds": round(time.monotonic() - started, 3),
-                    "timings": timings,
-                    **extra,
-                }
-            ),
+            "details": None,
             "commit_time": now.as_py(),
         }
-        self.ledger_writer.append(
-            ledger_path, batch_id, pa.Table.from_pylist([ledger], tables.LEDGER_SCHEMA), meta
-        )
-        maybe_crash("after_ledger", batch_id)
+
+    def _after_commit(
+        self,
+        batch_id: int,
+        end: dict[str, Any],
+        ledger: dict[str, Any],
+        metrics: dict[str, Any],
+        laps: _Laps,
+    ) -> None:
+        """The batch is committed: its state version goes out, its offsets reach the
+        lag metric and Kafka's lag tools, its counts the metrics and the log."""
         self._publish()
-        self.positions = offsets.end_offsets
+        self._moved(end)
         self.monitoring.commit(self.positions)  # Kafka's lag tools (never waits)
         self.metrics.batch_committed(
             self.pipeline.application_id,
             self.pipeline.version,
             ledger,
-            [letter["reason"] for letter in letters],
+            [letter["reason"] for letter in metrics["dead_letters"]],
             metrics.get("oldest_record_us"),
-            time.monotonic() - started,
+            laps.elapsed(),
         )  # never raises: the batch is committed already
         log.info(
             "%s epoch %d batch %d committed: %d in, %d aggregated, %d dead-lettered, "
@@ -351,17 +447,25 @@ class BatchCommitter:
             self.pipeline.application_id,
             self.epoch,
             batch_id,
-            counts["records_in"],
-            counts["aggregated"],
-            counts["dead_lettered"],
-            counts["state_rows_changed"],
-            time.monotonic() - started,
+            ledger["records_in"],
+            ledger["aggregated"],
+            ledger["dead_lettered"],
+            ledger["state_rows_changed"],
+            laps.elapsed(),
         )
         self.results.append(BatchResult(batch_id, False, ledger))
 
-    def close(self) -> None:
-        """At the run's end: the last batch's offsets reach the monitoring group."""
+    def close(self, finished: bool = True) -> None:
+        """At the run's end: the last batch's offsets reach the monitoring group; the
+        progress bar ends (an unfinished run's is not filled up)."""
         self.monitoring.close()
+        if self.progress is not None:
+            self.progress.__exit__(None if finished else RuntimeError, None, None)
+
+    def _moved(self, end: dict[str, Any]) -> None:
+        self.positions = end
+        if self.progress is not None and self.reach is not None:
+            self.progress.update(self.reach.done(end))
 
     def _publish(self) -> None:
         """The state versions not yet in the output topic (this batch's, and any a
@@ -431,17 +535,17 @@ class BatchCommitter:
             return {}
         found: dict[str, Any] = {"dimensions": {}}
         for i, e in enumerate(self.pipeline.enrich):
-            version = metrics.get(dimensions.version_column(i))
+            version = metrics.get(enrichment.version_column(i))
             found["dimensions"][e.name] = (
                 None
                 if version is None
                 else Pin(
                     int(version),
-                    str(metrics.get(dimensions.table_column(i)) or ""),
+                    str(metrics.get(enrichment.table_column(i)) or ""),
                     self.resolved.dimensions[e.name].path,
                 ).to_json()
             )
-        replayed = dimensions.pieces(
+        replayed = table_versions.pieces(
             self.replays,
             [e.name for e in self.pipeline.enrich],
             kafka_offsets.from_json_dict(start),
@@ -549,11 +653,11 @@ def unrepaired_drops(recorded: list[dict[str, Any]], history: History) -> list[d
 def refuse_unrepaired_drops(layout: AppLayout) -> None:
     """``run`` refuses while a recorded drop stands: its batches would bury the
     batch whose state misses the dropped rows."""
-    snap = snapshot(layout)
-    if snap is None:
+    ledger_now = current_ledger(layout)
+    if ledger_now is None:
         return
     where = ds.field("entry_type") == WATERMARK_DROP
-    recorded = snap.rows(["epoch", "details"], where).to_pylist()
-    standing = unrepaired_drops(recorded, snap.history()) if recorded else []
+    recorded = ledger_now.rows(["epoch", "details"], where).to_pylist()
+    standing = unrepaired_drops(recorded, ledger_now.history()) if recorded else []
     if standing:
         raise drop_error(layout.application_id, standing[0]["epoch"], standing[0])

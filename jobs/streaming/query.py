@@ -1,6 +1,6 @@
 """The streaming query of a pipeline: Kafka -> records -> stateful aggregation.
 
-Each record is aggregated, filtered or dead-lettered (``records.py``). The input
+Each record is aggregated, filtered or dead-lettered (``judging.py``). The input
 side is observed per batch (counts and the dead letters themselves, see
 ``observed.py``) so that the source is read once: a union of a dead-letter
 branch with the aggregation would scan Kafka twice.
@@ -14,13 +14,12 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from jobs.kafka_source import spark_kafka
-from jobs.pipeline import HLL_LG_K, stored_column
-from jobs.resolved import Resolved
-from jobs.snapshot import RECORDS, contribution, sketch_input
-from jobs.streaming import batch_watermark, dimensions, records
-from jobs.streaming.seed import hold_stream
-
-OBSERVATION = "batch_input"
+from jobs.pipeline.model import HLL_LG_K, stored_column
+from jobs.resolution import Resolved
+from jobs.state_seed import RECORDS, contribution, sketch_input
+from jobs.streaming import batch_watermark, enrichment, judging
+from jobs.streaming.seed import hold_stream, seed_stream
+from jobs.warehouse import Location
 
 
 def read_kafka(
@@ -47,51 +46,11 @@ def read_kafka(
     return reader.load()
 
 
-def observe_input(classified: DataFrame) -> DataFrame:
-    """Per-batch input accounting, collected alongside the batch's single scan.
-
-    Dead letters travel to the driver as positions and reasons only (a few hundred
-    bytes each); their keys and values are fetched from Kafka by position when they
-    are written (``dead_letters.py``), so large bad records never pass through
-    Spark's metrics or the driver's memory at once.
-    """
-    dead = F.col("_reason").isNotNull()
-    filtered = F.col("_filtered")
-    # The version and table id of each dimension table the batch joined (one per batch).
-    versions = [
-        F.max(c).alias(c)
-        for c in classified.columns
-        if c.startswith(dimensions.PREFIX) and c.endswith(("_version", "_table"))
-    ]
-    return classified.observe(
-        OBSERVATION,
-        *versions,
-        F.count(F.lit(1)).alias("records_in"),
-        F.count_if(~dead & ~filtered).alias("records_valid"),
-        F.count_if(filtered).alias("filtered"),
-        F.count_if(dead).alias("dead_lettered"),
-        # For the event-to-commit latency metric (null on a batch without records).
-        F.min(F.unix_micros("_timestamp")).alias("oldest_record_us"),
-        F.collect_list(
-            F.when(
-                dead,
-                F.struct(
-                    F.col("_topic").alias("topic"),
-                    F.col("_partition").alias("partition"),
-                    F.col("_offset").alias("offset"),
-                    F.unix_micros("_timestamp").alias("kafka_timestamp"),
-                    F.substring(F.col("_reason"), 1, 300).alias("reason"),
-                ),
-            )
-        ).alias("dead_letters"),
-    )
-
-
 def aggregate(contributions: DataFrame, resolved: Resolved) -> DataFrame:
     """Contributions -> one output row per (key, window) changed in the batch (update mode).
 
     A hopping window is grouped by its last pane, the tumbling window of one slide
-    its ``_event_time`` rows fall in (``records.contributions``), and published as
+    its ``_event_time`` rows fall in (``judging.contributions``), and published as
     the window ending with it: seeded from the ``state`` table, a row then lands in
     its own window only, where Spark's hopping windows would put it in several.
     Spark's watermark delay grows by size - slide, the shift of the last window's
@@ -157,30 +116,31 @@ def build(
     starting_offsets_json: str,
     client_settings: dict[str, str],
     checkpoint: str,
-    seed: DataFrame | None = None,
+    seed_path: Location | None = None,
     hold: bool = False,
     min_watermark_ms: int = 0,
     replays: list[tuple[Any, ...]] | None = None,
 ) -> DataFrame:
-    """The stream's output; ``seed`` (a stream of state rows) joins it at a cut.
+    """The stream's output; the seed at ``seed_path`` (state rows) joins it at a cut.
 
     ``hold``: Kafka's place is taken by a stream that stays at the cut's offsets
     (the seed batches of a seeded epoch run first; the same checkpoint then resumes
     with Kafka). Windowed pipelines judge lateness by each batch's watermark from
     ``checkpoint``'s offset log, at least ``min_watermark_ms``. ``replays``: ranges
-    earlier batches judged (``dimensions.merged``), which join the tables' versions
+    earlier batches judged (``table_versions.merged``), which join the tables' versions
     recorded there.
     """
-    if hold:
-        raw = hold_stream(spark, starting_offsets_json)
-    else:
+    if not hold:
         raw = read_kafka(spark, resolved, bootstrap_servers, starting_offsets_json, client_settings)
+    else:
+        raw = hold_stream(spark, starting_offsets_json)
+    seed = seed_stream(spark, resolved, seed_path) if seed_path is not None else None
     if resolved.pipeline.window is not None:
         raw = raw.crossJoin(batch_watermark.batch_watermark(spark, checkpoint, min_watermark_ms))
-    for table in dimensions.pinned(spark, resolved, checkpoint):
+    for table in enrichment.pinned(spark, resolved, checkpoint):
         raw = raw.crossJoin(table)
-    raw = dimensions.replayed(spark, resolved, raw, replays or [])
-    added = records.contributions(observe_input(records.classify(raw, resolved)), resolved)
+    raw = enrichment.replayed(spark, resolved, raw, replays or [])
+    added = judging.contributions(judging.observe_input(judging.classify(raw, resolved)), resolved)
     if seed is not None:
         added = added.unionByName(seed)
     return aggregate(added, resolved)

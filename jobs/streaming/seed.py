@@ -9,7 +9,7 @@ until that batch (and, with a window, the no-data batch that moves the watermark
 on) is committed. Batch 1 first checks Spark's state store against the snapshot,
 before any record is processed, as Kafka Streams finishes restoring before it
 resumes. A window's row is seeded at the start of the pane Spark keys it by
-(``snapshot.seed_time``): a tumbling window's start, a hopping window's last pane,
+(``state_seed.seed_time``): a tumbling window's start, a hopping window's last pane,
 so that it lands in that window only, and Spark's state key starts at the seed
 row's ``_event_time`` (the check compares them). Caveat: the watermark after a
 seed is the newest seeded window start minus the delay, at most one window behind
@@ -18,22 +18,28 @@ the old epoch's.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.streaming.readwriter import DataStreamWriter
 
 from jobs.errors import ConfigError, ConsistencyError
 from jobs.private_dir import private_dir
-from jobs.resolved import Resolved
-from jobs.snapshot import RECORDS, contribution
+from jobs.resolution import Resolved
+from jobs.state_seed import RECORDS, contribution
+from jobs.streaming import offset_log
 from jobs.warehouse import Location
+
+log = logging.getLogger(__name__)
 
 # The JVM sources (include/jvm/sources/platform/streaming/SeedSources.java): no
 # Python process starts for them; offsets as the Python sources before them wrote.
@@ -188,3 +194,38 @@ def _compare_as_multisets(got: DataFrame, want: DataFrame) -> int:
             "the stream does not resume"
         )
     return got_rows
+
+
+# A seeded epoch's checkpoint once its seed batches are committed (absorb_seed).
+SEEDED_MARK = "_platform_seeded"
+
+
+# How long the seed query stays idle before it counts as done without a no-data batch.
+SEED_SETTLE_S = 2.0
+
+
+def absorb_seed(writer: DataStreamWriter, checkpoint: Location, windowed: bool) -> None:
+    """The seeded epoch's first query: the seed batch (and, windowed, the no-data
+    batch in which Spark moves the watermark on from the seeded windows, the one
+    its records must be judged by) with Kafka held at the cut. A mark in the
+    checkpoint says it is done: the next query of the checkpoint reads Kafka from
+    the cut (the hold stood in its place with the same offsets)."""
+    running = writer.trigger(processingTime="200 milliseconds").start()
+    try:
+        settled_since: float | None = None
+        while running.isActive:
+            done = offset_log.committed_batches(checkpoint)
+            if done and done[-1] >= (1 if windowed else 0):
+                break
+            # The watermark did not move (no seeded window): no no-data batch follows.
+            idle = bool(done) and offset_log.offset_batches(checkpoint)[-1] == done[-1]
+            settled_since = (settled_since or time.monotonic()) if idle else None
+            if settled_since is not None and time.monotonic() - settled_since > SEED_SETTLE_S:
+                break
+            time.sleep(0.1)
+        if running.exception() is not None:
+            raise ConsistencyError(f"seeding the epoch's state failed: {running.exception()}")
+    finally:
+        running.stop()
+    (checkpoint / SEEDED_MARK).write_bytes(b"")
+    log.info("seed absorbed in %s; Kafka resumes from the cut", checkpoint)

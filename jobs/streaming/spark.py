@@ -25,7 +25,7 @@ from jobs.jars import spark_jars
 from jobs.private_dir import is_own, private_dir
 from jobs.settings import REPO_ROOT, Settings
 from jobs.streaming import batch_watermark
-from jobs.streaming.jvm import driver_java_options
+from jobs.streaming.jvm import driver_java_options, note_a_complete_run
 from jobs.warehouse import aws_environment, s3a_settings
 
 # Spark's own Kafka source (from the jars ``make setup`` resolved).
@@ -58,6 +58,8 @@ UNLOAD_ON_COMMIT = "spark.sql.streaming.stateStore.unloadOnCommit"
 SNAPSHOT_EVERY = "spark.sql.streaming.stateStore.minDeltasForSnapshot"
 # Each task snapshots, uploads and closes its store / Spark's defaults: the stores stay
 # loaded between batches and snapshot every 10 (each snapshot costs ~20 ms at commit).
+# How long a query's stop() waits for the batch in flight (Spark's default: forever).
+STOP_TIMEOUT_MS = 60_000
 SHORT_QUERY_STATE = {UNLOAD_ON_COMMIT: "true", SNAPSHOT_EVERY: "1"}
 LONG_QUERY_STATE = {UNLOAD_ON_COMMIT: "false", SNAPSHOT_EVERY: "10"}
 PACKAGE = REPO_ROOT / "jobs"
@@ -225,6 +227,9 @@ def get_spark(
         )
         # Saves a state lookup per update (measured ~10%); only a metric needs it.
         .config("spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows", "false")
+        # A query's stop() waits this long for its batch in flight, not forever: a
+        # fenced stream must let go of the application even if a batch hangs.
+        .config("spark.sql.streaming.stopTimeout", str(STOP_TIMEOUT_MS))
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.python.worker.reuse", "true")
         .config("spark.driver.memory", driver_memory)
@@ -253,11 +258,14 @@ def storage_conf(master: str) -> dict[str, str]:
 
 
 @contextmanager
-def command_session(settings: Settings, app_name: str) -> Iterator[SparkSession]:
+def command_session(
+    settings: Settings, app_name: str, *, runs_a_pipeline: bool = False
+) -> Iterator[SparkSession]:
     """The Spark session of one command (``run``, ``backfill``, ``verify``): a Spark
     of its own, stopped at the end (which closes the state stores before the JVM
     removes their files), or the host's session when the process embeds the
-    platform (``hosted_by``)."""
+    platform (``hosted_by``). ``runs_a_pipeline``: a command that ends well has
+    loaded what a run loads, so the JVM's archive may be kept (``jobs/streaming/jvm.py``)."""
     if _host is not None:
         with _host_commands:
             yield _host
@@ -275,6 +283,8 @@ def command_session(settings: Settings, app_name: str) -> Iterator[SparkSession]
     )
     try:
         yield spark
+        if runs_a_pipeline:
+            note_a_complete_run()
     finally:
         spark.stop()
 

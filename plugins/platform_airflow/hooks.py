@@ -12,7 +12,8 @@ from typing import Any
 from airflow.sdk import BaseHook
 
 from jobs.errors import ConfigError
-from jobs.pipeline import Pipeline, load_pipeline
+from jobs.pipeline.model import Pipeline
+from jobs.pipeline.parser import load_pipeline
 from jobs.settings import Settings, load_settings
 
 

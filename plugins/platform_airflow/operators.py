@@ -1,6 +1,6 @@
 """Submitting ``python -m jobs ...`` through Spark: the same command a user runs by
 hand with ``spark-submit`` on a worker. An available-now ``run`` goes first to the
-warm driver (``jobs/service.py``; ``PLATFORM_DRIVER_URL``, else one on this
+warm driver (``jobs/warm_driver.py``; ``PLATFORM_DRIVER_URL``, else one on this
 machine's ``PLATFORM_DRIVER_PORT``), with no JVM started for it; when none takes
 it, the task says why in its log and uses spark-submit. A malformed
 ``PLATFORM_DRIVER_URL`` (like any bad ``PLATFORM_*`` value) is no reason to fall
@@ -15,7 +15,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.providers.standard.operators.hitl import ApprovalOperator
 
 from jobs.jars import spark_jars
-from jobs.pipeline import load_pipeline
+from jobs.pipeline.parser import load_pipeline
 from jobs.settings import REPO_ROOT, Settings, load_settings, platform_environment
 from jobs.streaming.jvm import driver_java_options
 from jobs.streaming.spark import package_zip
@@ -26,8 +26,8 @@ ENTRY_POINT = str(REPO_ROOT / "jobs" / "__main__.py")
 
 def run_plan_id(context: Any) -> str:
     """The id a maintenance DAG run's plan is saved as: the same in every task of
-    the run (its run id and time), in the form ``jobs/operations/saved.py`` takes."""
-    from jobs.operations.saved import new_id  # Delta and Arrow: not at parse time
+    the run (its run id and time), in the form ``jobs/operations/saved_plans.py`` takes."""
+    from jobs.operations.saved_plans import new_id  # Delta and Arrow: not at parse time
 
     dag_run = context["dag_run"]
     moment = getattr(dag_run, "run_after", None) or getattr(dag_run, "logical_date", None)
@@ -81,7 +81,7 @@ class PlatformJobOperator(SparkSubmitOperator):
         settings = load_settings()
         url = self.warm_driver_url(settings)
         if url is not None:
-            from jobs.service import NoWarmDriver
+            from jobs.warm_driver import NoWarmDriver
 
             try:
                 return self._run_on_warm_driver(settings, url)
@@ -122,7 +122,7 @@ class PlatformJobOperator(SparkSubmitOperator):
         return url if trigger == "available-now" else None
 
     def _run_on_warm_driver(self, settings: Settings, url: str) -> dict[str, Any]:
-        from jobs.service import run_remote
+        from jobs.warm_driver import run_remote
 
         pipeline = load_pipeline(list(self.application_args or [])[2], settings.pipelines_dir)
         summary = run_remote(settings, pipeline, url)
@@ -157,7 +157,7 @@ class PlanApprovalOperator(ApprovalOperator):
         # that skips the downstream tasks (no code runs after it).
         if "error" not in event and self.REJECT in list(event.get("chosen_options") or []):
             from jobs.delta.layout import AppLayout
-            from jobs.operations.saved import record_rejection
+            from jobs.operations.saved_plans import record_rejection
 
             settings = load_settings()
             use_storage_connection(settings)

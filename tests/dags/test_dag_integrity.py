@@ -134,7 +134,7 @@ def test_maintenance_dags_plan_approve_apply(dagbag) -> None:  # type: ignore[no
 
 def test_the_approval_shows_the_plan_in_markdown() -> None:
     from include.maintenance_dags import plan_markdown
-    from jobs.operations.saved import SavedPlan
+    from jobs.operations.saved_plans import SavedPlan
     from tests.unit.test_saved_plans import a_plan
 
     preview = {
@@ -226,7 +226,7 @@ def test_operation_arguments_from_the_form() -> None:
 
 def test_values_from_records_cannot_write_markdown_into_the_approval() -> None:
     from include.maintenance_dags import plan_markdown
-    from jobs.operations.saved import SavedPlan
+    from jobs.operations.saved_plans import SavedPlan
     from tests.unit.test_saved_plans import a_plan
 
     hostile = "[click](http://evil.example) <img src=x onerror=alert(1)> a|b **x**\n# h"

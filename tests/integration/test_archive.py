@@ -12,7 +12,7 @@ from confluent_kafka import TopicPartition
 from deltalake import DeltaTable
 
 from jobs import kafka_admin
-from jobs.pipeline import load_pipeline
+from jobs.pipeline.parser import load_pipeline
 from jobs.streaming.run import run_pipeline
 from tests.conftest import pipeline_file, produce, run_jobs
 from tests.expected import clicks_per_window, state_as_counter

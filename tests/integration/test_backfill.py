@@ -19,7 +19,7 @@ from deltalake import DeltaTable
 
 from jobs.delta.layout import AppLayout
 from jobs.ledger import current_epoch
-from jobs.pipeline import load_pipeline
+from jobs.pipeline.parser import load_pipeline
 from jobs.settings import REPO_ROOT
 from jobs.streaming.run import run_pipeline
 from tests.conftest import produce, run_jobs, run_with_fault

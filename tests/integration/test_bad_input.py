@@ -19,7 +19,8 @@ from jobs import kafka_admin
 from jobs.delta.layout import AppLayout
 from jobs.kafka_source.spark_kafka import read_range
 from jobs.ledger import current_epoch
-from jobs.pipeline import Pipeline, load_pipeline
+from jobs.pipeline.model import Pipeline
+from jobs.pipeline.parser import load_pipeline
 from jobs.settings import REPO_ROOT, Settings
 from jobs.status import application_status
 from jobs.streaming.run import run_pipeline
@@ -63,7 +64,6 @@ def read_recreated_topic_from_its_start(pipeline: Pipeline, settings: Settings, 
         lambda: plan_rewind(
             pipeline, settings, "topic recreated", TargetSpec("earliest"), "skip", [topic]
         ),
-        dry_run=False,
         echo=lambda _line: None,
     )
 
@@ -225,14 +225,14 @@ def test_a_backfill_keeps_the_streams_late_decisions(
     from jobs.operations.targets import TargetSpec
 
     topic = new_topic(1)
-    # Event time at most 1 s ahead of the batch's time: a record 20 s ahead is a dead
-    # letter for the stream (whose batch starts well within 19 s, even on a loaded
-    # machine), and would not be for a backfill run 20 s later that judged it by
-    # its own clock.
+    # Event time at most 1 s ahead of the batch's time: a record 60 s ahead is a dead
+    # letter for the stream (whose batch starts well within 59 s, even on a loaded
+    # machine: 20 s was not always enough), and would not be for a backfill run 60 s
+    # later that judged it by its own clock.
     pipeline = clicks_pipeline(topic, max_offsets_per_trigger=100, max_ahead_seconds=1)
     now = int(time.time()) // 60 * 60
     first = [click(f"u{i % 3}", now - 60 + i % 50) for i in range(250)]
-    ahead_at = int(time.time()) + 20
+    ahead_at = int(time.time()) + 60
     ahead = [click("ahead", ahead_at)]
     produce(kafka_config, topic, first + ahead)
     run_pipeline(spark, pipeline, settings)

@@ -3,6 +3,8 @@ the platform relies on, so a broker upgrade that breaks one fails here first."""
 
 from __future__ import annotations
 
+import json
+import socket
 import time
 from pathlib import Path
 
@@ -136,6 +138,31 @@ def test_restart_keeps_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
         assert consume_all(config, "kept", 0, "read_committed") == [b"a", b"b", b"c"]
     finally:
         embedded.stop(tmp_path)
+
+
+def test_a_controller_port_taken_before_its_bind_is_chosen_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Free when chosen, then taken by another process (parallel test workers): the
+    # first launch fails to bind it, and the node starts on another.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        choose = embedded.find_free_port
+        picks = iter([busy])
+        monkeypatch.setattr(
+            embedded, "find_free_port", lambda *a, **k: next(picks, None) or choose(*a, **k)
+        )
+        info = embedded.start(tmp_path, choose())
+        try:
+            state = json.loads((tmp_path / embedded.STATE_FILE).read_text())
+            assert state["controller_port"] != busy
+            assert f"failed to bind to 127.0.0.1:{busy}" in (tmp_path / "broker.log").read_text()
+            config = kafka_admin.client_config(info.bootstrap_servers)
+            kafka_admin.create_topic(kafka_admin.admin(config), "after_a_retry", 1)
+        finally:
+            embedded.stop(tmp_path)
 
 
 def test_port_taken_is_a_clear_error(broker: BrokerInfo, tmp_path: Path) -> None:

@@ -97,19 +97,19 @@ def test_a_worker_python_that_cannot_run_the_tasks_is_one_error(  # type: ignore
     topic = new_topic(1)
     produce(kafka_config, topic, clicks(10, 0))
     pipeline = pipeline_file(tmp_path, "user_clicks", topic)
-    # A worker Python without PyYAML (which the tasks' modules import): a wrapper
+    # A worker Python without obstore (which the tasks' staged files need): a wrapper
     # that puts a stand-in first on the path, as if the package were not installed.
-    shadow = tmp_path / "shadow" / "yaml"
+    shadow = tmp_path / "shadow" / "obstore"
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text(
-        "raise ModuleNotFoundError(\"No module named 'yaml'\", name='yaml')\n"
+        "raise ModuleNotFoundError(\"No module named 'obstore'\", name='obstore')\n"
     )
-    python = tmp_path / "python-without-yaml"
+    python = tmp_path / "python-without-obstore"
     python.write_text(
         f'#!/bin/sh\nexport PYTHONPATH="{shadow.parent}:$PYTHONPATH"\nexec {sys.executable} "$@"\n'
     )
     python.chmod(0o755)
-    cases = {str(python): "has no module 'yaml'", str(tmp_path / "no-such-python"): "cannot run"}
+    cases = {str(python): "has no module 'obstore'", str(tmp_path / "no-such-python"): "cannot run"}
     for worker_python, reason in cases.items():
         env = {
             "PLATFORM_SPARK_MASTER": cluster.master_url,

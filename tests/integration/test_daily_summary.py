@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from deltalake import DeltaTable
 
-from jobs.pipeline import load_pipeline
+from jobs.pipeline.parser import load_pipeline
 from jobs.streaming.run import run_pipeline
 from tests.conftest import pipeline_file, produce, run_jobs
 from tests.expected import clicks_per_window

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from deltalake import DeltaTable
 
-from jobs.pipeline import load_pipeline
+from jobs.pipeline.parser import load_pipeline
 from jobs.settings import REPO_ROOT
 from jobs.streaming.run import run_pipeline
 from tests.conftest import pipeline_file, produce, run_jobs

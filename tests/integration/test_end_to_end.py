@@ -16,7 +16,7 @@ import pytest
 from deltalake import DeltaTable
 
 from jobs.delta.layout import AppLayout
-from jobs.pipeline import load_pipeline
+from jobs.pipeline.parser import load_pipeline
 from jobs.settings import REPO_ROOT
 from jobs.status import application_status
 from jobs.streaming.run import run_pipeline

@@ -320,8 +320,8 @@ def test_spark_checks_the_tables_before_a_run(  # type: ignore[no-untyped-def]
     spark, settings, tmp_path, change: dict[str, str], message: str
 ) -> None:
     from jobs.errors import ConfigError
-    from jobs.pipeline import load_pipeline
-    from jobs.streaming import records
+    from jobs.pipeline.parser import load_pipeline
+    from jobs.streaming import analyser
 
     write_merchants(settings.warehouse / "dims" / "merchants", MERCHANTS)
     path = pipeline_file(tmp_path, "orders")
@@ -329,7 +329,7 @@ def test_spark_checks_the_tables_before_a_run(  # type: ignore[no-untyped-def]
     data["enrich"][0].update(change)
     path.write_text(yaml.safe_dump(data))
     with pytest.raises(ConfigError) as error:
-        records.resolve(spark, load_pipeline(str(path), tmp_path), settings.warehouse)
+        analyser.resolve(spark, load_pipeline(str(path), tmp_path), settings.warehouse)
     assert "\n" not in str(error.value) and message in str(error.value), str(error.value)
 
 
@@ -591,9 +591,9 @@ def test_the_loader_measures_a_table_as_the_stream_keeps_it(  # type: ignore[no-
     """A table the loader accepts is one every stream can join: both measure its rows
     as the stream keeps them (timestamps to the microsecond), so a limit one byte
     under that size refuses the load, and at that size both take it."""
-    from jobs.dimension import Dimension, read_checked
+    from jobs.dimension_load import Dimension, read_checked
     from jobs.errors import ConfigError
-    from jobs.streaming.dimensions import FORMAT
+    from jobs.streaming.enrichment import FORMAT
 
     source = tmp_path / "stamps.json"
     source.write_text('{"id": "a", "ts": "2024-01-01T00:00:00Z"}\n')

@@ -17,7 +17,7 @@ import pytest
 from deltalake import DeltaTable
 
 from jobs import kafka_admin
-from jobs.pipeline import load_pipeline
+from jobs.pipeline.parser import load_pipeline
 from jobs.settings import REPO_ROOT
 from jobs.streaming.run import run_pipeline
 from tests.conftest import produce

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from deltalake import DeltaTable
 
-from jobs.pipeline import load_pipeline
+from jobs.pipeline.parser import load_pipeline
 from jobs.settings import Settings
 from jobs.streaming.run import RunSummary, run_pipeline
 from tests.conftest import produce, run_jobs

@@ -19,13 +19,12 @@ from jobs.delta.writer import table_epoch
 from jobs.errors import ConsistencyError, SourceError
 from jobs.ledger import current_epoch
 from jobs.operations.restart import plan_rebuild, plan_rewind
-from jobs.operations.runner import run_operation
+from jobs.operations.runner import dry_run_operation, run_operation
 from jobs.operations.targets import TargetSpec
-from jobs.pipeline import Pipeline, load_pipeline
+from jobs.pipeline.parser import load_pipeline
 from jobs.settings import Settings
 from jobs.status import application_status
-from jobs.streaming.run import run_pipeline
-from tests.conftest import pipeline_file, produce, run_with_fault
+from tests.conftest import run_with_fault
 from tests.expected import clicks_per_window, state_as_counter
 
 pytestmark = pytest.mark.integration
@@ -43,23 +42,17 @@ def clicks(n: int, salt: int) -> list[bytes]:
     ]
 
 
-def setup(tmp_path: Path, topic: str, **source: Any) -> tuple[Pipeline, Path]:
-    path = pipeline_file(tmp_path, "user_clicks", topic, **source)
-    return load_pipeline(str(path), tmp_path), path
-
-
 def run_job(path: Path, settings: Settings, fault: str | None, spark: Any = None) -> int:
     return run_with_fault(path, settings.bootstrap_servers, settings.warehouse, fault, spark=spark)
 
 
 def test_an_operation_that_died_after_its_fence_is_refused_then_completed(
-    spark, settings, kafka_config, new_topic, tmp_path, monkeypatch
+    settings, clicks_app, monkeypatch
 ) -> None:  # type: ignore[no-untyped-def]
-    topic = new_topic(1)  # batch ends at 300, 600, 900: the rewind restores to 600
-    pipeline, _path = setup(tmp_path, topic, max_offsets_per_trigger=300)
-    first = clicks(900, 1)
-    produce(kafka_config, topic, first)
-    run_pipeline(spark, pipeline, settings)
+    # Batches end at 300, 600, 900: the rewind restores to 600.
+    app = clicks_app(1, max_offsets_per_trigger=300)
+    pipeline = app.pipeline
+    first = app.feed(clicks(900, 1))
 
     # The rewind dies after it fenced the application, before its state action.
     def broken_restore(*_args: Any, **_kwargs: Any) -> None:
@@ -72,25 +65,21 @@ def test_an_operation_that_died_after_its_fence_is_refused_then_completed(
             pipeline,
             settings,
             lambda: plan_rewind(pipeline, settings, "fix", spec, "reprocess", None),
-            dry_run=False,
             echo=lambda _line: None,
         )
     monkeypatch.undo()
 
     with pytest.raises(ConsistencyError, match=r"rewind by .* did not finish; run the same rewind"):
-        run_pipeline(spark, pipeline, settings)
+        app.run()
     assert any("unfinished operation" in p for p in application_status(pipeline, settings).problems)
 
     run_operation(
         pipeline,
         settings,
         lambda: plan_rewind(pipeline, settings, "fix again", spec, "reprocess", None),
-        dry_run=False,
         echo=lambda _line: None,
     )
-    second = clicks(100, 2)
-    produce(kafka_config, topic, second)
-    run_pipeline(spark, pipeline, settings)
+    second = app.feed(clicks(100, 2))
     expected, _dead, _late = clicks_per_window([first + second])
     assert state_as_counter(rows(settings, "user_clicks", "state"), "clicks") == expected
     assert application_status(pipeline, settings).problems == []
@@ -98,16 +87,15 @@ def test_an_operation_that_died_after_its_fence_is_refused_then_completed(
 
 @pytest.mark.parametrize("guarantee", ["exactly_once", "at_least_once"])
 def test_a_batch_cut_off_after_its_state_commit_leaves_nothing_ahead_of_the_ledger(
-    spark, settings, kafka_config, new_topic, tmp_path, guarantee
+    spark, settings, clicks_app, tmp_path, guarantee
 ) -> None:  # type: ignore[no-untyped-def]
     """A crash between the state merge and the ledger row, then a rebuild (instead of
     a replay): the rebuild takes the state back to the ledger's last batch."""
-    topic = new_topic(2)
-    pipeline, path = setup(tmp_path, topic, max_offsets_per_trigger=300, archive=True)
-    data = yaml_with(path, processing_guarantee=guarantee)
+    app = clicks_app(2, max_offsets_per_trigger=300, archive=True)
+    data = yaml_with(app.path, processing_guarantee=guarantee)
     pipeline = load_pipeline(str(data), tmp_path)
     values = clicks(900, 3)
-    produce(kafka_config, topic, values)
+    app.produce(values)
     assert run_job(data, settings, "after_state@1") == -9
     state_batches = {r["batch_id"] for r in rows(settings, "user_clicks", "state")}
     assert 1 in state_batches  # the orphan merge is there
@@ -116,7 +104,6 @@ def test_a_batch_cut_off_after_its_state_commit_leaves_nothing_ahead_of_the_ledg
         pipeline,
         settings,
         lambda: plan_rebuild(pipeline, settings, "lost checkpoint", False),
-        dry_run=False,
         echo=lambda _line: None,
     )
     layout = AppLayout(settings.warehouse, "user_clicks")
@@ -142,16 +129,13 @@ def test_a_batch_cut_off_after_its_state_commit_leaves_nothing_ahead_of_the_ledg
     assert len({(r["partition"], r["offset"]) for r in raw}) == len(values) == len(raw)
 
 
-def test_at_least_once_replays_after_crashes(
-    spark, settings, kafka_config, new_topic, tmp_path
-) -> None:  # type: ignore[no-untyped-def]
+def test_at_least_once_replays_after_crashes(spark, settings, clicks_app, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Killed after batch 1's state merge (replayed: the merge again, the total
     unchanged), then after batch 2's ledger row (skipped on the replay)."""
-    topic = new_topic(2)
-    _pipeline, path = setup(tmp_path, topic, max_offsets_per_trigger=300)
-    data = yaml_with(path, processing_guarantee="at_least_once")
+    app = clicks_app(2, max_offsets_per_trigger=300)
+    data = yaml_with(app.path, processing_guarantee="at_least_once")
     values = clicks(900, 4)
-    produce(kafka_config, topic, values)
+    app.produce(values)
     for fault in ("after_state@1", "after_ledger@2"):
         assert run_job(data, settings, fault) == -9, fault
     assert run_job(data, settings, None, spark) == 0
@@ -164,48 +148,41 @@ def test_at_least_once_replays_after_crashes(
 
 
 def test_partitions_added_while_down_start_at_their_earliest_offset(
-    spark, settings, kafka_config, new_topic, tmp_path
+    settings, clicks_app, kafka_config, tmp_path
 ) -> None:  # type: ignore[no-untyped-def]
-    topic = new_topic(2)
-    pipeline, _path = setup(tmp_path, topic)
-    first = clicks(200, 5)
-    produce(kafka_config, topic, first)
-    run_pipeline(spark, pipeline, settings)
+    app = clicks_app(2)
+    topic, pipeline = app.topic, app.pipeline
+    first = app.feed(clicks(200, 5))
     # A rebuild writes a cut naming the two partitions; then the topic grows.
     run_operation(
         pipeline,
         settings,
         lambda: plan_rebuild(pipeline, settings, "move host", False),
-        dry_run=False,
         echo=lambda _line: None,
     )
     admin = AdminClient(kafka_config)
     for future in admin.create_partitions([NewPartitions(topic, 4)]).values():
         future.result()
     time.sleep(1)
-    second = clicks(200, 6)
-    produce(kafka_config, topic, second)
-    run_pipeline(spark, pipeline, settings)
+    second = app.feed(clicks(200, 6))
     expected, _dead, _late = clicks_per_window([first + second])
     assert state_as_counter(rows(settings, "user_clicks", "state"), "clicks") == expected
 
 
 def test_rebuild_from_source_refuses_when_retention_deleted_what_was_read(
-    spark, settings, kafka_config, new_topic, tmp_path
+    settings, clicks_app, kafka_config, tmp_path
 ) -> None:  # type: ignore[no-untyped-def]
-    topic = new_topic(1)
-    pipeline, _path = setup(tmp_path, topic)
-    produce(kafka_config, topic, clicks(100, 7))
-    run_pipeline(spark, pipeline, settings)
+    app = clicks_app(1)
+    topic, pipeline = app.topic, app.pipeline
+    app.feed(clicks(100, 7))
     admin = AdminClient(kafka_config)
     for future in admin.delete_records([TopicPartition(topic, 0, 40)]).values():
         future.result()
     with pytest.raises(SourceError, match=r"no longer on the broker"):
-        run_operation(
+        dry_run_operation(
             pipeline,
             settings,
             lambda: plan_rebuild(pipeline, settings, "recompute", True),
-            dry_run=True,
             echo=lambda _line: None,
         )
 

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from deltalake import DeltaTable
 
-from jobs.pipeline import load_pipeline
+from jobs.pipeline.parser import load_pipeline
 from jobs.settings import Settings
 from jobs.streaming.run import run_pipeline
 from tests.conftest import continuous_pipeline, pipeline_file, produce, run_jobs, start_stream

@@ -21,13 +21,14 @@ from deltalake import CommitProperties, DeltaTable
 
 from jobs import kafka_admin
 from jobs.errors import ConsistencyError
+from jobs.operations.runner import FENCE_WAIT_S
 from jobs.operations.verify import run_verify
-from jobs.pipeline import Pipeline, load_pipeline
+from jobs.pipeline.parser import load_pipeline
 from jobs.settings import REPO_ROOT, Settings
 from jobs.status import application_status
 from jobs.streaming.run import run_pipeline
 from jobs.warehouse import Location
-from tests.conftest import pipeline_file, produce, run_jobs
+from tests.conftest import QUICK_JIT, run_jobs
 from tests.conftest import recent_clicks as clicks
 from tests.expected import clicks_per_window, state_as_counter
 from tests.output_topic import (
@@ -36,17 +37,9 @@ from tests.output_topic import (
     last_values,
     read_output,
     state_table,
-    with_output,
 )
 
 pytestmark = pytest.mark.integration
-
-
-def setup_pipeline(tmp_path: Path, topic: str) -> tuple[Pipeline, Path]:
-    """``user_clicks`` reading ``topic``, publishing to ``out_<topic>``."""
-    path = pipeline_file(tmp_path, "user_clicks", topic, max_offsets_per_trigger=400)
-    with_output(path, f"out_{topic}")
-    return load_pipeline(str(path), tmp_path), path
 
 
 def assert_topic_is_the_state(settings: Settings, topic: str, *batches: list[bytes]) -> None:
@@ -85,14 +78,10 @@ def audits(settings: Settings, operation: str) -> list[dict[str, Any]]:
     return [{**r, "details": json.loads(r["details"])} for r in rows]
 
 
-def test_rebuild_after_the_checkpoint_is_lost(
-    spark, settings, kafka_config, new_topic, tmp_path
-) -> None:  # type: ignore[no-untyped-def]
-    topic = new_topic(2)
-    pipeline, path = setup_pipeline(tmp_path, topic)
-    first = clicks(1000, 1)
-    produce(kafka_config, topic, first)
-    run_pipeline(spark, pipeline, settings)
+def test_rebuild_after_the_checkpoint_is_lost(spark, settings, clicks_app, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    app = clicks_app(2, output=True, max_offsets_per_trigger=400)
+    pipeline, path = app.pipeline, app.path
+    first = app.feed(clicks(1000, 1))
     shutil.rmtree(settings.warehouse / "user_clicks" / "_checkpoints" / "epoch=0")
 
     status = application_status(pipeline, settings)
@@ -107,8 +96,8 @@ def test_rebuild_after_the_checkpoint_is_lost(
     assert applied.returncode == 0, applied.stderr
 
     second = clicks(600, 2)
-    produce(kafka_config, topic, second)
-    summary = run_pipeline(spark, pipeline, settings)
+    app.produce(second)
+    summary = app.run()
     assert summary.epoch == 1
     assert_state(settings, first, second)
     # The seed batch's offsets (Kafka held at the cut, the seed read) are written as
@@ -145,8 +134,8 @@ def assert_the_seed_check_sees_a_difference(spark, pipeline, checkpoint: Path, t
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from jobs.snapshot import contribution
-    from jobs.streaming.records import resolve
+    from jobs.state_seed import contribution
+    from jobs.streaming.analyser import resolve
     from jobs.streaming.seed import verify_seeded_state
 
     resolved = resolve(spark, pipeline)
@@ -173,12 +162,10 @@ def assert_the_seed_check_sees_a_difference(spark, pipeline, checkpoint: Path, t
     assert repr(first["user_id"]) in message and "not in Spark" in message
 
 
-def test_rebuild_from_source(spark, settings, kafka_config, new_topic, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    topic = new_topic(2)
-    pipeline, path = setup_pipeline(tmp_path, topic)
-    first = clicks(900, 3)
-    produce(kafka_config, topic, first)
-    run_pipeline(spark, pipeline, settings)
+def test_rebuild_from_source(spark, settings, clicks_app, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    app = clicks_app(2, output=True, max_offsets_per_trigger=400)
+    topic, path = app.topic, app.path
+    first = app.feed(clicks(900, 3))
     applied = cli(
         path, settings, "rebuild", "--reason", "distrust delta", "--from-source", spark=spark
     )
@@ -188,7 +175,7 @@ def test_rebuild_from_source(spark, settings, kafka_config, new_topic, tmp_path)
     assert re.search(r"output: \d+ record\(s\) of 1 state version\(s\) published", applied.stdout)
     assert_topic_is_the_state(settings, topic)
     assert state_table(settings.warehouse) == {}
-    run_pipeline(spark, pipeline, settings)
+    app.run()
     assert_state(settings, first)
     assert_topic_is_the_state(settings, topic, first)
 
@@ -210,14 +197,10 @@ def rewind_dry_run(path: Path, settings: Settings, spec: str, spark: Any) -> Any
     return dry
 
 
-def test_rewind_reprocess_counts_every_event_once(
-    spark, settings, kafka_config, new_topic, tmp_path
-) -> None:  # type: ignore[no-untyped-def]
-    topic = new_topic(1)
-    pipeline, path = setup_pipeline(tmp_path, topic)
-    first = clicks(1000, 4)
-    produce(kafka_config, topic, first)
-    run_pipeline(spark, pipeline, settings)  # batches end at 400, 800, 1000
+def test_rewind_reprocess_counts_every_event_once(spark, settings, clicks_app, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    app = clicks_app(1, output=True, max_offsets_per_trigger=400)
+    topic, pipeline, path = app.topic, app.pipeline, app.path
+    first = app.feed(clicks(1000, 4))  # batches end at 400, 800, 1000
     spec = json.dumps({topic: {"0": 500}})
     dry = rewind_dry_run(path, settings, spec, spark)
     assert f"{topic}[0]" in dry.stdout and "1000 ->      400" in dry.stdout
@@ -240,7 +223,7 @@ def test_rewind_reprocess_counts_every_event_once(
         if r["headers"]["platform.kind"] == "correction"
     }
     assert corrections == {"rewind"}
-    run_pipeline(spark, pipeline, settings)
+    app.run()
     assert_state(settings, first)
     assert_topic_is_the_state(settings, topic, first)
     status = json.loads(cli(path, settings, "status", "--json", spark=spark).stdout)["output"]
@@ -249,13 +232,12 @@ def test_rewind_reprocess_counts_every_event_once(
 
 
 def test_a_reviewed_plan_is_applied_exactly_or_refused(
-    spark, settings, kafka_config, new_topic, tmp_path
+    spark, settings, clicks_app, tmp_path
 ) -> None:  # type: ignore[no-untyped-def]
-    topic = new_topic(1)
-    pipeline, path = setup_pipeline(tmp_path, topic)
+    app = clicks_app(1, output=True, max_offsets_per_trigger=400)
+    topic, path = app.topic, app.path
     first, second = clicks(800, 8), clicks(300, 9)
-    produce(kafka_config, topic, first)
-    run_pipeline(spark, pipeline, settings)  # batches end at 400, 800
+    app.feed(first)  # batches end at 400, 800
     spec = json.dumps({topic: {"0": 400}})
 
     def dry_run() -> str:
@@ -265,8 +247,7 @@ def test_a_reviewed_plan_is_applied_exactly_or_refused(
         return found.group(1)
 
     stale = dry_run()
-    produce(kafka_config, topic, second)
-    run_pipeline(spark, pipeline, settings)  # the application moves on: batch 2
+    app.feed(second)  # the application moves on: batch 2
     refused = cli(path, settings, "rewind", "--plan", stale, "--reason", "replay", spark=spark)
     assert refused.returncode == 2
     assert f"error: plan {stale}" in refused.stderr
@@ -293,19 +274,17 @@ def test_a_reviewed_plan_is_applied_exactly_or_refused(
     assert again.returncode == 0, again.stderr
     assert f"plan {reviewed} was already applied" in again.stdout
     assert audits(settings, "rewind")[-1]["details"] == done
-    run_pipeline(spark, pipeline, settings)
+    app.run()
     assert_state(settings, first, second)
     assert_topic_is_the_state(settings, topic, first, second)
 
 
 def test_a_changed_window_is_refused_before_spark_and_rebuilt_from_source(
-    spark, settings, kafka_config, new_topic, tmp_path
+    spark, settings, clicks_app, tmp_path
 ) -> None:  # type: ignore[no-untyped-def]
-    topic = new_topic(1)
-    pipeline, path = setup_pipeline(tmp_path, topic)
-    first = clicks(600, 10)
-    produce(kafka_config, topic, first)
-    run_pipeline(spark, pipeline, settings)
+    app = clicks_app(1, output=True, max_offsets_per_trigger=400)
+    topic, path = app.topic, app.path
+    first = app.feed(clicks(600, 10))
     data = yaml.safe_load(path.read_text())
     data["version"], data["window"]["size"] = 2, "2 minutes"
     path.write_text(yaml.safe_dump(data))
@@ -350,14 +329,13 @@ def test_a_changed_window_is_refused_before_spark_and_rebuilt_from_source(
 
 
 def test_rewind_skip_leaves_out_exactly_the_skipped_records(
-    spark, settings, kafka_config, new_topic, tmp_path
+    spark, settings, clicks_app, tmp_path
 ) -> None:  # type: ignore[no-untyped-def]
-    topic = new_topic(1)
-    pipeline, path = setup_pipeline(tmp_path, topic)
+    app = clicks_app(1, output=True, max_offsets_per_trigger=400)
+    topic, pipeline, path = app.topic, app.pipeline, app.path
     first, skipped, later = clicks(500, 5), clicks(300, 6), clicks(200, 7)
-    produce(kafka_config, topic, first)
-    run_pipeline(spark, pipeline, settings)
-    produce(kafka_config, topic, skipped)
+    app.feed(first)
+    app.produce(skipped)
     back = cli(
         path,
         settings,
@@ -383,8 +361,7 @@ def test_rewind_skip_leaves_out_exactly_the_skipped_records(
         spark=spark,
     )
     assert applied.returncode == 0, applied.stderr
-    produce(kafka_config, topic, later)
-    run_pipeline(spark, pipeline, settings)
+    app.feed(later)
     assert_state(settings, first, later)
     entry = audits(settings, "rewind")[-1]
     assert entry["details"]["plan"]["skipped"] == {f"{topic}[0]": [500, 800]}
@@ -422,10 +399,10 @@ def test_rewind_skip_leaves_out_exactly_the_skipped_records(
     assert 0 < result["rows_compared"] < windows  # about half the keys
 
 
-def test_an_operation_fences_a_running_stream(settings, kafka_config, new_topic, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    topic = new_topic(1)
-    _pipeline, path = setup_pipeline(tmp_path, topic)
-    produce(kafka_config, topic, clicks(300, 8))
+def test_an_operation_fences_a_running_stream(settings, clicks_app, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    app = clicks_app(1, output=True, max_offsets_per_trigger=400)
+    path = app.path
+    app.produce(clicks(300, 8))
     stream = subprocess.Popen(
         [sys.executable, "-m", "jobs", "run", "--pipeline", str(path), "--trigger", "continuous"]
         + [
@@ -436,6 +413,11 @@ def test_an_operation_fences_a_running_stream(settings, kafka_config, new_topic,
         ]
         + ["--quiet"],
         cwd=REPO_ROOT,
+        # A JVM error's whole stack: once 1,024 frames of java.util.regex hid its caller.
+        env={
+            **os.environ,
+            "PLATFORM_SPARK_JAVA_OPTIONS": f"{QUICK_JIT} -XX:MaxJavaStackTraceDepth=100000",
+        },
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
@@ -449,11 +431,12 @@ def test_an_operation_fences_a_running_stream(settings, kafka_config, new_topic,
             ):
                 break
             time.sleep(1)
-        applied = cli(path, settings, "rebuild", "--reason", "maintenance")
+        # Longer than the operation waits for the fenced stream: its error is the report.
+        applied = run_jobs(
+            path, settings, "rebuild", "--reason", "maintenance", timeout=FENCE_WAIT_S + 120
+        )
         if applied.returncode != 0:  # keep what the stream said: why it did not stop
-            os.killpg(stream.pid, signal.SIGKILL)
-            said = stream.communicate(timeout=60)[1]
-            raise AssertionError(f"{applied.stderr}\nthe stream's stderr:\n{said[-6000:]}")
+            raise AssertionError(f"{applied.stderr}\nthe stream:\n{where_it_is(stream)}")
         assert "fencing the running stream" in applied.stdout
         _out, err = stream.communicate(timeout=120)
         assert stream.returncode == 2
@@ -464,6 +447,39 @@ def test_an_operation_fences_a_running_stream(settings, kafka_config, new_topic,
     rows = table(settings, "_ledger")
     fence = min(r["commit_time"] for r in rows if r["entry_type"] == "fence")
     assert all(r["commit_time"] < fence for r in rows if r["entry_type"] == "batch")
+
+
+def where_it_is(stream: subprocess.Popen[str]) -> str:
+    """A live ``python -m jobs`` process's Python threads (SIGUSR1) and its JVM's
+    (jstack), then both ends of its stderr: a JVM error says why near its start."""
+    jvm = subprocess.run(
+        ["bash", "-c", f"for p in $(pgrep -P {stream.pid}); do jstack $p; done"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    os.kill(stream.pid, signal.SIGUSR1)
+    time.sleep(2)
+    os.killpg(stream.pid, signal.SIGKILL)
+    said = collapsed(stream.communicate(timeout=60)[1])
+    return f"{said[:6000]}\n...\n{said[-8000:]}\nits JVM's threads:\n{collapsed(jvm)[:20000]}"
+
+
+def collapsed(log: str) -> str:
+    """``log`` with each run of one repeated stack frame pattern (a deep recursion)
+    cut to its first lines and a count, so that the frames around it stay in view."""
+    lines, kept, seen = log.splitlines(), [], 0
+    for line in lines:
+        if "at java.base/java.util.regex." in line or "at java.util.regex." in line:
+            seen += 1
+            if seen <= 5:
+                kept.append(line)
+            continue
+        if seen > 5:
+            kept.append(f"\t... {seen - 5} more java.util.regex frames")
+        seen = 0
+        kept.append(line)
+    return "\n".join(kept)
 
 
 def test_two_operations_at_once_the_second_is_refused(settings, tmp_path) -> None:  # type: ignore[no-untyped-def]

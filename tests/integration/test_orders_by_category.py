@@ -103,11 +103,11 @@ def test_the_dimension_feeds_the_stream_and_a_fix_is_backfilled(  # type: ignore
     assert state(settings.warehouse) == before
     # The run left Spark's answers for the tools without a JVM: the derived columns'
     # types and the table the enrichment reads.
-    from jobs import resolved as resolution
+    from jobs import resolution
     from jobs.delta.layout import AppLayout
-    from jobs.pipeline import load_pipeline
+    from jobs.pipeline.parser import load_pipeline
 
-    stored = resolution.load(
+    stored = resolution.load_stored(
         AppLayout(settings.warehouse, APP), load_pipeline(str(pipeline), tmp_path)
     )
     assert stored.analysed and not stored.uses_headers

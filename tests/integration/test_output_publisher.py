@@ -11,8 +11,7 @@ import pytest
 from confluent_kafka.admin import NewPartitions
 from deltalake import DeltaTable
 
-from jobs import kafka_admin
-from jobs import resolved as resolution
+from jobs import kafka_admin, resolution
 from jobs.errors import FencedError, OutputError
 from jobs.operations.maintain import plan_maintenance, run_maintain
 from jobs.operations.publish import run_publish

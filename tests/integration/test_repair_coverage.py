@@ -16,7 +16,7 @@ from confluent_kafka.admin import AdminClient, NewPartitions
 from deltalake import DeltaTable
 
 from jobs import kafka_admin
-from jobs.pipeline import load_pipeline
+from jobs.pipeline.parser import load_pipeline
 from jobs.streaming.run import run_pipeline
 from tests.conftest import run_jobs
 from tests.integration.test_backfill import expected, movements, state

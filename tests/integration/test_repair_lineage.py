@@ -14,7 +14,7 @@ import pytest
 import yaml
 from deltalake import DeltaTable
 
-from jobs.pipeline import load_pipeline
+from jobs.pipeline.parser import load_pipeline
 from jobs.settings import REPO_ROOT
 from jobs.streaming.run import run_pipeline
 from tests.conftest import produce, run_jobs

@@ -16,9 +16,9 @@ from tests.conftest import run_jobs, run_with_fault
 from tests.sequences import Sequence, run_sequence
 
 pytestmark = pytest.mark.integration
-# (seed, windowed): half on a windowed pipeline, whose records arrive out of order
-# and some late.
-SEEDS = [(11, False), (12, False), (13, False), (14, True), (15, True), (16, True)]
+# (seed, windowed): one on a windowed pipeline, whose records arrive out of order
+# and some late. More seeds and longer sequences: python -m benchmarks.sequences.
+SEEDS = [(11, False), (15, True)]
 STEPS = 4
 
 
@@ -46,10 +46,10 @@ def test_a_random_sequence_of_repairs_keeps_the_state_exact(
 
 # Enriched from two dimension tables that are loaded, deleted and loaded again, and
 # re-pointed, added and removed by new pipeline versions (issue 42).
-# Seeds from a long run (docs/benchmarks.md) that reload a table under a replay
-# (refused runs, rewinds and rebuilds), remove enrich: and replay without it, and
-# re-point it.
-ENRICHED_SEEDS = [205, 207, 209, 216]
+# A seed from a long run (docs/benchmarks.md) that reloads a table under a replay
+# (refused runs, rewinds and rebuilds) and changes enrich:; the long runs
+# (python -m benchmarks.sequences) cover the rest.
+ENRICHED_SEEDS = [205]
 
 
 @pytest.mark.parametrize("seed", ENRICHED_SEEDS)

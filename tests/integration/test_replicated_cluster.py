@@ -93,6 +93,17 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[embedded.Clust
         stopped = broker_cli(data_dir, "stop")
         assert stopped.returncode == 0 and "3 of 3 nodes stopped" in stopped.stdout
         assert not any(embedded.cluster_status(data_dir).values())
+        assert_stopped_cleanly(data_dir)
+
+
+def assert_stopped_cleanly(data_dir: Path) -> None:
+    """Every node wrote Kafka's clean-shutdown marker: none was left to SIGKILL."""
+    unclean = [
+        node.name
+        for node in sorted(data_dir.glob("node-*"))
+        if not (node / "kafka-logs" / ".kafka_cleanshutdown").exists()
+    ]
+    assert not unclean, f"{unclean} did not shut down cleanly"
 
 
 def java_hash(text: str) -> int:
@@ -244,6 +255,7 @@ def test_leader_and_coordinator_failover_keep_every_record_exactly_once(  # type
         producer.pause()
         stopped = broker_cli(data_dir, "stop")
         assert stopped.returncode == 0 and "3 of 3 nodes stopped" in stopped.stdout
+        assert_stopped_cleanly(data_dir)
         time.sleep(2)
         restarted = broker_cli(data_dir, "start", "--nodes", "3")
         assert restarted.returncode == 0, restarted.stderr

@@ -9,7 +9,7 @@ from confluent_kafka import TopicPartition
 from deltalake import DeltaTable
 
 from jobs import kafka_admin
-from jobs.pipeline import load_pipeline
+from jobs.pipeline.parser import load_pipeline
 from jobs.streaming.run import run_pipeline
 from tests.conftest import pipeline_file, produce
 from tests.conftest import recent_clicks as clicks

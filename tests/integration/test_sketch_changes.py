@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from jobs.operations.backfill import same_sketches_kept
-from jobs.pipeline import parse_pipeline
+from jobs.pipeline.parser import parse_pipeline
 
 pytestmark = pytest.mark.integration
 

@@ -20,7 +20,7 @@ from deltalake import DeltaTable
 
 from include.sample_data import order_events
 from jobs import kafka_admin
-from jobs.pipeline import load_pipeline, parse_pipeline
+from jobs.pipeline.parser import load_pipeline, parse_pipeline
 from jobs.settings import REPO_ROOT, Settings
 from jobs.streaming.run import run_pipeline
 from tests.conftest import run_jobs
@@ -246,7 +246,7 @@ def test_spark_refuses_what_text_cannot_tell(  # type: ignore[no-untyped-def]
     spark, tmp_path, changes: dict[str, Any], message: str
 ) -> None:
     from jobs.errors import ConfigError
-    from jobs.streaming import records
+    from jobs.streaming import analyser
 
     spark.udf.register("shout", lambda s: s.upper())  # a session's UDF: still refused
     spark.createDataFrame([("paid",)], "s string").createOrReplaceTempView("paid_statuses")
@@ -257,7 +257,7 @@ def test_spark_refuses_what_text_cannot_tell(  # type: ignore[no-untyped-def]
         data["aggregations"] = [{"name": "orders", "function": "count"}]
     path = write(tmp_path, data)
     with pytest.raises(ConfigError) as error:
-        records.resolve(spark, load_pipeline(str(path), tmp_path))
+        analyser.resolve(spark, load_pipeline(str(path), tmp_path))
     text = str(error.value)
     assert text.startswith(f"{path}: ") and "\n" not in text
     assert message in text, text
@@ -301,14 +301,14 @@ def test_spark_refuses_the_clock_and_the_session_on_its_own_tree(  # type: ignor
 
     from jobs import sql_text
     from jobs.errors import ConfigError
-    from jobs.pipeline import Derived
-    from jobs.streaming import records
+    from jobs.pipeline.model import Derived
+    from jobs.streaming import analyser
 
     monkeypatch.setattr(sql_text, "SPECIAL_TIMES", set())  # the text check sees no word
     pipeline = bare_orders()
     bypass = dataclasses.replace(pipeline, derived=(Derived("d", expr),))
     with pytest.raises(ConfigError) as error:
-        records.resolve(spark, bypass)
+        analyser.resolve(spark, bypass)
     text = str(error.value)
     assert text.startswith("orders_revenue: derived[0] (d): ") and "\n" not in text, text
     assert message in text, text
@@ -317,8 +317,8 @@ def test_spark_refuses_the_clock_and_the_session_on_its_own_tree(  # type: ignor
 def test_dates_written_out_and_the_records_own_times_are_fine(spark) -> None:  # type: ignore[no-untyped-def]
     import dataclasses
 
-    from jobs.pipeline import Derived
-    from jobs.streaming import records
+    from jobs.pipeline.model import Derived
+    from jobs.streaming import analyser
 
     exprs = [
         "DATE '2026-01-31'",
@@ -329,7 +329,7 @@ def test_dates_written_out_and_the_records_own_times_are_fine(spark) -> None:  #
     ]
     pipeline = bare_orders()
     derived = tuple(Derived(f"d{i}", e) for i, e in enumerate(exprs))
-    resolved = records.resolve(spark, dataclasses.replace(pipeline, derived=derived))
+    resolved = analyser.resolve(spark, dataclasses.replace(pipeline, derived=derived))
     assert resolved.headers_read is False
 
 
@@ -337,8 +337,8 @@ def test_whether_headers_are_read_is_spark_s_answer(spark) -> None:  # type: ign
     import dataclasses
 
     from jobs.errors import ConfigError
-    from jobs.pipeline import Derived
-    from jobs.streaming import records
+    from jobs.pipeline.model import Derived
+    from jobs.streaming import analyser
 
     pipeline = bare_orders()
     for expr, reads in [
@@ -348,12 +348,12 @@ def test_whether_headers_are_read_is_spark_s_answer(spark) -> None:  # type: ign
         ("merchant.id", False),
     ]:
         found = dataclasses.replace(pipeline, derived=(Derived("d", expr),))
-        assert records.resolve(spark, found).headers_read is reads, expr
+        assert analyser.resolve(spark, found).headers_read is reads, expr
     archived = dataclasses.replace(
         pipeline, derived=(Derived("d", "kafka['head' 'ers']"),), archive=True
     )
     with pytest.raises(ConfigError, match="does not keep Kafka headers"):
-        records.resolve(spark, archived)
+        analyser.resolve(spark, archived)
 
 
 def test_run_names_a_bad_expression_in_one_line(spark, settings, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -371,7 +371,7 @@ def test_a_failing_part_two_expressions_share_fails_only_its_record(spark) -> No
     import dataclasses
 
     from jobs.kafka_source import spark_kafka
-    from jobs.streaming import records
+    from jobs.streaming import analyser, judging
 
     data = {
         **BUYERS,
@@ -383,7 +383,7 @@ def test_a_failing_part_two_expressions_share_fails_only_its_record(spark) -> No
         ),
         "aggregations": [{"name": "n", "function": "sum", "field": "twice"}],
     }
-    pipeline = records.resolve(
+    pipeline = analyser.resolve(
         spark, dataclasses.replace(parse_pipeline(data, "shared.yaml"), topics=("t",))
     )
     moment = datetime.fromtimestamp(time.time() - 60, UTC)
@@ -394,7 +394,7 @@ def test_a_failing_part_two_expressions_share_fails_only_its_record(spark) -> No
         ],
         spark_kafka.COLUMNS,
     )
-    judged = records.classify(raw, pipeline).select("_offset", "_reason", "twice").collect()
+    judged = judging.classify(raw, pipeline).select("_offset", "_reason", "twice").collect()
     reasons = {r["_offset"]: r["_reason"] for r in judged}
     assert reasons[0] is None and reasons[3] is None
     assert reasons[1].startswith("derived 'plus' failed")  # 'x' is no INT

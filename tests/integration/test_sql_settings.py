@@ -57,31 +57,31 @@ def test_a_hosts_spark_defaults_do_not_change_the_computation(tmp_path: Path) ->
 def test_a_session_that_would_compute_otherwise_is_refused(  # type: ignore[no-untyped-def]
     spark, key: str, value: str, message: str
 ) -> None:
-    from jobs.pipeline import load_pipeline
-    from jobs.streaming import records
+    from jobs.pipeline.parser import load_pipeline
+    from jobs.streaming import analyser
 
     pipeline = load_pipeline("user_clicks", REPO_ROOT / "include" / "pipelines")
     before = spark.conf.get(key, None)
     spark.conf.set(key, value)
     try:
         with pytest.raises(ConfigError) as error:
-            records.resolve(spark, pipeline)
+            analyser.resolve(spark, pipeline)
     finally:
         if before is None:
             spark.conf.unset(key)
         else:
             spark.conf.set(key, before)
     assert message in str(error.value) and "\n" not in str(error.value)
-    assert records.resolve(spark, pipeline).sql_settings["spark.sql.ansi.enabled"] == "true"
+    assert analyser.resolve(spark, pipeline).sql_settings["spark.sql.ansi.enabled"] == "true"
 
 
 def test_a_legacy_setting_at_spark_s_default_is_no_change(spark) -> None:  # type: ignore[no-untyped-def]
-    from jobs.pipeline import load_pipeline
-    from jobs.streaming import records
+    from jobs.pipeline.parser import load_pipeline
+    from jobs.streaming import analyser
 
     pipeline = load_pipeline("user_clicks", REPO_ROOT / "include" / "pipelines")
     spark.conf.set("spark.sql.legacy.setopsPrecedence.enabled", "false")
     try:
-        assert records.resolve(spark, pipeline).sql_settings["spark.sql.session.timeZone"] == "UTC"
+        assert analyser.resolve(spark, pipeline).sql_settings["spark.sql.session.timeZone"] == "UTC"
     finally:
         spark.conf.unset("spark.sql.legacy.setopsPrecedence.enabled")

@@ -151,26 +151,36 @@ def stream_runs_settled(airflow: dict[str, Any]) -> bool:
     return all(r["state"] in ("success", "failed") for r in runs["dag_runs"])
 
 
-def run_report(airflow: dict[str, Any], dag_id: str, run_id: str) -> str:
-    """Every task's state and the tail of each of its log files."""
+def run_report(airflow: dict[str, Any], dag_id: str, run_id: str | None = None) -> str:
+    """Every task's state and the tail of each of its log files, for ``run_id`` or,
+    without one, for every run of ``dag_id``; the warm driver's log and
+    Airflow's errors."""
     try:
-        lines = [f"{dag_id} {run_id}: {task_states(airflow, dag_id, run_id)}"]
+        runs = api(airflow["port"], airflow["password"], f"/api/v2/dags/{dag_id}/dagRuns")
+        run_ids = [str(r["dag_run_id"]) for r in runs["dag_runs"]]
+        lines = [f"{dag_id} runs: {[(r['dag_run_id'], r['state']) for r in runs['dag_runs']]}"]
     except OSError as error:
-        lines = [f"{dag_id} {run_id}: task states unavailable ({error})"]
+        run_ids, lines = [], [f"{dag_id}: runs unavailable ({error})"]
+    for each in [run_id] if run_id else run_ids:
+        try:
+            lines.append(f"{each}: {task_states(airflow, dag_id, each)}")
+        except OSError as error:
+            lines.append(f"{each}: task states unavailable ({error})")
     logs = airflow["home"] / "logs"
     for log in sorted(logs.glob(f"dag_id={dag_id}/**/*.log")):
-        if run_id in str(log) or urllib.parse.quote(run_id) in str(log):
+        if run_id is None or run_id in str(log) or urllib.parse.quote(run_id) in str(log):
             lines += [f"--- {log.relative_to(logs)}", log.read_text()[-3000:]]
-    if len(lines) == 1:
-        lines.append(f"no task logs under {logs}: {sorted(str(p) for p in logs.rglob('*'))[:40]}")
+    driver = airflow["home"] / "warm-driver.log"
+    if driver.exists():
+        lines += ["--- warm-driver.log (end)", driver.read_text(errors="replace")[-4000:]]
     standalone = airflow["home"] / "standalone.log"
     if standalone.exists():
         noted = [
             line
             for line in standalone.read_text(errors="replace").splitlines()
-            if run_id in line or "ERROR" in line or "Traceback" in line
+            if (run_id and run_id in line) or "ERROR" in line or "Traceback" in line
         ]
-        lines += ["--- standalone.log (this run, errors)", *(n[:400] for n in noted[-120:])]
+        lines += ["--- standalone.log (errors)", *(n[:400] for n in noted[-120:])]
     return "\n".join(lines)
 
 
@@ -261,25 +271,47 @@ def test_trigger_stream_user_clicks_from_the_ui(airflow: dict[str, Any]) -> None
         dialog.get_by_text("Unpause stream_user_clicks on trigger").wait_for(timeout=30000)
         page.screenshot(path=str(ARTIFACTS / "airflow-trigger-form.png"))
         dialog.get_by_role("button", name="Trigger").click()
+        try:  # the form closes once Airflow has taken the run
+            dialog.wait_for(state="hidden", timeout=60000)
+        except Exception:  # Playwright's TimeoutError: a person would click again
+            page.screenshot(path=str(ARTIFACTS / "airflow-trigger-still-open.png"))
+            dialog.get_by_role("button", name="Trigger").click()
 
-        deadline = time.monotonic() + 300
-        state = run_id = None
-        while time.monotonic() < deadline:
+        def manual_runs() -> list[dict[str, Any]]:
             runs = api(
                 airflow["port"], airflow["password"], "/api/v2/dags/stream_user_clicks/dagRuns"
             )
             # Unpausing may also start a scheduled run: follow the one we triggered.
-            manual = [r for r in runs["dag_runs"] if r["run_type"] == "manual"]
-            if manual and manual[0]["state"] in ("success", "failed"):
-                state, run_id = manual[0]["state"], manual[0]["dag_run_id"]
-                break
-            time.sleep(1)
+            return [r for r in runs["dag_runs"] if r["run_type"] == "manual"]
+
+        try:
+            triggered = wait_until("the form to create the run", manual_runs, seconds=120)[0]
+        except AssertionError:
+            page.screenshot(path=str(ARTIFACTS / "airflow-trigger-no-run.png"))
+            raise AssertionError(
+                "the trigger form created no run in 120 s (screenshot: "
+                "airflow-trigger-no-run.png)\n" + run_report(airflow, "stream_user_clicks")
+            ) from None
+        run_id = str(triggered["dag_run_id"])
+
+        def finished() -> str | None:
+            [run] = [r for r in manual_runs() if r["dag_run_id"] == run_id]
+            return str(run["state"]) if run["state"] in ("success", "failed") else None
+
+        # The triggered run waits for the scheduled one (one run at a time), and
+        # that one may take its retries (30 s, then 60 s apart) on a busy machine.
+        try:
+            state = wait_until("the triggered run to finish", finished, seconds=600)
+        except AssertionError as timed_out:
+            raise AssertionError(
+                f"{timed_out}\n{run_report(airflow, 'stream_user_clicks')}"
+            ) from None
         page.reload()
         page.wait_for_timeout(2000)
         page.screenshot(path=str(ARTIFACTS / "airflow-run-finished.png"))
-        assert state == "success", run_report(airflow, "stream_user_clicks", str(run_id))
+        assert state == "success", run_report(airflow, "stream_user_clicks")
         # The run went to the warm driver `make airflow` started (no spark-submit).
-        report = run_report(airflow, "stream_user_clicks", str(run_id))
+        report = run_report(airflow, "stream_user_clicks", run_id)
         assert f"on the warm driver http://127.0.0.1:{airflow['driver_port']}" in report, report
         assert "with spark-submit instead" not in report
         expected, _dead, _late = clicks_per_window([airflow["values"]])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from jobs import resolved as resolution
+from jobs import resolution
 from jobs.cut import StateAction
 from jobs.operations.backfill import preview
 from jobs.operations.plan import Plan

@@ -31,6 +31,10 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
         (["status", "--pipeline", "../x"], "not a valid application id"),
         (["frobnicate"], "invalid choice"),
         (["broker", "start", "--port", "99999"], "--port must be 1-65535"),
+        (
+            ["rewind", "--pipeline", "user_clicks", "--reason", "r", "--plan", "p1", "--dry-run"],
+            "--plan applies a saved plan: leave out --dry-run",
+        ),
     ],
 )
 def test_bad_arguments(args: list[str], message: str) -> None:

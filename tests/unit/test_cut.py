@@ -156,7 +156,7 @@ def test_attempts_that_died_one_after_another_are_undone_together(tmp_path: Path
 def test_status_and_the_planners_do_not_import_spark() -> None:
     code = (
         "import sys; sys.path.insert(0, 'plugins'); "
-        "import jobs.status, jobs.ledger, jobs.cut, jobs.snapshot, jobs.operations.plan, "
+        "import jobs.status, jobs.ledger, jobs.cut, jobs.state_seed, jobs.operations.plan, "
         "jobs.operations.restart, platform_airflow.hooks; "
         "print('pyspark' in sys.modules)"
     )
@@ -167,8 +167,8 @@ def test_status_and_the_planners_do_not_import_spark() -> None:
 
 
 def test_watermark_ranges_take_the_later_epochs_decision(tmp_path: Path) -> None:
-    from jobs.coverage import History, Step
     from jobs.ledger import batch_entries, batch_rows, read_ledger
+    from jobs.lineage import History, Step
 
     where = layout(tmp_path)
 
@@ -246,7 +246,7 @@ def test_every_table_of_the_layout_is_fenced_ledger_first_raw_included(tmp_path:
     import dataclasses
 
     from jobs.cut import fenced_tables
-    from jobs.pipeline import load_pipeline
+    from jobs.pipeline.parser import load_pipeline
 
     clicks = load_pipeline("user_clicks", REPO_ROOT / "include" / "pipelines")
     archived = dataclasses.replace(clicks, archive=True)

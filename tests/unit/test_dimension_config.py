@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from jobs.dimension import load_dimension, load_each_dimension, parse_dimension
+from jobs.dimension_load import load_dimension, load_each_dimension, parse_dimension
 from jobs.errors import ConfigError
 from jobs.settings import REPO_ROOT
 
@@ -78,7 +78,7 @@ def test_a_file_names_its_dimension_and_one_broken_file_spares_the_others(tmp_pa
 
 
 def test_no_application_takes_the_dimension_tables_folder() -> None:
-    from jobs.pipeline import parse_pipeline
+    from jobs.pipeline.parser import parse_pipeline
 
     with pytest.raises(ConfigError, match="'dims' is the warehouse's folder of dimension tables"):
         parse_pipeline(

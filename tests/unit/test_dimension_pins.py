@@ -11,9 +11,9 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from jobs.coverage import Pin
 from jobs.cut import check_readable
 from jobs.errors import ConfigError
+from jobs.lineage import Pin
 
 ROWS = pa.table({"sku": ["a"], "factor": pa.array([2], pa.int64())})
 

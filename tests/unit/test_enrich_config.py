@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from jobs.errors import ConfigError
-from jobs.pipeline import Enrichment, parse_pipeline
+from jobs.pipeline.model import Enrichment
+from jobs.pipeline.parser import parse_pipeline
 
 BASE: dict[str, Any] = {
     "application_id": "merchant_sales",
@@ -87,7 +88,7 @@ def test_on_written_by_hand_is_the_join_not_a_yaml_boolean(tmp_path: Path) -> No
     # YAML 1.1 (PyYAML) reads a bare `on` key as True: the form the docs show.
     import yaml
 
-    from jobs.pipeline import load_pipeline
+    from jobs.pipeline.parser import load_pipeline
 
     text = """
 application_id: shop_sales

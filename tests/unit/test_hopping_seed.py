@@ -18,8 +18,10 @@ import pytest
 from jobs.cut import Cut, check_state_shape
 from jobs.delta.layout import TIMESTAMP, AppLayout
 from jobs.errors import ConfigError
-from jobs.pipeline import Pipeline, parse_pipeline, shape_changes
-from jobs.snapshot import RECORDS, open_windows, seed_rows
+from jobs.pipeline.checks import shape_changes
+from jobs.pipeline.model import Pipeline
+from jobs.pipeline.parser import parse_pipeline
+from jobs.state_seed import RECORDS, open_windows, seed_rows
 
 SIZE, SLIDE, DELAY = 180, 60, 600
 PAYMENTS: dict[str, Any] = {

@@ -31,17 +31,54 @@ def test_a_settled_dump_of_a_dead_run_becomes_the_archive(folder: Path) -> None:
     dead = 2**22 + 12345  # no such pid
     dump = folder / f"spark-{jvm._key()}.{dead}.jsa"
     dump.write_bytes(b"x" * 10)
+    jvm._ran(dump).touch()  # its run ran a pipeline to the end
     assert jvm.cds_options() == ""  # maybe still being written: no second dump, no map
     old = time.time() - jvm.DUMP_SETTLE_S - 5
     os.utime(dump, (old, old))
     options = jvm.cds_options()
     assert f"-XX:SharedArchiveFile={folder / f'spark-{jvm._key()}.jsa'}" in options
-    assert not dump.exists()
+    assert not dump.exists() and not jvm._ran(dump).exists()
     spare = folder / f"spark-{jvm._key()}.{dead + 1}.jsa"
     spare.write_bytes(b"y")
+    jvm._ran(spare).touch()
     os.utime(spare, (old, old))
     jvm.cds_options()
     assert not spare.exists()  # a second finished dump is removed, not kept
+    assert not jvm._ran(spare).exists()
+
+
+def test_the_dump_of_a_process_that_ran_no_pipeline_is_discarded(folder: Path) -> None:
+    """The first JVM to exit wrote the archive for good: a command refused once
+    Spark was up left a fifth of the classes in it, and every cold run was slower."""
+    dump = folder / f"spark-{jvm._key()}.{2**22 + 12345}.jsa"  # no such pid
+    dump.write_bytes(b"a few classes")
+    old = time.time() - jvm.DUMP_SETTLE_S - 5
+    os.utime(dump, (old, old))
+    options = jvm.cds_options()
+    assert "SharedArchiveFile" not in options and "-XX:ArchiveClassesAtExit" in options
+    assert not dump.exists() and not (folder / f"spark-{jvm._key()}.jsa").exists()
+
+
+def test_a_run_that_ends_well_notes_it_beside_its_dump(folder: Path) -> None:
+    options = jvm.cds_options()
+    dump = Path(options.split("-XX:ArchiveClassesAtExit=")[1].split()[0])
+    jvm.note_a_complete_run()
+    assert jvm._ran(dump).exists()
+
+
+def test_notes_and_aot_configurations_of_killed_runs_are_removed(folder: Path) -> None:
+    old = time.time() - jvm.DUMP_SETTLE_S - 5
+    dead = 2**22 + 12345
+    left = [
+        folder / f"spark-{jvm._key()}.{dead}.jsa.ran",  # the run noted, its JVM was killed
+        folder / f"spark-00000000000000aa.{dead}.aot.config",  # killed while it assembled
+    ]
+    alive = folder / f"spark-00000000000000bb.{os.getpid()}.aot.config"  # still assembling
+    for path in [*left, alive]:
+        path.write_bytes(b"x")
+        os.utime(path, (old, old))
+    jvm.prune_other_archives(folder, jvm._key())
+    assert not any(p.exists() for p in left) and alive.exists()
 
 
 def test_it_can_be_turned_off(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -89,6 +126,8 @@ def test_the_users_options_come_after_the_platforms(
     options = jvm.driver_java_options()
     assert options.startswith("-Dlog4j.configurationFile=")
     assert options.endswith(" -XX:TieredStopAtLevel=1 -Dx=y")
+    # Deep recursions (java.util.regex) get room; a user's own -Xss comes later and wins.
+    assert options.index(jvm.THREAD_STACK) < options.index("-XX:TieredStopAtLevel=1")
     monkeypatch.delenv(jvm.EXTRA_ENV)
     assert "TieredStopAtLevel" not in jvm.driver_java_options()
 
@@ -109,6 +148,7 @@ def test_two_runs_that_both_find_a_finished_dump_start_alike(
     put in place."""
     dump = folder / f"spark-{jvm._key()}.{2**22 + 12345}.jsa"  # no such pid
     dump.write_bytes(b"archive")
+    jvm._ran(dump).touch()
     old = time.time() - 3600
     os.utime(dump, (old, old))
     original = Path.replace
@@ -158,6 +198,7 @@ def test_files_of_another_user_are_never_adopted(
     key = jvm._key()
     dump = folder / f"spark-{key}.{2**22 + 12345}.jsa"  # a dead run's, settled
     dump.write_bytes(b"archive")
+    jvm._ran(dump).touch()
     old = time.time() - 3600
     os.utime(dump, (old, old))
     final = folder / f"spark-{key}.jsa"
@@ -186,3 +227,45 @@ def test_the_archive_folder_is_its_users_alone(
     folder.symlink_to(planted)
     assert jvm.cds_options() == ""
     assert sorted(p.name for p in planted.iterdir()) == [f"spark-{jvm._key()}.jsa"]
+
+
+def fake_jdk(root: Path, version: str) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "release").write_text(f'IMPLEMENTOR="x"\nJAVA_VERSION="{version}"\n')
+    return root
+
+
+@pytest.mark.parametrize(
+    ("version", "feature", "suffix"),
+    [("1.8.0_402", 8, "jsa"), ("17.0.15", 17, "jsa"), ("24", 24, "jsa"), ("25.0.3", 25, "aot")],
+)
+def test_java_25_writes_and_maps_an_aot_cache_in_place_of_the_archive(
+    folder: Path, monkeypatch: pytest.MonkeyPatch, version: str, feature: int, suffix: str
+) -> None:
+    home = fake_jdk(folder.parent / f"jdk-{feature}", version)
+    monkeypatch.setenv("JAVA_HOME", str(home))
+    assert jvm.java_feature(home) == feature
+    dump = jvm.cds_options()
+    written = {"jsa": "-XX:ArchiveClassesAtExit", "aot": "-XX:AOTCacheOutput"}[suffix]
+    assert f"{written}={folder}/spark-{jvm._key()}.{os.getpid()}.{suffix}" in dump
+    (folder / f"spark-{jvm._key()}.{suffix}").write_bytes(b"archive")
+    mapped = {"jsa": "-XX:SharedArchiveFile", "aot": "-XX:AOTCache"}[suffix]
+    assert f"{mapped}={folder}/spark-{jvm._key()}.{suffix}" in jvm.cds_options()
+    if suffix == "aot":  # what the JVM says while it writes the cache stays off stdout
+        assert "-XX:+DisplayVMOutputToStderr" in dump
+
+
+def test_a_jdk_without_a_readable_release_file_keeps_the_archive(
+    folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("JAVA_HOME", str(folder.parent / "no-such-jdk"))
+    assert jvm.java_feature(folder.parent / "no-such-jdk") is None
+    assert "-XX:ArchiveClassesAtExit" in jvm.cds_options()
+
+
+def test_other_java_options_get_another_archive(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An AOT cache written under other JIT or GC options may be refused for good."""
+    monkeypatch.delenv(jvm.EXTRA_ENV, raising=False)
+    plain = jvm._key()
+    monkeypatch.setenv(jvm.EXTRA_ENV, "-XX:TieredStopAtLevel=1")
+    assert jvm._key() != plain

@@ -42,8 +42,8 @@ def test_partition_errors_stop_the_read_and_client_events_do_not() -> None:
 def test_a_changed_topic_id_is_a_recreated_topic_and_unknown_ids_are_not_compared() -> None:
     import pytest
 
+    from jobs.cut import check_same_topics
     from jobs.errors import SourceError
-    from jobs.kafka_admin import check_same_topics
 
     check_same_topics({"a": "id1", "b": "id2"}, {"a": "id1", "b": "id2"})
     check_same_topics({"a": "id1"}, {})  # the broker reports no ids now: offset checks only

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from jobs import resolved as resolution
+from jobs import resolution
 from jobs.delta import layout as tables
 from jobs.delta.files import stale_staged_files
 from jobs.delta.layout import AppLayout, ensure_tables
@@ -30,7 +30,7 @@ from jobs.operations.maintain import (
     plan_maintenance,
     vacuum_rule,
 )
-from jobs.pipeline import load_pipeline
+from jobs.pipeline.parser import load_pipeline
 from jobs.settings import REPO_ROOT, Settings, load_settings
 from tests import ledger_rows as ledger
 

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from deltalake import DeltaTable
 
+from jobs import kafka_admin
 from jobs.cut import read_cut
 from jobs.errors import ConfigError
 from jobs.ledger import current_epoch, unfinished_operation
@@ -32,7 +33,7 @@ def stream(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[StateWriter
     )
     looks = iter([{"purpose": "run --trigger continuous", "pid": 1}])
     monkeypatch.setattr(runner, "holder", lambda _layout: next(looks, None))
-    monkeypatch.setattr(restart, "broker_topic_ids", lambda *_a: {})
+    monkeypatch.setattr(kafka_admin, "topic_ids", lambda *_a: {})
     return state, dataclasses.replace(load_settings(), warehouse=tmp_path)
 
 
@@ -56,7 +57,7 @@ def test_a_plan_refused_after_the_fence_leaves_the_stream_resumable(stream) -> N
         return found
 
     with pytest.raises(ConfigError, match=r"only moves forward.*nothing was changed"):
-        runner.run_operation(pipeline, settings, make_plan, dry_run=False, echo=lambda _m: None)
+        runner.run_operation(pipeline, settings, make_plan, echo=lambda _m: None)
     # Not stuck: nothing unfinished, the new epoch has a cut at the stream's position,
     # and the state is as the ledger has it.
     assert unfinished_operation(layout) is None
@@ -81,9 +82,7 @@ def test_a_check_refused_before_the_bump_leaves_the_stream_resumable(stream) -> 
         raise ConfigError("the pipeline changes what Spark's state holds")
 
     with pytest.raises(ConfigError, match=r"state holds.*nothing was changed"):
-        runner.run_operation(
-            pipeline, settings, make_plan, dry_run=False, echo=lambda _m: None, apply=apply
-        )
+        runner.run_operation(pipeline, settings, make_plan, echo=lambda _m: None, apply=apply)
     assert unfinished_operation(layout) is None
     assert current_epoch(layout) == 2
     assert state_rows(state) == before

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from jobs.errors import ConfigError
-from jobs.service import DriverError, _handler, token_file
 from jobs.settings import load_settings
+from jobs.warm_driver import DriverError, _handler, token_file
 from platform_airflow.operators import PlatformJobOperator
 
 TOKEN = "t" * 40

@@ -9,10 +9,10 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from jobs import resolved as resolution
+from jobs import resolution
 from jobs.errors import ConsistencyError
 from jobs.output.changes import commit_infos, net_changes
-from jobs.output.records import encode, headers, partition_of
+from jobs.output.encoding import encode, headers, partition_of
 from tests.output_tables import StateWriter, clicks_pipeline
 
 

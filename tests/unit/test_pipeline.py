@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from jobs.errors import ConfigError
-from jobs.pipeline import list_pipelines, load_pipeline, parse_pipeline
+from jobs.pipeline.parser import list_pipelines, load_pipeline, parse_pipeline
 from jobs.settings import REPO_ROOT
 
 PIPELINES = REPO_ROOT / "include" / "pipelines"
@@ -167,7 +167,7 @@ def test_output_topic_is_optional() -> None:
 
 
 def test_state_shape_changes_are_named() -> None:
-    from jobs.pipeline import shape_changes
+    from jobs.pipeline.checks import shape_changes
 
     before = parse_pipeline(variant(), "p.yaml").state_shape
     wider = parse_pipeline(

@@ -11,10 +11,11 @@ import pytest
 import yaml
 
 from jobs import sql_text
-from jobs.cut import Cut, check_definition, recorded_definition, write_cut
+from jobs.cut import Cut, check_pipeline, recorded_definition, write_cut
 from jobs.delta.layout import AppLayout
 from jobs.errors import ConfigError
-from jobs.pipeline import definition_changes, load_pipeline, parse_pipeline
+from jobs.pipeline.checks import definition_changes
+from jobs.pipeline.parser import load_pipeline, parse_pipeline
 from jobs.settings import REPO_ROOT
 from tests.unit.test_pipeline import changed
 
@@ -124,7 +125,7 @@ def test_what_users_write_reads_as_sql() -> None:
 
 
 def test_a_cosmetic_edit_is_no_change_and_spark_types_do_not_change_it() -> None:
-    from jobs import resolved as resolution
+    from jobs import resolution
 
     v1 = parse_pipeline(orders(), "v1")
     spaced = orders(derived=[{**d, "expr": f"  {d['expr']}  -- note"} for d in ORDERS["derived"]])
@@ -243,10 +244,10 @@ def test_a_definition_changed_under_the_same_version_is_refused(tmp_path: Path) 
     layout = AppLayout(tmp_path, "orders_revenue")
     cut = Cut(0, {}, "pipeline", definition=recorded_definition(v1))
     write_cut(layout, cut)
-    check_definition(layout, v1, cut)
-    check_definition(layout, bumped, cut)
+    check_pipeline(layout, v1, cut, shape=False)
+    check_pipeline(layout, bumped, cut, shape=False)
     with pytest.raises(ConfigError) as error:
-        check_definition(layout, changed, cut)
+        check_pipeline(layout, changed, cut, shape=False)
     assert str(error.value) == (
         "pipeline orders_revenue: version 1 was recorded with another definition (epoch 0's "
         "cut): filter differs; set version: 2 (results of another logic need another "
@@ -259,4 +260,4 @@ def test_a_definition_changed_under_the_same_version_is_refused(tmp_path: Path) 
     later = Cut(1, {}, "backfill", definition=recorded_definition(v2))
     write_cut(layout, later)
     with pytest.raises(ConfigError, match=r"version 1 was recorded .*epoch 0's cut.*version: 3"):
-        check_definition(layout, changed, later)
+        check_pipeline(layout, changed, later, shape=False)

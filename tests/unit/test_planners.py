@@ -13,9 +13,9 @@ from jobs.cut import Cut, StateAction, write_cut
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
 from jobs.errors import ConfigError, SourceError
-from jobs.operations import restart
+from jobs.operations import apply, restart
 from jobs.operations.targets import TargetSpec
-from jobs.pipeline import load_pipeline
+from jobs.pipeline.parser import load_pipeline
 from jobs.settings import REPO_ROOT, load_settings
 from tests import ledger_rows as ledger
 
@@ -104,14 +104,14 @@ def test_rewind_skip_to_the_start_of_a_recreated_topic_keeps_the_state(settings,
 def test_the_new_epochs_watermark_floor_follows_the_state_it_starts_from(settings) -> None:  # type: ignore[no-untyped-def]
     layout = AppLayout(settings.warehouse, PIPELINE.application_id)
     rebuild = restart.plan_rebuild(PIPELINE, settings, "x", from_source=False)
-    assert restart.watermark_floor(layout, rebuild) == 2000  # the last boundary's
+    assert apply.watermark_floor(layout, rebuild) == 2000  # the last boundary's
     spec = TargetSpec("shift", "-100")
     rewind = restart.plan_rewind(PIPELINE, settings, "x", spec, "reprocess", None)
-    assert restart.watermark_floor(layout, rewind) == 1000  # restored to batch 1
+    assert apply.watermark_floor(layout, rewind) == 1000  # restored to batch 1
     replay = restart.plan_rebuild(PIPELINE, settings, "x", from_source=True)
-    assert restart.watermark_floor(layout, replay) == 0  # emptied: every window reopens
+    assert apply.watermark_floor(layout, replay) == 0  # emptied: every window reopens
     backfill = dataclasses.replace(rewind, state_action=StateAction.PUBLISH)
-    assert restart.watermark_floor(layout, backfill) == 2000  # the highest the stream had
+    assert apply.watermark_floor(layout, backfill) == 2000  # the highest the stream had
 
 
 def test_rewind_skip_back_is_allowed_only_for_a_topic_with_a_new_id(settings, monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -191,7 +191,7 @@ def test_a_rebuild_after_a_completed_backfill_continues_from_the_backfills_cut(s
     assert plan.target_offsets == {TP: 1000}
     assert plan.seed_state_version == 5
     assert plan.boundary is not None and plan.boundary.epoch == 1
-    assert restart.watermark_floor(layout, plan) == 2500
+    assert apply.watermark_floor(layout, plan) == 2500
 
 
 def test_a_backfill_reads_only_what_the_stream_has_judged(settings, monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -232,7 +232,7 @@ def test_a_backfill_after_a_backfill_keeps_the_stream_watermark(settings, monkey
 
     monkeypatch.setattr(backfill, "broker_marks", lambda *_a, **_k: ({}, {TP: (0, 1000)}))
     plan = backfill.plan_backfill(PIPELINE, settings, "again", TargetSpec("earliest"))
-    assert restart.watermark_floor(layout, plan) == 2000
+    assert apply.watermark_floor(layout, plan) == 2000
 
 
 def test_a_skip_over_a_partition_never_read_records_its_gap_from_the_log_start(  # type: ignore[no-untyped-def]

@@ -17,14 +17,14 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from jobs import resolved as resolution
+from jobs import resolution
 from jobs.cut import Cut, StateAction, write_cut
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
 from jobs.delta.writer import bump_epoch
 from jobs.operations import backfill, restart
 from jobs.operations.targets import TargetSpec
-from jobs.pipeline import load_pipeline
+from jobs.pipeline.parser import load_pipeline
 from jobs.settings import REPO_ROOT, Settings, load_settings
 from tests import ledger_rows as ledger
 
@@ -204,11 +204,11 @@ def test_a_skip_onto_a_recreated_topic_killed_after_its_fence_runs_again(
 def test_a_reviewed_rewind_to_the_floor_still_applies_after_maintain(
     settings: Settings, layout: AppLayout
 ) -> None:
-    from jobs.operations import saved
+    from jobs.operations import saved_plans
 
     plan = restart.plan_rewind(PIPELINE, settings, "bug", TargetSpec("earliest"), "reprocess", None)
-    plan_id = saved.save(layout, PIPELINE, plan)
+    plan_id = saved_plans.save(layout, PIPELINE, plan)
     started = {"phase": "started", "kept_state_version": 6}
     ledger.append(layout, [{"entry_type": "maintain", "epoch": 1, "details": json.dumps(started)}])
-    reviewed = saved.load(layout, plan_id, "rewind")
-    assert saved.check_unmoved(layout, PIPELINE, reviewed).restore_version == 4
+    reviewed = saved_plans.load(layout, plan_id, "rewind")
+    assert saved_plans.check_unmoved(layout, PIPELINE.version, reviewed).restore_version == 4

@@ -17,10 +17,11 @@ from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
 from jobs.delta.writer import bump_epoch
 from jobs.errors import ConsistencyError, FencedError, KafkaUnavailableError
-from jobs.pipeline import load_pipeline
+from jobs.pipeline.parser import load_pipeline
 from jobs.settings import REPO_ROOT
 from jobs.streaming import outage, run
 from jobs.streaming.batch import refuse_unrepaired_drops
+from jobs.streaming.follow import follow
 from tests import ledger_rows as ledger
 from tests.unit.test_watermark_drops import committer, progress
 
@@ -39,7 +40,7 @@ def continuous(
 ) -> Any:
     """``run.run_pipeline`` with each attempt's outcome from ``attempts`` (a callable
     run in place of the locked run) and ``waits`` (what waiting for Kafka does)."""
-    monkeypatch.setattr(run.records, "resolve", lambda *_a: SimpleNamespace(pipeline=PIPELINE))
+    monkeypatch.setattr(run.analyser, "resolve", lambda *_a: SimpleNamespace(pipeline=PIPELINE))
 
     def attempt(*_args: Any) -> Any:
         return attempts.pop(0)()
@@ -120,6 +121,6 @@ def test_late_drops_of_a_query_that_failed_are_still_caught(layout: AppLayout) -
     runs as the failed query ends, and the next run refuses until the repair."""
     check = committer(layout)
     with pytest.raises(ConsistencyError, match="dropped 2 late row"):
-        run._await_query(FailedQuery(), check, layout, 0, outage.threading.Event(), lambda: None)  # type: ignore[arg-type]
+        follow(FailedQuery(), check, layout, 0, outage.threading.Event())  # type: ignore[arg-type]
     with pytest.raises(ConsistencyError, match="dropped 2 late row"):
         refuse_unrepaired_drops(layout)

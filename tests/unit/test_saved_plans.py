@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 from deltalake import CommitProperties, DeltaTable
 
-from jobs import resolved as resolution
+from jobs import resolution
 from jobs.audit import append_audit, audit_row
 from jobs.cut import StateAction
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
 from jobs.errors import ConfigError
 from jobs.ledger import MAINTAIN, STARTED, Boundary
-from jobs.operations import saved
+from jobs.operations import saved_plans
 from jobs.operations.plan import Plan
 from tests.output_tables import StateWriter, clicks_pipeline
 
@@ -63,28 +63,28 @@ def test_a_backfill_reads_its_ranges_and_nothing_when_they_are_empty() -> None:
 
 def test_saved_and_loaded_exactly(tmp_path: Path) -> None:
     writer = StateWriter(tmp_path, clicks_pipeline())
-    plan_id = saved.save(writer.layout, writer.pipeline, a_plan(), {"preview": {"keys": 3}})
-    assert saved.PLAN_ID.match(plan_id)
-    loaded = saved.load(writer.layout, plan_id, "rewind")
+    plan_id = saved_plans.save(writer.layout, writer.pipeline, a_plan(), {"preview": {"keys": 3}})
+    assert saved_plans.PLAN_ID.match(plan_id)
+    loaded = saved_plans.load(writer.layout, plan_id, "rewind")
     assert loaded.plan == dataclasses.replace(a_plan(), plan_id=plan_id)
     assert loaded.extra == {"preview": {"keys": 3}}
-    assert loaded.position == saved.position(writer.layout, writer.pipeline)
-    saved.check_unmoved(writer.layout, writer.pipeline, loaded)
+    assert loaded.position == saved_plans.position(writer.layout, writer.pipeline.version)
+    saved_plans.check_unmoved(writer.layout, writer.pipeline.version, loaded)
 
 
 def test_a_plan_the_application_moved_away_from_is_refused(tmp_path: Path) -> None:
     writer = StateWriter(tmp_path, clicks_pipeline())
-    plan_id = saved.save(writer.layout, writer.pipeline, a_plan())
+    plan_id = saved_plans.save(writer.layout, writer.pipeline, a_plan())
     writer.batch({"a": 1})  # the state moved (a batch's merge)
-    reviewed = saved.load(writer.layout, plan_id, "rewind")
+    reviewed = saved_plans.load(writer.layout, plan_id, "rewind")
     with pytest.raises(ConfigError) as error:
-        saved.check_unmoved(writer.layout, writer.pipeline, reviewed)
+        saved_plans.check_unmoved(writer.layout, writer.pipeline.version, reviewed)
     message = str(error.value)
     assert "the state table moved from version 0 to 1 (version 1 was a batch)" in message
     assert "make a new plan with --dry-run" in message
     newer = dataclasses.replace(writer.pipeline, version=2)
     with pytest.raises(ConfigError, match="the pipeline version was 1, now 2"):
-        saved.check_unmoved(writer.layout, newer, reviewed)
+        saved_plans.check_unmoved(writer.layout, newer.version, reviewed)
     moved = dataclasses.replace(reviewed.position, last_batch=(0, 4))
     assert moved.changes_since(reviewed.position) == [
         "the last committed batch was none, now epoch 0 batch 4"
@@ -97,20 +97,20 @@ def test_maintenance_does_not_move_a_plan_unless_it_removed_what_the_plan_restor
     writer = StateWriter(tmp_path, clicks_pipeline())
     writer.batch({"a": 1})
     writer.batch({"b": 2})
-    plan_id = saved.save(writer.layout, writer.pipeline, a_plan())
+    plan_id = saved_plans.save(writer.layout, writer.pipeline, a_plan())
     # Compaction commits a new state version that changes no row.
     state = DeltaTable(str(writer.path))
     state.optimize.compact(
         commit_properties=CommitProperties(custom_metadata={"platform_operation": MAINTAIN})
     )
     assert state.version() == 3
-    reviewed = saved.load(writer.layout, plan_id, "rewind")
-    saved.check_unmoved(writer.layout, writer.pipeline, reviewed)
+    reviewed = saved_plans.load(writer.layout, plan_id, "rewind")
+    saved_plans.check_unmoved(writer.layout, writer.pipeline.version, reviewed)
     # Maintain's promise moved past the version the plan restores (7).
     details = {"phase": STARTED, "kept_state_version": 8}
     append_audit(writer.layout, audit_row(writer.pipeline, MAINTAIN, 0, details))
     with pytest.raises(ConfigError, match="maintain removed the files of state version 7"):
-        saved.check_unmoved(writer.layout, writer.pipeline, reviewed)
+        saved_plans.check_unmoved(writer.layout, writer.pipeline.version, reviewed)
 
 
 @pytest.mark.parametrize(
@@ -124,14 +124,14 @@ def test_bad_plan_ids(tmp_path: Path, plan_id: str, message: str) -> None:
     layout = AppLayout(tmp_path, "user_clicks")
     tables.ensure_tables(layout, resolution.of(clicks_pipeline()))
     with pytest.raises(ConfigError, match=message):
-        saved.load(layout, plan_id, "rewind")
+        saved_plans.load(layout, plan_id, "rewind")
 
 
 def test_a_plan_of_another_operation_is_refused(tmp_path: Path) -> None:
     writer = StateWriter(tmp_path, clicks_pipeline())
-    plan_id = saved.save(writer.layout, writer.pipeline, a_plan())
+    plan_id = saved_plans.save(writer.layout, writer.pipeline, a_plan())
     with pytest.raises(ConfigError, match="is a rewind of user_clicks, not a backfill"):
-        saved.load(writer.layout, plan_id, "backfill")
+        saved_plans.load(writer.layout, plan_id, "backfill")
 
 
 def test_a_reviewed_plan_whose_apply_died_after_its_fence_completes_on_a_retry(
@@ -147,8 +147,8 @@ def test_a_reviewed_plan_whose_apply_died_after_its_fence_completes_on_a_retry(
     plan = dataclasses.replace(
         a_plan(), epoch_before=0, epoch_after=1, restore_version=first, seed_state_version=first
     )
-    plan_id = saved.save(layout, pipeline, plan)
-    reviewed = saved.load(layout, plan_id, "rewind")
+    plan_id = saved_plans.save(layout, pipeline, plan)
+    reviewed = saved_plans.load(layout, plan_id, "rewind")
 
     def dies_after_its_fence(epoch: int, plan_of_attempt: Plan) -> None:
         # What apply_plan does before it dies: the bump with its "started" row, then
@@ -165,12 +165,12 @@ def test_a_reviewed_plan_whose_apply_died_after_its_fence_completes_on_a_retry(
         DeltaTable(str(writer.path)).restore(first, commit_properties=props)
 
     dies_after_its_fence(1, reviewed.plan)
-    retry = saved.check_unmoved(layout, pipeline, reviewed)
+    retry = saved_plans.check_unmoved(layout, pipeline.version, reviewed)
     assert (retry.epoch_before, retry.epoch_after) == (1, 2)
     assert dataclasses.replace(retry, epoch_before=0, epoch_after=1) == reviewed.plan
     # The retry died too: the next one takes up from the newest attempt.
     dies_after_its_fence(2, retry)
-    again = saved.check_unmoved(layout, pipeline, reviewed)
+    again = saved_plans.check_unmoved(layout, pipeline.version, reviewed)
     assert (again.epoch_before, again.epoch_after) == (2, 3)
 
 
@@ -181,7 +181,7 @@ def test_another_operations_dead_attempt_still_moves_a_plan(tmp_path: Path) -> N
     writer = StateWriter(tmp_path, clicks_pipeline())
     layout, pipeline = writer.layout, writer.pipeline
     plan = dataclasses.replace(a_plan(), epoch_before=0, epoch_after=1)
-    reviewed = saved.load(layout, saved.save(layout, pipeline, plan), "rewind")
+    reviewed = saved_plans.load(layout, saved_plans.save(layout, pipeline, plan), "rewind")
     other = {"reason": "other", "plan": {**plan.to_dict(), "plan_id": None}, "phase": STARTED}
     bump_epoch(
         fenced_tables(layout, pipeline),
@@ -191,4 +191,4 @@ def test_another_operations_dead_attempt_still_moves_a_plan(tmp_path: Path) -> N
         first_rows=audit_row(pipeline, "rewind", 1, other),
     )
     with pytest.raises(ConfigError, match="the epoch moved from 0 to 1"):
-        saved.check_unmoved(layout, pipeline, reviewed)
+        saved_plans.check_unmoved(layout, pipeline.version, reviewed)

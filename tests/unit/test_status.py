@@ -17,10 +17,10 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from jobs import resolved as resolution
+from jobs import resolution
 from jobs.delta.layout import DEAD_LETTER_SCHEMA, AppLayout, ensure_tables
 from jobs.lock import application_lock
-from jobs.pipeline import load_pipeline
+from jobs.pipeline.parser import load_pipeline
 from jobs.settings import REPO_ROOT, Settings, load_settings
 from jobs.status import application_status
 from tests import ledger_rows as ledger

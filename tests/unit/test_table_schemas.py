@@ -12,11 +12,11 @@ import pytest
 import yaml
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 
-from jobs import resolved as resolution
+from jobs import resolution
 from jobs.delta.layout import AppLayout, column_problems, ensure_tables, state_redefined
 from jobs.errors import ConfigError
-from jobs.pipeline import parse_pipeline as parse_definition
-from jobs.resolved import Resolved
+from jobs.pipeline.parser import parse_pipeline as parse_definition
+from jobs.resolution import Resolved
 from jobs.settings import REPO_ROOT
 
 INVENTORY = yaml.safe_load((REPO_ROOT / "include" / "pipelines" / "inventory.yaml").read_text())
@@ -131,19 +131,19 @@ def test_a_ledger_from_before_filters_gains_the_column_for_every_writer(tmp_path
     a refused plan) fits it after the upgrade, and old rows read as null."""
     from jobs.audit import append_audit, audit_row
     from jobs.delta import layout as tables
-    from jobs.ledger import snapshot
+    from jobs.ledger import current_ledger
 
     layout = AppLayout(tmp_path, "inventory")
     old = pa.schema([f for f in tables.LEDGER_SCHEMA if f.name != "filtered"])
     DeltaTable.create(str(layout.table(tables.LEDGER)), old)
-    before = snapshot(layout)
+    before = current_ledger(layout)
     assert before is not None and before.rows(["filtered"]).num_rows == 0  # readable as it is
     pipeline = parse_definition(INVENTORY, "v1")
     append_audit(layout, audit_row(pipeline, "verify", 0, {"result": "ok"}))
     rows = DeltaTable(str(layout.table(tables.LEDGER))).to_pyarrow_table()
     assert rows.schema.names == tables.LEDGER_SCHEMA.names
-    snap = snapshot(layout)
-    assert snap is not None
-    assert snap.rows(["entry_type", "filtered"]).to_pylist() == [
+    ledger_now = current_ledger(layout)
+    assert ledger_now is not None
+    assert ledger_now.rows(["entry_type", "filtered"]).to_pylist() == [
         {"entry_type": "verify", "filtered": None}
     ]

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from jobs.coverage import History, Step
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
 from jobs.delta.writer import bump_epoch
 from jobs.errors import ConsistencyError
-from jobs.pipeline import load_pipeline
+from jobs.lineage import History, Step
+from jobs.pipeline.parser import load_pipeline
 from jobs.settings import REPO_ROOT
 from jobs.streaming.batch import BatchCommitter, refuse_unrepaired_drops, unrepaired_drops
 from tests import ledger_rows as ledger

@@ -36,7 +36,7 @@ import org.apache.spark.unsafe.types.UTF8String;
 
 /**
  * A Delta table as of the running micro-batch's planned time (see
- * jobs/streaming/dimensions.py): the newest version committed at or before the
+ * jobs/streaming/enrichment.py): the newest version committed at or before the
  * batchTimestampMs of the newest offset log entry, read on the driver while the batch is
  * planned. A stream-static join plans its static side again for every micro-batch, so
  * each batch joins one version, and a replay of the batch (its offset log entry is

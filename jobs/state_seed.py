@@ -1,5 +1,6 @@
-"""A cut's state snapshot as rows Spark can absorb, with pyarrow only (planners,
-``status`` and the Airflow hook import this without starting Spark).
+"""A cut's state (the ``state`` table at the cut's version) as rows Spark can
+absorb, with pyarrow only (planners, ``status`` and the Airflow hook import this
+without starting Spark).
 
 Aggregations are kept algebraic, so a snapshot of the ``state`` table becomes
 "contributions": per key (and window) what the row adds to a fresh aggregation.
@@ -12,9 +13,11 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from deltalake import DeltaTable
 
 from jobs.delta.layout import TIMESTAMP
-from jobs.pipeline import Aggregation, Pipeline, stored_column
+from jobs.pipeline.model import Aggregation, Pipeline, stored_column
+from jobs.warehouse import Location
 
 
 def seed_rows(state: pa.Table, pipeline: Pipeline) -> pa.Table:
@@ -28,9 +31,10 @@ def seed_rows(state: pa.Table, pipeline: Pipeline) -> pa.Table:
     else:
         columns["_event_time"] = pa.array([0] * n, TIMESTAMP)
     for agg in pipeline.aggregations:
-        columns[contribution(agg)] = state[stored_column(agg)]
+        added, sketch = contribution(agg), sketch_input(agg)
+        columns[added] = state[stored_column(agg)]
         if agg.function == "approx_count_distinct":
-            columns[sketch_input(agg)] = pa.nulls(n, pa.string())
+            columns[sketch] = pa.nulls(n, pa.string())
     columns[RECORDS] = state["_records"]
     return pa.table(columns)
 
@@ -77,3 +81,16 @@ def sketch_input(aggregation: Aggregation) -> str:
     """A distinct count's value per record, which Spark adds to the sketch (a seed
     row brings a whole sketch in ``contribution`` instead)."""
     return f"_value_{aggregation.name}"
+
+
+def seed_at(
+    state_path: Location, pipeline: Pipeline, version: int | None, rows: pa.Table | None
+) -> pa.Table | None:
+    """The rows a new epoch's Spark state is seeded with: ``rows`` (a backfill's
+    recomputed state) or the ``state`` table at ``version``, its closed windows
+    left out; None for an empty state."""
+    if rows is None and version is not None:
+        rows = DeltaTable(str(state_path), version=version).to_pyarrow_table()
+    if rows is not None:
+        rows = open_windows(pa.table(rows), pipeline)
+    return seed_rows(rows, pipeline) if rows is not None and rows.num_rows else None

@@ -40,7 +40,7 @@ from jobs.ledger import (
 )
 from jobs.operations.plan import Plan
 from jobs.output.changes import commit_infos
-from jobs.pipeline import Pipeline
+from jobs.pipeline.model import Pipeline
 from jobs.warehouse import Location
 
 PLAN_ID = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{8}$")
@@ -85,13 +85,13 @@ class SavedPlan:
     extra: dict[str, Any]  # a backfill's preview
 
 
-def position(layout: AppLayout, pipeline: Pipeline) -> Position:
+def position(layout: AppLayout, version: int) -> Position:
     last = last_batch(layout)
     state = layout.table("state")
     return Position(
         epoch=current_epoch(layout),
         last_batch=None if last is None else (int(last["epoch"]), int(last["batch_id"])),
-        pipeline_version=pipeline.version,
+        pipeline_version=version,
         state_version=DeltaTable(str(state)).version()
         if DeltaTable.is_deltatable(str(state))
         else -1,
@@ -130,7 +130,7 @@ def save(
         "id": plan_id,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", now),
         "created_by": who(),
-        "position": asdict(position(layout, pipeline)),
+        "position": asdict(position(layout, pipeline.version)),
         "plan": {**plan.to_dict(), "plan_id": plan_id},
         "extra": extra or {},
     }
@@ -201,14 +201,14 @@ def own_attempts(layout: AppLayout, plan_id: str) -> list[int]:
     return chain if set(chain) <= ours else []
 
 
-def check_unmoved(layout: AppLayout, pipeline: Pipeline, saved: SavedPlan) -> Plan:
+def check_unmoved(layout: AppLayout, version: int, saved: SavedPlan) -> Plan:
     """Refuse a plan the application has moved away from since it was made: a new
     batch, epoch or pipeline version, a data change to ``state`` (maintenance's
     compaction is none), or a state version it restores that maintain removed.
     The plan's own applies that died after their fence are no move: the plan is
     returned to start from the newest of them (``apply_plan`` undoes what they
     wrote), else as it was saved."""
-    now = position(layout, pipeline)
+    now = position(layout, version)
     attempts = own_attempts(layout, saved.plan_id)
     if attempts and attempts[0] == saved.position.epoch + 1 and attempts[-1] == now.epoch:
         now = dataclasses.replace(now, epoch=saved.position.epoch)
@@ -309,3 +309,17 @@ def record_rejection(
             },
         ),
     )
+
+
+def record_dry_run(
+    layout: AppLayout,
+    pipeline: Pipeline,
+    plan: Plan,
+    extra: dict[str, Any] | None,
+    save_as: str | None,
+) -> None:
+    """A dry run: the plan saved (with what a preview adds, ``extra``) under its id
+    (``plan.plan_id``) and audited in the ledger; nothing else changes."""
+    plan.plan_id = save(layout, pipeline, plan, extra, save_as)
+    details, *offsets = plan.audit(dry_run=True)
+    append_audit(layout, audit_row(pipeline, plan.operation, plan.epoch_before, details, *offsets))

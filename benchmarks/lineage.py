@@ -1,7 +1,7 @@
-"""What replaying the coverage costs as the ledger grows (``jobs/coverage.py``):
+"""What replaying the coverage costs as the ledger grows (``jobs/lineage.py``):
 every planner, ``verify`` and ``status`` build it from the ledger's batch rows.
 
-    .venv/bin/python -m benchmarks.coverage [--batches 10000,100000] [--partitions 4]
+    .venv/bin/python -m benchmarks.lineage [--batches 10000,100000] [--partitions 4]
 
 A year of 5-minute batches is 105,000 rows. Each size: two epochs (a rebuild
 between them), the history and its head, the boundaries and a rewind's choice
@@ -16,7 +16,7 @@ import time
 from datetime import datetime
 
 from benchmarks.report import machine, write_section
-from jobs.coverage import BatchEntry, History, Step
+from jobs.lineage import BatchEntry, History, Step
 
 
 def measure(batches: int, partitions: int) -> dict[str, float]:
@@ -62,7 +62,7 @@ def main() -> None:
     lines = [
         "## Coverage: its cost as the ledger grows",
         "",
-        f"{datetime.now():%Y-%m-%d}, {machine()}: `python -m benchmarks.coverage --batches "
+        f"{datetime.now():%Y-%m-%d}, {machine()}: `python -m benchmarks.lineage --batches "
         f"{args.batches} --partitions {args.partitions}` (seconds, pure Python).",
         "",
         "| batch rows | " + " | ".join(names) + " |",

@@ -1,4 +1,4 @@
-"""What the state covers (``jobs/coverage.py``): offsets, gaps and judges, from
+"""What the state covers (``jobs/lineage.py``): offsets, gaps and judges, from
 the ledger's rows (pure: no Spark)."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from jobs.coverage import BatchEntry, Boundary, History, Pin, Step, layers
 from jobs.ledger import epoch_steps
+from jobs.lineage import BatchEntry, Boundary, History, Pin, Step, layers
 
 T = "clicks"
 P = (T, 0)
@@ -91,7 +91,7 @@ def test_one_read_of_the_ledger_next_to_a_committing_stream(tmp_path) -> None:  
     from deltalake import write_deltalake
 
     from jobs.delta import layout as tables
-    from jobs.ledger import snapshot
+    from jobs.ledger import current_ledger
     from jobs.operations.verify import comparable_version, state_lineage
     from tests.output_tables import StateWriter, clicks_pipeline
 
@@ -115,13 +115,13 @@ def test_one_read_of_the_ledger_next_to_a_committing_stream(tmp_path) -> None:  
         return version
 
     first = commit_batch(0, {"a": 1})
-    snap = snapshot(writer.layout)
-    assert snap is not None
+    ledger_now = current_ledger(writer.layout)
+    assert ledger_now is not None
     commit_batch(1, {"a": 2})  # the stream, between verify's reads
-    where, base, intervals, floor = state_lineage(snap)
+    where, base, intervals, floor = state_lineage(ledger_now)
     assert (where, base, intervals) == ("epoch 0 batch 0", first, {(T, 0): [(0, 100)]})
     assert floor is None
-    assert comparable_version(writer.layout, base, snap.epoch) == first
+    assert comparable_version(writer.layout, base, ledger_now.epoch) == first
 
 
 def test_steps_come_from_done_rows_only() -> None:

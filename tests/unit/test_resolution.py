@@ -10,10 +10,10 @@ import pyarrow as pa
 import yaml
 from deltalake import DeltaTable
 
-from jobs import resolved as resolution
+from jobs import resolution
 from jobs.delta.layout import AppLayout, ensure_tables
-from jobs.pipeline import parse_pipeline
-from jobs.resolved import DimensionTable
+from jobs.pipeline.parser import parse_pipeline
+from jobs.resolution import DimensionTable
 from jobs.settings import REPO_ROOT
 
 INVENTORY = yaml.safe_load((REPO_ROOT / "include" / "pipelines" / "inventory.yaml").read_text())
@@ -58,10 +58,10 @@ def test_spark_s_answers_decide_every_schema() -> None:
 def test_the_stored_copy_gives_tools_without_spark_the_same_types(tmp_path: Path) -> None:
     pipeline = parse_pipeline(INVENTORY, "v1")
     layout = AppLayout(tmp_path, pipeline.application_id)
-    assert not resolution.load(layout, pipeline).analysed  # no run yet
+    assert not resolution.load_stored(layout, pipeline).analysed  # no run yet
     ran = resolution.of(pipeline, {"signed_qty": "bigint"}, {"m": MERCHANTS}, True)
     resolution.store(layout, ran)
-    loaded = resolution.load(layout, pipeline)
+    loaded = resolution.load_stored(layout, pipeline)
     assert loaded == ran
     assert loaded.dimensions == {"m": MERCHANTS} and loaded.uses_headers
 
@@ -72,9 +72,9 @@ def test_a_stored_copy_of_another_definition_is_not_used(tmp_path: Path) -> None
     resolution.store(layout, resolution.of(pipeline, {"signed_qty": "bigint"}, {}, False))
     edited = copy.deepcopy(INVENTORY)
     edited["derived"][0]["expr"] = "CAST(qty AS DOUBLE)"  # same version, other definition
-    assert not resolution.load(layout, parse_pipeline(edited, "v1 edited")).analysed
+    assert not resolution.load_stored(layout, parse_pipeline(edited, "v1 edited")).analysed
     resolution.stored_file(layout, 1).write_text("{not json")
-    assert not resolution.load(layout, pipeline).analysed  # damaged: as without a run
+    assert not resolution.load_stored(layout, pipeline).analysed  # damaged: as without a run
 
 
 def test_a_planner_creates_the_tables_from_the_stored_copy(tmp_path: Path) -> None:
@@ -82,10 +82,10 @@ def test_a_planner_creates_the_tables_from_the_stored_copy(tmp_path: Path) -> No
     to say); with the copy a run stored, it creates it with the run's types."""
     pipeline = parse_pipeline(INVENTORY, "v1")
     layout = AppLayout(tmp_path, pipeline.application_id)
-    ensure_tables(layout, resolution.load(layout, pipeline))
+    ensure_tables(layout, resolution.load_stored(layout, pipeline))
     assert not DeltaTable.is_deltatable(str(layout.table("state")))
     resolution.store(layout, resolution.of(pipeline, {"signed_qty": "bigint"}, {}, False))
-    ensure_tables(layout, resolution.load(layout, pipeline))
+    ensure_tables(layout, resolution.load_stored(layout, pipeline))
     fields = {f.name: str(f.type) for f in DeltaTable(str(layout.table("state"))).schema().fields}
     assert fields["quantity"] == 'PrimitiveType("long")'
 
@@ -104,7 +104,7 @@ def test_the_sql_settings_are_stored_and_a_definition_computed_otherwise_refused
     pipeline = parse_pipeline(INVENTORY, "v1")
     pinned = dict(sql_settings.PINNED)
     resolution.store(layout, resolution.of(pipeline, {"signed_qty": "bigint"}, {}, False, pinned))
-    assert resolution.load(layout, pipeline).sql_settings == pinned
+    assert resolution.load_stored(layout, pipeline).sql_settings == pinned
     # An older platform computed this definition with ANSI mode off.
     path = resolution.stored_file(layout, pipeline.version)
     stored = json.loads(path.read_text())

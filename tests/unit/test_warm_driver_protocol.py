@@ -1,4 +1,4 @@
-"""The warm driver's request checks (``jobs/service.py``), without Spark: what a
+"""The warm driver's request checks (``jobs/warm_driver.py``), without Spark: what a
 client sends is validated, and a client with other settings is told apart."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from dataclasses import replace
 import pytest
 
 from jobs.errors import ConfigError
-from jobs.service import FIELDS, RunRequest, settings_digest
 from jobs.settings import load_settings
 from jobs.warehouse import Location
+from jobs.warm_driver import FIELDS, RunRequest, settings_digest
 
 GOOD = {name: "x" for name in FIELDS}
 
@@ -59,7 +59,7 @@ def test_the_driver_url_must_be_loopback(monkeypatch, url: str) -> None:  # type
 def test_a_driver_started_without_a_token_makes_one_only_its_user_can_read(tmp_path) -> None:  # type: ignore[no-untyped-def]
     import stat
 
-    from jobs.service import client_token, driver_token
+    from jobs.warm_driver import client_token, driver_token
 
     settings = replace(load_settings(), warehouse=tmp_path)
     token, path = driver_token(settings, 18090, given=None)
@@ -80,7 +80,7 @@ def test_a_driver_of_a_warehouse_on_a_bucket_keeps_its_token_in_its_users_folder
     import stat
 
     from jobs.private_dir import private_dir
-    from jobs.service import client_token, driver_token
+    from jobs.warm_driver import client_token, driver_token
 
     settings = replace(load_settings(), warehouse=Location.parse("s3://bucket/prod"))
     token, path = driver_token(settings, 18093, given=None)
@@ -91,8 +91,8 @@ def test_a_driver_of_a_warehouse_on_a_bucket_keeps_its_token_in_its_users_folder
 
 
 def test_the_driver_runs_only_pipelines_of_its_folder(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from jobs.service import RunRequest, WarmDriver, file_sha256
     from jobs.streaming.spark import package_digest
+    from jobs.warm_driver import RunRequest, WarmDriver, file_sha256
 
     folder = tmp_path / "pipelines"
     folder.mkdir()
@@ -114,8 +114,8 @@ def test_the_driver_runs_only_pipelines_of_its_folder(tmp_path) -> None:  # type
 def test_a_symlink_is_followed_once_and_only_into_the_folder(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """The file checked is the file hashed and loaded: a link out of the folder is
     refused, a link inside it runs its target (the resolved path)."""
-    from jobs.service import RunRequest, WarmDriver, file_sha256
     from jobs.streaming.spark import package_digest
+    from jobs.warm_driver import RunRequest, WarmDriver, file_sha256
 
     folder = tmp_path / "pipelines"
     folder.mkdir()
@@ -156,8 +156,8 @@ def _serve(handler: type) -> tuple[object, int]:  # (server, port)
 def test_another_server_on_the_port_never_gets_the_token(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     from http.server import BaseHTTPRequestHandler
 
-    from jobs.pipeline import load_pipeline
-    from jobs.service import NoWarmDriver, run_remote
+    from jobs.pipeline.parser import load_pipeline
+    from jobs.warm_driver import NoWarmDriver, run_remote
 
     recorder = _Recorder()
 
@@ -199,7 +199,7 @@ def test_a_run_request_is_good_once_and_only_with_the_token() -> None:
     import urllib.error
     import urllib.request
 
-    from jobs.service import CHALLENGE_PATH, MAC_SCHEME, RUN_PATH, _handler, mac
+    from jobs.warm_driver import CHALLENGE_PATH, MAC_SCHEME, RUN_PATH, _handler, mac
 
     class Driver:  # what the handler asks of a driver, without Spark
         code = "c0de"
@@ -254,7 +254,7 @@ def test_a_run_request_is_good_once_and_only_with_the_token() -> None:
 def test_no_number_of_askers_pushes_a_client_s_nonce_out() -> None:
     """Challenges keep no state per asker: a flood of them leaves a client's nonce
     good (once), and a nonce made without the token is refused."""
-    from jobs.service import Challenges
+    from jobs.warm_driver import Challenges
 
     challenges = Challenges("t" * 40)
     mine = challenges.issue()
@@ -310,7 +310,7 @@ def test_a_second_driver_on_a_busy_port_leaves_the_live_one_alone(  # type: igno
     import socket
 
     from jobs import cli
-    from jobs.service import token_file
+    from jobs.warm_driver import token_file
 
     monkeypatch.setenv("PLATFORM_WAREHOUSE", str(tmp_path))
     monkeypatch.delenv("PLATFORM_DRIVER_TOKEN", raising=False)
@@ -340,7 +340,7 @@ def test_a_driver_listens_before_it_writes_its_token_and_removes_it_at_the_end( 
     import threading
     import urllib.request
 
-    from jobs.service import HEALTH_PATH, serve, token_file
+    from jobs.warm_driver import HEALTH_PATH, serve, token_file
 
     monkeypatch.delenv("PLATFORM_DRIVER_TOKEN", raising=False)
     settings = replace(load_settings(), warehouse=tmp_path)

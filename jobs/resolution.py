@@ -2,14 +2,14 @@
 
 The YAML says what a record's fields are; Spark's analyser decides the rest (a
 derived column's type, an enrichment's columns, whether an expression reads the
-Kafka headers: ``jobs/streaming/records.resolve``). ``Resolved`` carries those
+Kafka headers: ``jobs/streaming/analyser.resolve``). ``Resolved`` carries those
 answers and everything that follows from them (the Delta tables' schemas, the
 seed's columns, each stored value's type) to every module that needs a type, so
 none of them works it out again.
 
 The run stores Spark's answers beside the cuts (``<app>/_checkpoints/
 pipeline-v<version>.json``); tools without a JVM (planners, ``status``) read them
-with ``load``. Before the first run there are none: a derived column's type is
+with ``load_stored``. Before the first run there are none: a derived column's type is
 then unknown (None, an ``UNKNOWN`` Arrow column), and ``analysed`` is False.
 """
 
@@ -35,14 +35,9 @@ from jobs.delta.layout import (
     table_names,
 )
 from jobs.errors import ConfigError
-from jobs.pipeline import (
-    KAFKA_COLUMNS,
-    Pipeline,
-    aggregate_type,
-    average_type,
-    stored_column,
-)
-from jobs.snapshot import RECORDS, contribution, sketch_input
+from jobs.pipeline.checks import aggregate_type, average_type
+from jobs.pipeline.model import KAFKA_COLUMNS, Pipeline, stored_column
+from jobs.state_seed import RECORDS, contribution, sketch_input
 from jobs.warehouse import Location
 
 
@@ -110,7 +105,7 @@ class Resolved:
     @property
     def contributions(self) -> dict[str, str]:
         """The Spark type of each contribution column (what a record or a seed row
-        adds to each aggregation: ``jobs/snapshot.py``), by name."""
+        adds to each aggregation: ``jobs/state_seed.py``), by name."""
         types: dict[str, str] = {}
         for agg in self.pipeline.aggregations:
             kind = self.values[stored_column(agg)]
@@ -230,7 +225,7 @@ def store(layout: AppLayout, resolved: Resolved) -> None:
     path.write_text(text)  # whole
 
 
-def load(layout: AppLayout, pipeline: Pipeline) -> Resolved:
+def load_stored(layout: AppLayout, pipeline: Pipeline) -> Resolved:
     """``pipeline`` with the answers a run stored for this very definition; without
     them (no run yet, or the file changed since), not analysed."""
     path = stored_file(layout, pipeline.version)

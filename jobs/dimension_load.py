@@ -26,15 +26,8 @@ from pyspark.sql import functions as F
 from jobs import sql_text
 from jobs.errors import ConfigError
 from jobs.lock import table_lock
-from jobs.pipeline import (
-    APPLICATION_ID,
-    DIMENSIONS_DIR,
-    WAREHOUSE,
-    _Reader,
-    definition_file,
-    load_each,
-    parse_columns,
-)
+from jobs.pipeline.model import APPLICATION_ID, DIMENSIONS_DIR, WAREHOUSE
+from jobs.pipeline.parser import _Reader, definition_file, load_each, parse_columns
 from jobs.settings import load_settings, size_text
 from jobs.warehouse import Location
 

@@ -57,7 +57,8 @@ from pyspark.sql import SparkSession
 from jobs import faults
 from jobs.errors import ConfigError, PlatformError, failure
 from jobs.lock import LockedError
-from jobs.pipeline import Pipeline, pipeline_from_text
+from jobs.pipeline.model import Pipeline
+from jobs.pipeline.parser import pipeline_from_text
 from jobs.private_dir import private_dir
 from jobs.settings import ENV_PREFIX, Settings, configured_driver_token
 

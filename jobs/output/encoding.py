@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 
 from jobs.errors import ConsistencyError
 from jobs.output.changes import VersionChanges
-from jobs.pipeline import Pipeline
+from jobs.pipeline.model import Pipeline
 
 HEADER_PREFIX = "platform."
 CHUNK_ROWS = 10_000

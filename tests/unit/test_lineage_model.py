@@ -2,7 +2,7 @@
 
 The model keeps, per partition, the set of offsets the state judged and the set a
 skip left out, and the lineage as a list of points (what the state held and where
-the stream stood). The system under test is ``jobs.coverage`` fed with the ledger
+the stream stood). The system under test is ``jobs.lineage`` fed with the ledger
 entries the platform writes (batch rows, operations' steps and cuts) and its own
 choices (``History.latest_before``, ``Coverage.excluding``). After every step the
 two agree on what is judged, what is skipped and where the stream reads next;
@@ -39,8 +39,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from jobs.coverage import TP, BatchEntry, Boundary, History, Intervals, Pin, Step
-from jobs.streaming.dimensions import merged, pieces
+from jobs.lineage import TP, BatchEntry, Boundary, History, Intervals, Pin, Step
+from jobs.streaming.table_versions import merged, pieces
 
 T = "t"
 
