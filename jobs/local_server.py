@@ -46,7 +46,10 @@ def find_free_port(
     span = end - start - run + 1
     if span <= 0:
         raise PlatformError(f"no free loopback port in {start}-{end}")
-    offset = os.getpid() % span  # parallel processes start at different places
+    # Parallel processes (test workers: consecutive pids) start far apart: scanning
+    # up from neighbouring places, one would take the port another's server left
+    # for a moment (a broker restarted on its port).
+    offset = (os.getpid() * 2654435761) % span
     for i in range(span):
         port = start + (offset + i) % span
         ports = range(port, port + run)

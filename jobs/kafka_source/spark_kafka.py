@@ -107,11 +107,15 @@ def data_loss_error(error: BaseException) -> SourceError | None:
 # Kafka's client gave up waiting for the cluster: Spark's consumer in a task, or its
 # admin client planning a batch. Retriable in Kafka's terms: nothing is lost.
 # Spark's own time-out of a fetch (``kafkaConsumer.pollTimeoutMs``, 120 s by
-# default) is Java's TimeoutException with its own words.
+# default) is Java's TimeoutException with its own words. A broker's address that
+# answers Kafka's protocol but not as a broker (a controller listener took the port
+# while the broker was down) is a broker that does not answer: waited for, bounded.
 UNAVAILABLE = re.compile(
     r"org\.apache\.kafka\.common\.errors\.(TimeoutException|DisconnectException|"
     r"NetworkException|LeaderNotAvailableException|NotLeaderOrFollowerException): ([^\n]*)"
     r"|java\.util\.concurrent\.(TimeoutException): (Cannot fetch record for offset [^\n]*)"
+    r"|org\.apache\.kafka\.common\.errors\.(UnsupportedVersionException): "
+    r"(The node does not support [^\n]*)"
 )
 
 
@@ -132,7 +136,8 @@ def unavailable_error(error: BaseException) -> KafkaUnavailableError | None:
     found = UNAVAILABLE.search(text)
     if found is None or "failOnDataLoss" in text or WRAPPED_ERROR.search(text):
         return None  # records that are gone; the platform's own error, Kafka's inside
-    kind, detail = found.group(1) or found.group(3), found.group(2) or found.group(4)
+    groups = found.groups()  # (kind, detail) of each alternative; one matched
+    kind, detail = next((k, d) for k, d in zip(groups[::2], groups[1::2], strict=True) if k)
     detail = SQLSTATE.sub("", detail).strip()[:300]
     return KafkaUnavailableError(
         f"Kafka did not answer ({kind}: {detail}); nothing of the batch is "

@@ -5,10 +5,14 @@ stops with one error line and nothing half-written. Expectations are plain Pytho
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import signal
+import socket
 import subprocess
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -49,6 +53,31 @@ def wait_until(what: str, done, stream: subprocess.Popen[str], seconds: float) -
         time.sleep(0.5)
 
 
+@contextlib.contextmanager
+def port_held(port: int) -> Iterator[None]:
+    """Hold a stopped broker's port until its restart: another test worker's server
+    could take a free port, and the run's clients would meet a stranger (a
+    controller answering "The node does not support METADATA"). Every connection is
+    closed at once, as by a port whose broker is gone."""
+    server = socket.create_server(("127.0.0.1", port))  # SO_REUSEADDR: past TIME_WAIT
+    server.settimeout(0.2)
+    done = threading.Event()
+
+    def refuse() -> None:
+        while not done.is_set():
+            with contextlib.suppress(TimeoutError):
+                server.accept()[0].close()
+
+    thread = threading.Thread(target=refuse, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+        server.close()
+
+
 def test_a_continuous_run_waits_out_a_kafka_outage_and_counts_every_record_once(  # type: ignore[no-untyped-def]
     spark, settings, tmp_path
 ) -> None:
@@ -73,8 +102,9 @@ def test_a_continuous_run_waits_out_a_kafka_outage_and_counts_every_record_once(
         # The stream is idle, asking Kafka for new offsets every second: past the
         # clients' time-outs the query fails, and the run waits for the broker.
         embedded.stop(data_dir)
-        time.sleep(25)
-        assert stream.poll() is None, stream.communicate()[1][-3000:]
+        with port_held(port):
+            time.sleep(25)
+            assert stream.poll() is None, stream.communicate()[1][-3000:]
         info = embedded.start(data_dir, port)
         produce(config, "clicks", list(after))
         wait_until(
@@ -99,7 +129,8 @@ def test_a_continuous_run_waits_out_a_kafka_outage_and_counts_every_record_once(
         total = 2 * RECORDS + 800
         wait_until("more records", lambda: committed_records(warehouse) == total, stream, 120)
         embedded.stop(data_dir)
-        _out, err = stream.communicate(timeout=120)
+        with port_held(port):
+            _out, err = stream.communicate(timeout=120)
         assert stream.returncode == 2, err[-3000:]
         errors = [line for line in err.splitlines() if line.startswith("error:")]
         assert len(errors) == 1 and errors[0].startswith("error: Kafka did not answer"), errors

@@ -47,6 +47,14 @@ PLANNING_TIMEOUT = (
             "120000 milliseconds\n\tat org.apache.spark.sql.kafka010.consumer.Internal",
             "Cannot fetch record for offset 812 in 120000 milliseconds",
         ),
+        (
+            # The stopped broker's port answered by another process's Kafka controller
+            # listener (CI, another test's node): it speaks Kafka but is no broker.
+            "[STREAM_FAILED] Query [id = 2a26, runId = 2141] terminated with exception: "
+            "org.apache.kafka.common.errors.UnsupportedVersionException: The node does not "
+            "support METADATA SQLSTATE: XXKST",
+            "UnsupportedVersionException: The node does not support METADATA",
+        ),
     ],
 )
 def test_a_kafka_timeout_in_sparks_failure_is_kafka_unavailable(text: str, detail: str) -> None:
