@@ -82,6 +82,42 @@ def status(data_dir: Path) -> BrokerInfo | None:
     return BrokerInfo(pid=info["pid"], port=info["port"], data_dir=data_dir)
 
 
+# A node of a cluster of several.
+CLUSTER_NODE = {
+    # A node that died is fenced, and its partitions get new leaders, after 4 s
+    # without its heartbeat (Kafka's default waits 9 s; on loopback a heartbeat
+    # every 0.5 s is cheap).
+    "broker.session.timeout.ms": "4000",
+    "broker.heartbeat.interval.ms": "500",
+    # The nodes are stopped together (stop_cluster) or killed, never one by one:
+    # a controlled shutdown would wait for a controller to move leaders to nodes
+    # that are stopping too, and the node left last, without a quorum, waited
+    # the full 5 minutes (SIGKILLed after 60 s; measured: 1 stop in 2).
+    "controlled.shutdown.enable": "false",
+}
+
+
+def _sasl_listeners(
+    port: int, controller_port: int, sasl_users: Mapping[str, str]
+) -> dict[str, str]:
+    """Clients log in with SASL/PLAIN as one of ``sasl_users``; the broker itself as
+    the first."""
+    first, password = next(iter(sasl_users.items()))
+    users = " ".join(f'user_{name}="{jaas_quoted(secret)}"' for name, secret in sasl_users.items())
+    return {
+        "listeners": f"SASL_PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
+        "advertised.listeners": f"SASL_PLAINTEXT://127.0.0.1:{port}",
+        "inter.broker.listener.name": "SASL_PLAINTEXT",
+        "listener.security.protocol.map": "SASL_PLAINTEXT:SASL_PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "sasl.enabled.mechanisms": "PLAIN",
+        "sasl.mechanism.inter.broker.protocol": "PLAIN",
+        "listener.name.sasl_plaintext.plain.sasl.jaas.config": (
+            "org.apache.kafka.common.security.plain.PlainLoginModule required "
+            f'username="{jaas_quoted(first)}" password="{jaas_quoted(password)}" {users};'
+        ),
+    }
+
+
 def server_properties(
     data_dir: Path,
     port: int,
@@ -129,37 +165,9 @@ def server_properties(
         "log.retention.check.interval.ms": "5000",
     }
     if len(voters) > 1:
-        # A node that died is fenced, and its partitions get new leaders, after 4 s
-        # without its heartbeat (Kafka's default waits 9 s; on loopback a heartbeat
-        # every 0.5 s is cheap).
-        settings["broker.session.timeout.ms"] = "4000"
-        settings["broker.heartbeat.interval.ms"] = "500"
-        # The nodes are stopped together (stop_cluster) or killed, never one by one:
-        # a controlled shutdown would wait for a controller to move leaders to nodes
-        # that are stopping too, and the node left last, without a quorum, waited
-        # the full 5 minutes (SIGKILLed after 60 s; measured: 1 stop in 2).
-        settings["controlled.shutdown.enable"] = "false"
+        settings.update(CLUSTER_NODE)
     if sasl_users:
-        first, password = next(iter(sasl_users.items()))  # the broker's own login
-        users = " ".join(
-            f'user_{name}="{jaas_quoted(secret)}"' for name, secret in sasl_users.items()
-        )
-        settings.update(
-            {
-                "listeners": f"SASL_PLAINTEXT://127.0.0.1:{port},"
-                f"CONTROLLER://127.0.0.1:{controller_port}",
-                "advertised.listeners": f"SASL_PLAINTEXT://127.0.0.1:{port}",
-                "inter.broker.listener.name": "SASL_PLAINTEXT",
-                "listener.security.protocol.map": "SASL_PLAINTEXT:SASL_PLAINTEXT,"
-                "CONTROLLER:PLAINTEXT",
-                "sasl.enabled.mechanisms": "PLAIN",
-                "sasl.mechanism.inter.broker.protocol": "PLAIN",
-                "listener.name.sasl_plaintext.plain.sasl.jaas.config": (
-                    "org.apache.kafka.common.security.plain.PlainLoginModule required "
-                    f'username="{jaas_quoted(first)}" password="{jaas_quoted(password)}" {users};'
-                ),
-            }
-        )
+        settings.update(_sasl_listeners(port, controller_port, sasl_users))
     # A properties file reads a backslash as an escape.
     return "".join(
         f"{key}={value.replace(chr(92), chr(92) * 2)}\n" for key, value in settings.items()
