@@ -67,8 +67,8 @@ unit: lint
 # while pip and Maven set up the rest.
 DEBIAN_SERVERS := chromium prometheus prometheus-pushgateway
 servers:
-	@missing=$$(for p in $(DEBIAN_SERVERS); do command -v $$p >/dev/null || echo $$p; done); \
-	  [ -z "$$missing" ] || { echo "installing Debian's $$missing for the tests"; \
+	@missing=$$(for p in $(DEBIAN_SERVERS); do command -v $$p >/dev/null || printf "%s " $$p; done); \
+	  [ -z "$$missing" ] || { echo "installing Debian's $${missing% } for the tests"; \
 	  apt-get install -y -q --no-install-recommends $$missing >/dev/null 2>&1 \
 	  || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends $$missing >/dev/null 2>&1; } \
 	  || echo "WARNING: could not install $$missing: their tests will be skipped (a failure under CI)"; }

@@ -1,14 +1,26 @@
-"""Event-to-Delta latency of a continuous run: ``user_clicks`` with a 1 s trigger
-while a producer writes ``--rate`` events/s for ``--seconds``.
+"""Event-to-result latency under a steady load, in one sitting on one broker: the
+platform's continuous run of ``user_clicks`` (one row per ``--intervals`` trigger
+interval) and Kafka Streams' ``ClickCounts`` (``exactly_once_v2``, a 100 ms
+commit interval), each while a producer writes ``--rate`` events/s for
+``--seconds`` after ``--warm-up`` seconds that warm its JVM.
 
     .venv/bin/python -m benchmarks.latency [--rate 10000] [--seconds 60]
+        [--warm-up 15] [--intervals 1,0] [--systems platform,kafka-streams]
 
-An event's latency is the time of its batch's ledger commit in the Delta log (the
-batch is in Delta, exactly once) minus the event's Kafka timestamp (set by the
-producer when it sends). (The ledger row's ``commit_time`` is when the batch
-began, so it is not used.) Every event is counted: after the run each record's timestamp is read
-back and matched to the batch whose offset range holds it. Writes its section of
-docs/benchmarks.md. Not a test: it asserts nothing.
+An event's latency is when its effect became durable and visible minus its Kafka
+timestamp (set by the producer when it sends):
+- the platform: the time of the ledger commit (in the Delta log) of the batch
+  whose offset range holds it: the batch is in Delta, exactly once. (The ledger
+  row's ``commit_time`` is when the batch began, so it is not used.)
+- Kafka Streams: the time its committed input offset passed it: the transaction
+  that holds its count (and that offset) had committed, and a read_committed
+  consumer sees the count. Polled every 10 ms, so at most about 10 ms late.
+The platform's runs share one process and JVM, after an untimed run that warms it.
+Every event is counted: its timestamp is read back from Kafka and matched to the
+first commit that covers its offset. Also probed: whether Spark's asynchronous
+progress tracking and real-time mode start the platform's kind of query (an
+aggregation into ``foreachBatch``). Writes its section of docs/benchmarks.md. Not a
+test: it asserts nothing.
 """
 
 from __future__ import annotations
@@ -16,9 +28,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import statistics
+import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +39,31 @@ import numpy as np
 from confluent_kafka import Consumer, Producer, TopicPartition
 from deltalake import DeltaTable
 
-from benchmarks.report import machine, scratch_broker, write_section
+from benchmarks.anchors import kafka_streams_classpath
+from benchmarks.report import machine, scratch_broker, table, write_section
 from jobs import kafka_admin
+from jobs.broker import BrokerInfo
 from jobs.pipeline.parser import load_pipeline
 from jobs.settings import load_settings
-from jobs.streaming.run import run_pipeline
 from jobs.streaming.spark import get_spark
 
+PARTITIONS = 4
+KS_COMMIT_MS = 100
+# (seconds, partition -> the end offset committed by then), in time order.
+Timeline = list[tuple[float, dict[int, int]]]
 
-def produce_at(config: dict[str, str], rate: int, seconds: int) -> int:
+
+@dataclasses.dataclass
+class Measured:
+    name: str
+    topic: str
+    sent: int
+    since: float  # the end of the warm-up (epoch seconds)
+    timeline: Timeline
+    note: str = ""
+
+
+def produce_at(config: dict[str, str], topic: str, rate: int, seconds: int) -> int:
     producer = Producer({**config, "linger.ms": 5})
     sent = 0
     started = time.monotonic()
@@ -43,12 +72,80 @@ def produce_at(config: dict[str, str], rate: int, seconds: int) -> int:
         while sent < due:
             now = int(time.time())
             value = json.dumps({"user_id": f"u{sent % 5000}", "timestamp": now}).encode()
-            producer.produce("clicks", value)
+            producer.produce(topic, value)
             sent += 1
         producer.poll(0)
         time.sleep(0.005)
     producer.flush(30)
     return sent
+
+
+def under_load(
+    config: dict[str, str], topic: str, args: argparse.Namespace, covered: Callable[[int], bool]
+) -> tuple[int, float]:
+    """Warm-up, then the measured load; waits (up to 120 s) until ``covered(sent)``.
+    (events sent, the end of the warm-up)."""
+    sent = produce_at(config, topic, args.rate, args.warm_up)  # a JVM's first batches are cold
+    since = time.time()
+    sent += produce_at(config, topic, args.rate, args.seconds)
+    deadline = time.monotonic() + 120
+    while not covered(sent) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return sent, since
+
+
+def platform(
+    info: BrokerInfo, work: Path, args: argparse.Namespace, interval: int, topic: str
+) -> Measured:
+    """A continuous run of ``user_clicks`` in this process, on ``topic`` (new)."""
+    from jobs.streaming.run import run_pipeline
+
+    warehouse = work / f"wh-{topic}"
+    settings = dataclasses.replace(
+        load_settings(), bootstrap_servers=info.bootstrap_servers, warehouse=warehouse
+    )
+    config = kafka_admin.client_config(info.bootstrap_servers)
+    kafka_admin.create_topic(kafka_admin.admin(config), topic, PARTITIONS)
+    pipeline = dataclasses.replace(
+        load_pipeline("user_clicks", settings.pipelines_dir),
+        topics=(topic,),
+        trigger_mode="continuous",
+        trigger_interval_seconds=interval,
+    )
+    spark = get_spark("local[2]", "benchmark-latency")
+    stream = threading.Thread(target=run_pipeline, args=(spark, pipeline, settings))
+    stream.start()
+    time.sleep(5)  # the query is up and idle
+    ledger = warehouse / "user_clicks" / "_ledger"
+
+    def committed() -> int:
+        if not (ledger / "_delta_log").is_dir():
+            return 0
+        rows = DeltaTable(str(ledger)).to_pyarrow_table().to_pylist()
+        return sum(int(r["records_in"] or 0) for r in rows if r["entry_type"] == "batch")
+
+    sent, since = under_load(config, topic, args, lambda sent: committed() >= sent)
+    for query in spark.streams.active:
+        query.stop()
+    stream.join()
+    rows = DeltaTable(str(ledger)).to_pyarrow_table().to_pylist()
+    batches = [r for r in rows if r["entry_type"] == "batch" and r["records_in"]]
+    commits = ledger_commit_times(ledger)
+    timeline = sorted(
+        (
+            commits[(int(r["epoch"]), int(r["batch_id"]))],
+            {int(p): int(o) for p, o in json.loads(r["end_offsets"])[topic].items()},
+        )
+        for r in batches
+    )
+    seconds = sorted(json.loads(b["details"])["seconds"] for b in batches)
+    note = f"{len(batches)} batches, batch seconds p50 {seconds[len(seconds) // 2]:.2f}"
+    name = (
+        f"the platform, continuous, trigger every {interval} s"
+        if interval
+        else ("the platform, continuous, triggers back to back (interval 0)")
+    )
+    return Measured(name, topic, sent, since, timeline, note)
 
 
 def ledger_commit_times(ledger_path: Path) -> dict[tuple[int, int], float]:
@@ -67,40 +164,66 @@ def ledger_commit_times(ledger_path: Path) -> dict[tuple[int, int], float]:
     return found
 
 
-def latencies(
-    config: dict[str, Any],
-    ledger: list[dict[str, Any]],
-    since: float,
-    commits: dict[tuple[int, int], float],
-) -> tuple[list[float], list[float]]:
-    """Per event: its batch's ledger commit time - its Kafka timestamp (seconds)."""
-    consumer = {
-        **config,
-        "group.id": "latency-benchmark",
-        "enable.auto.commit": False,
-        "auto.offset.reset": "error",
-    }
-    result: list[float] = []
-    measured: list[float] = []
-    for row in ledger:
-        start = json.loads(row["start_offsets"] or "{}")
-        committed = commits[(int(row["epoch"]), int(row["batch_id"]))]
-        for topic, parts in json.loads(row["end_offsets"]).items():
-            for part, end in parts.items():
-                begin = start.get(topic, {}).get(part, end)
-                if end <= begin:
-                    continue
-                stamps = np.array(kafka_timestamps(consumer, topic, int(part), begin, end))
-                result += list(committed - stamps)
-                measured += list(committed - stamps[stamps >= since])
-    return result, measured
+def kafka_streams(info: BrokerInfo, work: Path, args: argparse.Namespace) -> Measured:
+    """``ClickCounts`` in follow mode on topic ``ks_clicks``: its timeline is what it
+    prints, a line each time its committed offsets move."""
+    config = kafka_admin.client_config(info.bootstrap_servers)
+    for topic in ("ks_clicks", "ks_counts"):
+        kafka_admin.create_topic(kafka_admin.admin(config), topic, PARTITIONS)
+    process = subprocess.Popen(
+        ["java", "-cp", kafka_streams_classpath(), "ClickCounts", info.bootstrap_servers]
+        + ["ks_clicks", "ks_counts", "ks-latency", str(work / "ks-state"), "2"]
+        + [str(KS_COMMIT_MS), "follow"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    timeline: Timeline = []
+    ends: dict[int, int] = {}
+
+    def follow() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            moved = json.loads(line)
+            ends.update({int(p): int(o) for p, o in moved["offsets"].items()})
+            timeline.append((moved["t_ms"] / 1000, dict(ends)))
+
+    reader = threading.Thread(target=follow, daemon=True)
+    reader.start()
+    time.sleep(5)  # the application is up and idle
+    try:
+        sent, since = under_load(config, "ks_clicks", args, lambda sent: sum(ends.values()) >= sent)
+    finally:
+        process.terminate()
+        process.wait(60)
+    reader.join(10)
+    name = f"Kafka Streams 4.3.1, `exactly_once_v2`, commit every {KS_COMMIT_MS} ms, 2 threads"
+    return Measured(name, "ks_clicks", sent, since, timeline, f"{len(timeline)} commits seen")
+
+
+def latencies(config: dict[str, Any], measured: Measured) -> tuple[Any, Any]:
+    """Per event of the system's topic: the first commit of the timeline that covers its
+    offset minus its Kafka timestamp (seconds); all, and those after the warm-up."""
+    every: list[Any] = []
+    steady: list[Any] = []
+    for partition in range(PARTITIONS):
+        times = np.array([t for t, ends in measured.timeline if partition in ends])
+        ends = np.maximum.accumulate(
+            np.array([ends[partition] for _t, ends in measured.timeline if partition in ends])
+        )
+        if len(ends) == 0:
+            continue
+        stamps = np.array(kafka_timestamps(config, measured.topic, partition, 0, int(ends[-1])))
+        committed = times[np.searchsorted(ends, np.arange(len(stamps)), side="right")]
+        every.append(committed - stamps)
+        steady.append((committed - stamps)[stamps >= measured.since])
+    return np.concatenate(every), np.concatenate(steady)
 
 
 def kafka_timestamps(
     config: dict[str, Any], topic: str, partition: int, begin: int, end: int
 ) -> list[float]:
     """The Kafka timestamps (seconds) of the records at offsets [begin, end)."""
-    consumer = Consumer(config)
+    consumer = Consumer({**config, "group.id": "latency-benchmark", "enable.auto.commit": False})
     consumer.assign([TopicPartition(topic, partition, begin)])
     found: list[float] = []
     try:
@@ -120,87 +243,126 @@ def kafka_timestamps(
     return found
 
 
+def probe_modes(info: BrokerInfo, work: Path, topic: str) -> dict[str, str]:
+    """Whether Spark starts an aggregation into ``foreachBatch`` (the platform's
+    query) with asynchronous progress tracking, and in real-time mode: the first
+    line of its refusal, or whether it ran."""
+    spark = get_spark("local[2]", "benchmark-latency")
+    source = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", info.bootstrap_servers)
+        .option("subscribe", topic)
+        .load()
+        .selectExpr("CAST(value AS STRING) AS user_id", "timestamp")
+        .withWatermark("timestamp", "10 minutes")
+        .groupBy("user_id")
+        .count()
+    )
+    found = {}
+    for name, writer in {
+        "asynchronous progress tracking": lambda w: w.option(
+            "asyncProgressTrackingEnabled", "true"
+        ),
+        "real-time mode": lambda w: w.trigger(realTime="5 seconds"),
+    }.items():
+        query = None
+        try:
+            query = writer(
+                source.writeStream.foreachBatch(lambda frame, _id: frame.count())
+                .outputMode("update")
+                .option("checkpointLocation", str(work / f"probe-{len(found)}"))
+            ).start()
+            # Refused at the start, or failing in its first batches; else it runs.
+            ended = query.awaitTermination(20)
+            found[name] = "ended at once" if ended else "ran for 20 s"
+        except Exception as error:  # the refusal is the measurement
+            found[name] = (str(error).strip().splitlines() or [type(error).__name__])[0][:500]
+        finally:
+            if query is not None and query.isActive:
+                query.stop()
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rate", type=int, default=10_000)
     parser.add_argument("--seconds", type=int, default=60)
     parser.add_argument("--warm-up", type=int, default=15)
-    parser.add_argument(
-        "--interval", type=int, default=1, help="trigger interval, s (0: as fast as it can)"
-    )
+    parser.add_argument("--intervals", default="1,0", help="the platform's trigger intervals, s")
+    parser.add_argument("--systems", default="platform,kafka-streams")
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args()
+    systems = args.systems.split(",")
+    results: list[tuple[Measured, Any, Any]] = []
     with scratch_broker("bench-latency-") as (work, info):
-        settings = dataclasses.replace(
-            load_settings(), bootstrap_servers=info.bootstrap_servers, warehouse=work / "wh"
-        )
         config = kafka_admin.client_config(info.bootstrap_servers)
-        kafka_admin.create_topic(kafka_admin.admin(config), "clicks", 4)
-        pipeline = dataclasses.replace(
-            load_pipeline("user_clicks", settings.pipelines_dir),
-            trigger_mode="continuous",
-            trigger_interval_seconds=args.interval,
-        )
-        spark = get_spark("local[2]", "benchmark-latency")
-        stream = threading.Thread(target=run_pipeline, args=(spark, pipeline, settings))
-        stream.start()
-        time.sleep(5)  # the query is up and idle
-        sent = produce_at(config, args.rate, args.warm_up)  # Spark's first batches are cold
-        since = time.time()
-        sent += produce_at(config, args.rate, args.seconds)
-        ledger_path = Path(settings.warehouse / "user_clicks" / "_ledger")
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            rows = DeltaTable(str(ledger_path)).to_pyarrow_table().to_pylist()
-            if sum(int(r["records_in"] or 0) for r in rows if r["entry_type"] == "batch") >= sent:
-                break
-            time.sleep(1)
-        for query in spark.streams.active:
-            query.stop()
-        stream.join()
-        batches = [r for r in rows if r["entry_type"] == "batch" and r["records_in"]]
-        commits = ledger_commit_times(ledger_path)
-        values, measured = latencies(config, batches, since, commits)
-        spark.stop()
-    report = render(args, sent, batches, values, measured)
+        if "kafka-streams" in systems:
+            kafka_streams_classpath()  # built before any clock starts
+            ks = kafka_streams(info, work, args)
+            results.append((ks, *latencies(config, ks)))
+        if "platform" in systems:
+            # An untimed run first: every measured run finds the JVM warm, as a
+            # continuous run does after its first minutes.
+            platform(info, work, args, 0, "clicks_warm_up")
+            for interval in (int(i) for i in args.intervals.split(",")):
+                run = platform(info, work, args, interval, f"clicks_{interval}")
+                results.append((run, *latencies(config, run)))
+            probes = probe_modes(info, work, run.topic)
+    report = render(args, results, probes if "platform" in systems else {})
     print(report)
     if not args.no_write:
         write_section(report)
 
 
 def render(
-    args: argparse.Namespace,
-    sent: int,
-    batches: list[dict[str, Any]],
-    values: list[float],
-    measured: list[float],
+    args: argparse.Namespace, results: list[tuple[Measured, Any, Any]], probes: dict[str, str]
 ) -> str:
-    seconds = [json.loads(b["details"])["seconds"] for b in batches]
-    every, steady = np.array(values), np.array(measured)
+    def pct(values: Any, q: float) -> str:
+        return f"{np.percentile(values, q):.2f}"
+
+    rows = [
+        [
+            m.name,
+            f"{len(steady):,}",
+            pct(steady, 50),
+            pct(steady, 95),
+            pct(steady, 99),
+            f"{steady.max():.2f}",
+            pct(every, 95),
+            m.note,
+        ]
+        for m, every, steady in results
+    ]
     lines = [
-        "## Event-to-Delta latency, continuous run",
+        "## Event-to-result latency under load: the platform and Kafka Streams",
         "",
         f"Command: `.venv/bin/python -m benchmarks.latency --rate {args.rate} "
-        f"--seconds {args.seconds} --warm-up {args.warm_up} --interval {args.interval}`",
+        f"--seconds {args.seconds} --warm-up {args.warm_up} --intervals {args.intervals}`",
         "",
-        f"Machine: {machine()}; the producer, the broker and Spark share the two cores. "
-        f"`user_clicks`, trigger every {args.interval} s, {sent:,} events at {args.rate:,}/s; "
-        "latency = the time of the ledger commit of the event's batch (from the Delta log) "
-        "minus the event's Kafka timestamp, "
-        f"for every event. The first {args.warm_up} s warm the JVM and are reported apart.",
+        f"Machine: {machine()}; the producer, the broker and the system share the cores. "
+        f"One sitting, one broker; {args.rate:,} click events/s for {args.seconds} s after "
+        f"{args.warm_up} s of warm-up, per-user counts per 1-minute window, exactly-once. "
+        "Latency: when the event's effect was committed (the platform: its batch's ledger "
+        "commit in the Delta log; Kafka Streams: the transaction that moved its committed "
+        "offset past it, polled every 10 ms) minus its Kafka timestamp, for every event.",
         "",
-        "| events | count | p50 s | p95 s | p99 s | max s |",
-        "|---|---|---|---|---|---|",
-        f"| after the warm-up | {len(steady):,} | {np.percentile(steady, 50):.2f} "
-        f"| {np.percentile(steady, 95):.2f} | {np.percentile(steady, 99):.2f} "
-        f"| {steady.max():.2f} |",
-        f"| all, warm-up included | {len(every):,} | {np.percentile(every, 50):.2f} "
-        f"| {np.percentile(every, 95):.2f} | {np.percentile(every, 99):.2f} "
-        f"| {every.max():.2f} |",
-        "",
-        f"{len(batches)} batches with records; batch seconds p50 "
-        f"{statistics.median(seconds):.2f}, max {max(seconds):.2f}.",
+        *table(
+            [
+                "system",
+                "events after warm-up",
+                "p50 s",
+                "p95 s",
+                "p99 s",
+                "max s",
+                "p95 s, warm-up included",
+                "commits",
+            ],
+            rows,
+        ),
     ]
+    if probes:
+        lines += ["", "Spark's low-latency modes, tried on the platform's kind of query:", ""]
+        lines += [f"- {name}: {said}" for name, said in probes.items()]
     return "\n".join(lines) + "\n"
 
 

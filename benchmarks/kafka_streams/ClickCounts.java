@@ -2,9 +2,12 @@
 // per 1-minute tumbling event-time window (10 minutes' grace), exactly-once v2, RocksDB,
 // the counts sent to an output topic. It runs until every input record is committed,
 // then closes and prints one JSON line of timings. The output topic must exist.
+// With "follow" last (benchmarks/latency.py) it runs until killed instead, and
+// prints a JSON line {"t_ms": ..., "offsets": {partition: offset}} each time its
+// committed input offsets move: when a transaction's counts became visible.
 //
 //   java -cp <jars> ClickCounts BOOTSTRAP INPUT OUTPUT APPLICATION_ID STATE_DIR THREADS
-//        COMMIT_INTERVAL_MS
+//        COMMIT_INTERVAL_MS [follow]
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import java.time.Duration;
@@ -43,6 +46,33 @@ public final class ClickCounts {
       } catch (Exception e) {
         throw new IllegalArgumentException("not a click event: " + record.value(), e);
       }
+    }
+  }
+
+  /** Prints the group's committed offsets whenever they move (polled every 10 ms;
+   * the time is taken when the answer arrives: at most one poll late). */
+  static void followCommits(Admin admin, String appId) throws Exception {
+    Map<Integer, Long> last = new HashMap<>();
+    while (true) {
+      Map<TopicPartition, OffsetAndMetadata> committed =
+          admin.listConsumerGroupOffsets(appId).partitionsToOffsetAndMetadata().get();
+      long now = System.currentTimeMillis();
+      Map<Integer, Long> moved = new HashMap<>();
+      for (Map.Entry<TopicPartition, OffsetAndMetadata> e : committed.entrySet()) {
+        long offset = e.getValue().offset();
+        if (!Long.valueOf(offset).equals(last.get(e.getKey().partition()))) {
+          moved.put(e.getKey().partition(), offset);
+        }
+      }
+      if (!moved.isEmpty()) {
+        last.putAll(moved);
+        String offsets = moved.entrySet().stream()
+            .map(e -> "\"" + e.getKey() + "\": " + e.getValue())
+            .collect(Collectors.joining(", "));
+        System.out.println("{\"t_ms\": " + now + ", \"offsets\": {" + offsets + "}}");
+        System.out.flush();
+      }
+      Thread.sleep(10);
     }
   }
 
@@ -89,6 +119,10 @@ public final class ClickCounts {
       });
       long starting = System.nanoTime();
       streams.start();
+      if (args.length > 7 && args[7].equals("follow")) {
+        followCommits(admin, appId);
+        return;
+      }
       long firstCommit = -1;
       while (true) {  // done when the group has committed every input record
         Map<TopicPartition, OffsetAndMetadata> committed =
