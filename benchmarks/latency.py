@@ -45,6 +45,7 @@ from jobs import kafka_admin
 from jobs.broker import BrokerInfo
 from jobs.pipeline.parser import load_pipeline
 from jobs.settings import load_settings
+from jobs.streaming.run import run_pipeline
 from jobs.streaming.spark import get_spark
 
 PARTITIONS = 4
@@ -98,8 +99,6 @@ def platform(
     info: BrokerInfo, work: Path, args: argparse.Namespace, interval: int, topic: str
 ) -> Measured:
     """A continuous run of ``user_clicks`` in this process, on ``topic`` (new)."""
-    from jobs.streaming.run import run_pipeline
-
     warehouse = work / f"wh-{topic}"
     settings = dataclasses.replace(
         load_settings(), bootstrap_servers=info.bootstrap_servers, warehouse=warehouse
@@ -133,10 +132,13 @@ def platform(
     commits = ledger_commit_times(ledger)
     timeline = sorted(
         (
-            commits[(int(r["epoch"]), int(r["batch_id"]))],
-            {int(p): int(o) for p, o in json.loads(r["end_offsets"])[topic].items()},
-        )
-        for r in batches
+            (
+                commits[(int(r["epoch"]), int(r["batch_id"]))],
+                {int(p): int(o) for p, o in json.loads(r["end_offsets"])[topic].items()},
+            )
+            for r in batches
+        ),
+        key=lambda commit: commit[0],
     )
     seconds = sorted(json.loads(b["details"])["seconds"] for b in batches)
     note = f"{len(batches)} batches, batch seconds p50 {seconds[len(seconds) // 2]:.2f}"
