@@ -7,9 +7,10 @@ JDK's Flight Recorder, compared by what the driver JVM did.
 Per run: its phases; the JIT's compilations (count, and the seconds its compiler
 threads spent); the Java samples of Spark's task threads, by how
 their top frame ran (interpreted, compiled, native); the collector's pauses; the
-classes loaded. The cold process is recorded from its start (``JAVA_TOOL_OPTIONS``,
-which the archive's key does not read); the warm driver only while its third run
-runs (``jcmd JFR.start`` / ``JFR.dump``). Writes its section of
+classes loaded. Both JVMs are recorded from their start (``JAVA_TOOL_OPTIONS``,
+which the archive's key does not read: a recording started later deoptimises what
+the JIT compiled); the warm driver's figures are its third run's (``jcmd
+JFR.dump``). Writes its section of
 docs/benchmarks.md. Not a test: it asserts nothing.
 """
 
@@ -25,6 +26,7 @@ import sys
 import time
 import urllib.request
 from collections import Counter
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -64,24 +66,28 @@ def seconds(duration: str) -> float:
     return total
 
 
-def summary(recording: Path, from_start: bool) -> dict[str, float]:
-    """What the driver JVM did over ``recording``; its counters from the JVM's start
-    when it was recorded from there, else from its first sample."""
+def summary(recording: Path, since: str = "") -> dict[str, float]:
+    """What the driver JVM did over ``recording``, or only from ``since`` (an ISO
+    time, UTC) on: its counters then grow from their last value before it."""
+
+    def after(event: str) -> list[dict[str, Any]]:
+        return [e for e in jfr_events(recording, event) if e["values"]["startTime"] >= since]
 
     def grown(event: str, field: str, value: Any = float) -> float:
-        found = [value(e["values"][field]) for e in jfr_events(recording, event)]
-        return found[-1] - (0 if from_start else found[0]) if found else 0.0
+        every = jfr_events(recording, event)
+        before = [value(e["values"][field]) for e in every if e["values"]["startTime"] < since]
+        found = [value(e["values"][field]) for e in every if e["values"]["startTime"] >= since]
+        return found[-1] - (before[-1] if before else 0) if found else 0.0
 
     samples = [
         e
-        for e in jfr_events(recording, "jdk.ExecutionSample")
+        for e in after("jdk.ExecutionSample")
         if TASK_THREAD in ((e["values"].get("sampledThread") or {}).get("javaName") or "")
     ]
     kinds = Counter(
         ((e["values"]["stackTrace"] or {}).get("frames") or [{}])[0].get("type", "?")
         for e in samples
     )
-    pauses = jfr_events(recording, "jdk.GarbageCollection")
     return {
         "compilations": grown("jdk.CompilerStatistics", "compileCount"),
         "jit_s": grown("jdk.CompilerStatistics", "totalTimeSpent", seconds),
@@ -89,7 +95,9 @@ def summary(recording: Path, from_start: bool) -> dict[str, float]:
         "interpreted": kinds["Interpreted"] / max(1, len(samples)),
         "compiled": (kinds["JIT compiled"] + kinds["Inlined"]) / max(1, len(samples)),
         "native": kinds["Native"] / max(1, len(samples)),
-        "gc_pause_s": sum(seconds(e["values"]["sumOfPauses"]) for e in pauses),
+        "gc_pause_s": sum(
+            seconds(e["values"]["sumOfPauses"]) for e in after("jdk.GarbageCollection")
+        ),
         "classes_loaded": grown("jdk.ClassLoadingStatistics", "loadedClassCount"),
     }
 
@@ -100,16 +108,18 @@ def cold(env: dict[str, str], work: Path) -> dict[str, float]:
     run = one_run(
         {**env, "PLATFORM_WAREHOUSE": str(work / "wh-cold"), "JAVA_TOOL_OPTIONS": options}
     )
-    return {**run, **summary(recording, from_start=True)}
+    return {**run, **summary(recording)}
 
 
 def warm(env: dict[str, str], work: Path) -> dict[str, float]:
     """Two runs to warm a new driver, then the third recorded."""
     port = find_free_port(18100, 19000)
+    recording = work / "warm.jfr"
+    options = f"-XX:StartFlightRecording=settings=profile,name=w,filename={recording}"
     server = subprocess.Popen(
         [sys.executable, "-m", "jobs", "serve", "--port", str(port)],
         cwd=REPO_ROOT,
-        env={**env, "PLATFORM_WAREHOUSE": str(work / "wh-warm")},
+        env={**env, "PLATFORM_WAREHOUSE": str(work / "wh-warm"), "JAVA_TOOL_OPTIONS": options},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
@@ -132,13 +142,14 @@ def warm(env: dict[str, str], work: Path) -> dict[str, float]:
         for _ in range(2):
             one_run(client)
             shutil.rmtree(work / "wh-warm" / "user_clicks", ignore_errors=True)
-        recording = work / "warm.jfr"
-        subprocess.run(["jcmd", str(java), "JFR.start", "name=w", "settings=profile"], check=True)
+        since = datetime.now(UTC).isoformat().replace("+00:00", "Z")
         run = one_run(client)
         subprocess.run(
-            ["jcmd", str(java), "JFR.dump", "name=w", f"filename={recording}"], check=True
+            ["jcmd", str(java), "JFR.dump", "name=w", f"filename={recording}"],
+            check=True,
+            capture_output=True,
         )
-        return {**run, **summary(recording, from_start=False)}
+        return {**run, **summary(recording, since)}
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=120)
@@ -198,10 +209,10 @@ def render(args: argparse.Namespace, results: dict[str, dict[str, float]]) -> st
         "",
         f"Machine: {machine()}. `user_clicks` over {args.events:,} events from a fresh "
         "warehouse, recorded with JFR's `profile` settings: the cold process from its JVM's "
-        "start (the class-data-sharing archive mapped), the warm driver over its third run "
-        "only. Phases: seconds from the process's start (a warm driver's client logs "
-        "none: -). JIT: compilations and the seconds the compiler threads spent in "
-        "them (the cold process's from its start, the driver's over the run). Task "
+        "start (the class-data-sharing archive mapped), the warm driver from its start, "
+        "counted over its third run only. Phases: seconds from the process's start (a "
+        "warm driver's client logs none: -). JIT: compilations and the seconds the "
+        "compiler threads spent in them. Task "
         "threads' samples: how each sample's top frame ran.",
         "",
         *table(
