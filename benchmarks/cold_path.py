@@ -26,6 +26,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 
@@ -81,12 +83,11 @@ def batch_seconds(warehouse: Path) -> float:
     )
 
 
-def warm_driver_runs(env: dict[str, str], work: Path, runs: int) -> list[dict[str, float]]:
-    """Start a warm driver, then ``runs`` + 1 client runs, each over a fresh
-    application folder: the first on the new driver (its JIT still cold), then warm."""
-    warehouse = work / "wh-warm"
+@contextmanager
+def warm_driver(env: dict[str, str]) -> Iterator[tuple[str, subprocess.Popen[bytes], float]]:
+    """A new ``python -m jobs serve`` with ``env``, once it answers: (its URL, its
+    process, the seconds it took to answer); stopped afterwards."""
     port = find_free_port(18100, 19000)
-    env = {**env, "PLATFORM_WAREHOUSE": str(warehouse)}
     started = time.time()
     server = subprocess.Popen(
         [sys.executable, "-m", "jobs", "serve", "--port", str(port)],
@@ -106,7 +107,18 @@ def warm_driver_runs(env: dict[str, str], work: Path, runs: int) -> list[dict[st
                 if server.poll() is not None or time.time() - started > 120:
                     raise RuntimeError("the warm driver did not start") from None
                 time.sleep(0.2)
-        ready = time.time() - started
+        yield url, server, time.time() - started
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=120)
+
+
+def warm_driver_runs(env: dict[str, str], work: Path, runs: int) -> list[dict[str, float]]:
+    """Start a warm driver, then ``runs`` + 1 client runs, each over a fresh
+    application folder: the first on the new driver (its JIT still cold), then warm."""
+    warehouse = work / "wh-warm"
+    env = {**env, "PLATFORM_WAREHOUSE": str(warehouse)}
+    with warm_driver(env) as (url, _server, ready):
         results = []
         for _ in range(runs + 1):
             client = {**env, "PLATFORM_DRIVER_URL": url}
@@ -118,9 +130,6 @@ def warm_driver_runs(env: dict[str, str], work: Path, runs: int) -> list[dict[st
             print("warm driver", {k: round(v, 2) for k, v in run.items()}, flush=True)
             shutil.rmtree(warehouse / "user_clicks", ignore_errors=True)
         return results
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=120)
 
 
 def on_java(base: dict[str, str], java_home: str) -> dict[str, str]:

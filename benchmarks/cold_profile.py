@@ -20,11 +20,8 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
-import sys
 import time
-import urllib.request
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
@@ -32,12 +29,10 @@ from typing import Any
 
 import psutil
 
-from benchmarks.cold_path import one_run
+from benchmarks.cold_path import one_run, warm_driver
 from benchmarks.report import machine, scratch_broker, table, write_section
 from include.sample_data import click_events, encoded
 from jobs import kafka_admin
-from jobs.local_server import find_free_port
-from jobs.settings import REPO_ROOT
 
 TASK_THREAD = "Executor task launch worker"
 
@@ -113,29 +108,11 @@ def cold(env: dict[str, str], work: Path) -> dict[str, float]:
 
 def warm(env: dict[str, str], work: Path) -> dict[str, float]:
     """Two runs to warm a new driver, then the third recorded."""
-    port = find_free_port(18100, 19000)
     recording = work / "warm.jfr"
     options = f"-XX:StartFlightRecording=settings=profile,name=w,filename={recording}"
-    server = subprocess.Popen(
-        [sys.executable, "-m", "jobs", "serve", "--port", str(port)],
-        cwd=REPO_ROOT,
-        env={**env, "PLATFORM_WAREHOUSE": str(work / "wh-warm"), "JAVA_TOOL_OPTIONS": options},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    client = {**env, "PLATFORM_WAREHOUSE": str(work / "wh-warm"), "PLATFORM_DRIVER_URL": url}
-    try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/v1/health", timeout=1):
-                    break
-            except OSError:
-                if server.poll() is not None or time.time() > deadline:
-                    raise RuntimeError("the warm driver did not start") from None
-                time.sleep(0.2)
+    warehouse = {**env, "PLATFORM_WAREHOUSE": str(work / "wh-warm")}
+    with warm_driver({**warehouse, "JAVA_TOOL_OPTIONS": options}) as (url, server, _ready):
+        client = {**warehouse, "PLATFORM_DRIVER_URL": url}
         java = next(
             p.pid for p in psutil.Process(server.pid).children(recursive=True) if "java" in p.name()
         )
@@ -150,9 +127,6 @@ def warm(env: dict[str, str], work: Path) -> dict[str, float]:
             capture_output=True,
         )
         return {**run, **summary(recording, since)}
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=120)
 
 
 def main() -> None:
