@@ -49,6 +49,9 @@ def session(jars: str, java_options: str) -> SparkSession:
         )
         .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
         .config("spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows", "false")
+        # As the platform: no batch without records after the last (in update mode it
+        # only drops closed windows from the state; the next run's first batch does).
+        .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
         .config("spark.sql.session.timeZone", "UTC")
         .getOrCreate()
     )

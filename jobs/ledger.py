@@ -73,6 +73,7 @@ def epoch_steps(rows: list[dict[str, Any]]) -> dict[int, Step]:
             },
             state_version=None if version is None else int(version),
             done_us=_micros(row.get("commit_time")),
+            watermark_ms=int((boundary or {}).get("watermark_ms") or 0),
             dimensions=tuple(
                 sorted(
                     (str(k), pin)
@@ -98,6 +99,9 @@ def batch_entries(rows: list[dict[str, Any]]) -> list[BatchEntry]:
                 start=kafka_offsets.from_json_dict(json.loads(row["start_offsets"] or "{}")),
                 end=kafka_offsets.from_json_dict(json.loads(row["end_offsets"] or "{}")),
                 watermark_ms=int(row["watermark_ms"] or 0),
+                # Rows written before it was recorded: a batch without records
+                # followed with the watermark moved on (0: its own).
+                reached_ms=int(details.get("next_watermark_ms") or 0),
                 # Rows written before the batch time was recorded: their commit time
                 # (the same batch, seconds later).
                 batch_time_ms=int(

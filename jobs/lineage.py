@@ -84,6 +84,11 @@ class Judge:
     batch_time_ms: int = 0
     # The table each enrichment's join read, as (name, pin; None: no record to join).
     dimensions: tuple[tuple[str, Pin | None], ...] = ()
+    reached_ms: int = 0  # the watermark the batch left behind (``BatchEntry``)
+
+    @property
+    def reached(self) -> int:
+        return max(self.watermark_ms, self.reached_ms)
 
 
 @dataclass(frozen=True)
@@ -96,7 +101,7 @@ class Span:
 @dataclass(frozen=True)
 class Coverage:
     spans: dict[TP, tuple[Span, ...]] = field(default_factory=dict)  # sorted, disjoint
-    watermark_ms: int = 0  # the highest watermark among the batches it holds
+    watermark_ms: int = 0  # the highest watermark the batches it holds reached
 
     def judged(self) -> Intervals:
         """The offsets whose records the state reflects (gaps left out), merged."""
@@ -176,7 +181,7 @@ class Coverage:
                 else:
                     have[:] = _overlaid(have, new)
             if judge.kind is Judged.BATCH:
-                watermark = max(watermark, judge.watermark_ms)
+                watermark = max(watermark, judge.reached)
         return Coverage({tp: tuple(s) for tp, s in spans.items() if s}, watermark)
 
     def gaps_since(self, other: Coverage) -> Intervals:
@@ -289,7 +294,7 @@ class BatchEntry:
     batch_id: int
     start: Offsets
     end: Offsets
-    watermark_ms: int = 0
+    watermark_ms: int = 0  # the watermark it was judged by
     batch_time_ms: int = 0
     state_version: int | None = None  # the state version it left (None: not recorded)
     commit_time_us: int = 0
@@ -297,6 +302,9 @@ class BatchEntry:
     # Ranges it replayed that were judged before: the tables it joined there (the
     # earlier judgment's, not ``dimensions``), as (partition, begin, end, pins).
     replayed: tuple[tuple[TP, int, int, tuple[tuple[str, Pin | None], ...]], ...] = ()
+    # The watermark it left behind: its own, moved on by its records' event times
+    # (rows from before it was recorded: 0, its own).
+    reached_ms: int = 0
 
     def judgments(self) -> list[tuple[Offsets, Offsets, Judge]]:
         """Its [start, end) with its judge, then each replayed piece with the versions
@@ -308,6 +316,7 @@ class BatchEntry:
             self.watermark_ms,
             self.batch_time_ms,
             self.dimensions,
+            self.reached_ms,
         )
         pieces = [
             ({tp: begin}, {tp: end}, replace(judge, dimensions=versions))
@@ -327,6 +336,9 @@ class Step:
     done_us: int = 0  # when it recorded that it was done
     # The tables a backfill joined instead of the recorded ones (newest).
     dimensions: tuple[tuple[str, Pin], ...] = ()
+    # The watermark its boundary had reached: the state taken there holds it, also
+    # where the boundary's epoch read a deleted log (its batches count for nothing).
+    watermark_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -390,6 +402,7 @@ class History:
         if step.action == "empty" or step.boundary is None:
             return Coverage()
         base = self.at(*step.boundary)
+        base = replace(base, watermark_ms=max(base.watermark_ms, step.watermark_ms))
         if step.skipped:
             begin = {tp: r[0] for tp, r in step.skipped.items()}
             end = {tp: r[1] for tp, r in step.skipped.items()}
@@ -520,7 +533,14 @@ class History:
         that recorded their state version, and the cut (``cuts``: epoch -> offsets,
         watermark) of each completed operation on the lineage that left a version."""
         found = [
-            Boundary(b.epoch, b.batch_id, b.end, b.state_version, b.watermark_ms, b.commit_time_us)
+            Boundary(
+                b.epoch,
+                b.batch_id,
+                b.end,
+                b.state_version,
+                max(b.watermark_ms, b.reached_ms),
+                b.commit_time_us,
+            )
             for batches in self.batches.values()
             for b in batches
             if b.state_version is not None and self.holds(b.epoch, b.batch_id)

@@ -66,7 +66,7 @@ from jobs.streaming import enrichment, offset_log, table_versions
 from jobs.streaming.changelog_files import WRITTEN_SCHEMA, StagedFilesTask
 from jobs.streaming.dead_letters import batch_reader
 from jobs.streaming.judging import OBSERVATION
-from jobs.streaming.observed import observed_metrics
+from jobs.streaming.observed import observed_metrics, watermark_reached
 from jobs.streaming.seed import verify_seeded_state
 from jobs.warehouse import Location, parquet_dataset, parquet_rows
 
@@ -236,6 +236,9 @@ class BatchCommitter:
         self.replays = replays or []
         self._changed_rows = 0
         self._checked_progress: set[int] = set()
+        # (batch id, the watermark Spark moves on to after it): checked against the
+        # next batch's offset log entry, or at the end against the commit log.
+        self._reached: tuple[int, int] | None = None
         # An available-now run shows how far it is through what was there at its start.
         self.reach = reach
         total = 0 if reach is None else reach.total()
@@ -263,10 +266,15 @@ class BatchCommitter:
         if seed_batch and self.seed_path is not None:
             extra["seed_rows"] = parquet_rows(self.seed_path)
         metrics = observed_metrics(self.spark, self.query_name, OBSERVATION)
-        if skipped:
-            self._skip(batch_id)
-            return
         offsets = offset_log.read_offsets(self.checkpoint, batch_id)
+        self._check_reached(batch_id, offsets.watermark_ms)
+        reached = offsets.watermark_ms
+        if self.pipeline.window is not None:
+            reached = watermark_reached(self.spark, self.query_name, offsets.watermark_ms)
+        self._reached = (batch_id, reached)
+        if skipped:
+            self._skip(batch_id, offsets.end_offsets)
+            return
         start = offset_log.batch_start(
             self.initial_offsets
             if batch_id == 0
@@ -293,6 +301,8 @@ class BatchCommitter:
             {
                 # "now" of the batch's event-time bounds (a backfill reuses it)
                 "batch_timestamp_ms": offsets.batch_timestamp_ms,
+                # The watermark it leaves: what a cut after it starts from.
+                "next_watermark_ms": max(reached, self.watermark_floor_ms),
                 "definition": recorded_definition(self.pipeline),
                 **self._dimension_versions(metrics, start, offsets.end_offsets),
                 "seconds": round(laps.elapsed(), 3),
@@ -335,10 +345,24 @@ class BatchCommitter:
             for row in batch.mapInArrow(task, WRITTEN_SCHEMA).collect()
         ]
 
-    def _skip(self, batch_id: int) -> None:
+    def _check_reached(self, batch_id: int, watermark_ms: int) -> None:
+        """The watermark Spark runs a batch with is the one recorded as reached by
+        the batch before it (``watermark_reached``, in the same query), or by a
+        query's last batch in Spark's commit log."""
+        if self._reached is None or self._reached[0] != batch_id - 1:
+            return
+        if self._reached[1] != watermark_ms:
+            raise ConsistencyError(
+                f"{self.pipeline.application_id}: batch {self._reached[0]} of epoch "
+                f"{self.epoch} recorded watermark {self._reached[1]} ms as reached, but "
+                f"Spark runs batch {batch_id} with {watermark_ms} ms: the ledger's "
+                "watermark is not Spark's; report it with the checkpoint"
+            )
+
+    def _skip(self, batch_id: int, end: dict[str, Any]) -> None:
         """A batch the ledger already holds (a replay after a crash past its commit)."""
         log.info("batch %d of epoch %d is already committed: skipped", batch_id, self.epoch)
-        self._moved(offset_log.read_offsets(self.checkpoint, batch_id).end_offsets)
+        self._moved(end)
         self.metrics.replay_skipped(self.pipeline.application_id, self.pipeline.version)
         self.results.append(BatchResult(batch_id, True, {}))
         self._publish()
@@ -457,10 +481,15 @@ class BatchCommitter:
 
     def close(self, finished: bool = True) -> None:
         """At the run's end: the last batch's offsets reach the monitoring group; the
-        progress bar ends (an unfinished run's is not filled up)."""
+        progress bar ends (an unfinished run's is not filled up); the watermark the
+        last batch recorded is the one Spark committed."""
         self.monitoring.close()
         if self.progress is not None:
             self.progress.__exit__(None if finished else RuntimeError, None, None)
+        if finished and self._reached is not None:
+            last = self._reached[0]
+            if last in offset_log.committed_batches(self.checkpoint):
+                self._check_reached(last + 1, offset_log.next_watermark(self.checkpoint, last))
 
     def _moved(self, end: dict[str, Any]) -> None:
         self.positions = end

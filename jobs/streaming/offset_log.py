@@ -52,6 +52,17 @@ def read_offsets(checkpoint: Location, batch_id: int) -> OffsetLogEntry:
     )
 
 
+def next_watermark(checkpoint: Location, batch_id: int) -> int:
+    """The watermark Spark runs the batch after ``batch_id`` with, from that batch's
+    commit log entry (a version line, then ``{"nextBatchWatermarkMs": ...}``)."""
+    path = checkpoint / "commits" / str(batch_id)
+    try:
+        metadata = json.loads(path.read_text().splitlines()[1])
+    except (OSError, IndexError, json.JSONDecodeError) as exc:
+        raise ConsistencyError(f"unreadable commit log entry {path}: {exc}") from exc
+    return int(metadata.get("nextBatchWatermarkMs", 0))
+
+
 def batch_start(previous_end: dict[str, Any], end: dict[str, Any]) -> dict[str, Any]:
     """A batch's start offsets: the previous batch's end, and for a partition that
     appeared since (added to the topic), 0: Spark's Kafka source reads a new

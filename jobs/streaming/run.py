@@ -34,7 +34,7 @@ from jobs.streaming.batch import BatchCommitter, BatchResult, Reach, refuse_unre
 from jobs.streaming.follow import follow
 from jobs.streaming.outage import Answer, OutageClock, stop_signals, wait_for_brokers
 from jobs.streaming.seed import SEEDED_MARK, absorb_seed
-from jobs.streaming.spark import state_stores_for
+from jobs.streaming.spark import query_settings
 from jobs.superseded import remove_superseded_dead_letters
 
 
@@ -278,9 +278,9 @@ def _stream(
     finished = False
     try:  # the committer's monitoring group and progress bar end however the query does
         if seed_path is not None and not (checkpoint / SEEDED_MARK).exists():
-            state_stores_for(spark, short=True)
-            absorb_seed(writer(hold=True), checkpoint, pipeline.window is not None)
-        state_stores_for(spark, short=scheduled)
+            query_settings(spark, short=True)
+            absorb_seed(writer(hold=True), checkpoint)
+        query_settings(spark, short=scheduled)
         running = writer(hold=False).trigger(**trigger).start()
         follow(running, committer, layout, epoch, run.stop)
         finished = True

@@ -5,8 +5,9 @@ table at a batch boundary, or a backfill's result) to a Parquet file. The next
 run of the new epoch unions ``platform_seed``, a one-shot stream of those rows,
 with Kafka: the aggregation absorbs them in the epoch's first batch exactly like
 records (counts and sums add, min and max combine), while Kafka is held back
-until that batch (and, with a window, the no-data batch that moves the watermark
-on) is committed. Batch 1 first checks Spark's state store against the snapshot,
+until that batch is committed (with a window, Spark's commit log then holds the
+watermark the seeded windows moved it on to, which Kafka's first batch runs with).
+Batch 1 first checks Spark's state store against the snapshot,
 before any record is processed, as Kafka Streams finishes restoring before it
 resumes. A window's row is seeded at the start of the pane Spark keys it by
 (``state_seed.seed_time``): a tumbling window's start, a hopping window's last pane,
@@ -196,32 +197,17 @@ def _compare_as_multisets(got: DataFrame, want: DataFrame) -> int:
     return got_rows
 
 
-# A seeded epoch's checkpoint once its seed batches are committed (absorb_seed).
+# A seeded epoch's checkpoint once its seed batch is committed (absorb_seed).
 SEEDED_MARK = "_platform_seeded"
 
 
-# How long the seed query stays idle before it counts as done without a no-data batch.
-SEED_SETTLE_S = 2.0
-
-
-def absorb_seed(writer: DataStreamWriter, checkpoint: Location, windowed: bool) -> None:
-    """The seeded epoch's first query: the seed batch (and, windowed, the no-data
-    batch in which Spark moves the watermark on from the seeded windows, the one
-    its records must be judged by) with Kafka held at the cut. A mark in the
-    checkpoint says it is done: the next query of the checkpoint reads Kafka from
-    the cut (the hold stood in its place with the same offsets)."""
+def absorb_seed(writer: DataStreamWriter, checkpoint: Location) -> None:
+    """The seeded epoch's first query: the seed batch, with Kafka held at the cut.
+    A mark in the checkpoint says it is done: the next query of the checkpoint
+    reads Kafka from the cut (the hold stood in its place with the same offsets)."""
     running = writer.trigger(processingTime="200 milliseconds").start()
     try:
-        settled_since: float | None = None
-        while running.isActive:
-            done = offset_log.committed_batches(checkpoint)
-            if done and done[-1] >= (1 if windowed else 0):
-                break
-            # The watermark did not move (no seeded window): no no-data batch follows.
-            idle = bool(done) and offset_log.offset_batches(checkpoint)[-1] == done[-1]
-            settled_since = (settled_since or time.monotonic()) if idle else None
-            if settled_since is not None and time.monotonic() - settled_since > SEED_SETTLE_S:
-                break
+        while running.isActive and not offset_log.committed_batches(checkpoint):
             time.sleep(0.1)
         if running.exception() is not None:
             raise ConsistencyError(f"seeding the epoch's state failed: {running.exception()}")

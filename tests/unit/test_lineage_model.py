@@ -20,6 +20,12 @@ what it recomputes. The model keeps the table (a ``Pin``: id, location,
 version) of each offset the state judged, and the one the lineage last held for
 each offset ever judged (issue 42).
 
+Watermarks (issue 45): a batch is judged by the stream's watermark and leaves a
+watermark at least as high (its records' event times move it on), which its ledger
+row records. Every point of the lineage holds the watermark the stream had reached
+there, and a new epoch's floor (``operations/apply.watermark_floor``: a restored
+boundary's, the head's for a backfill, none for emptied state) is the model's.
+
 The tables change under the stream as users change them: a new version loaded,
 a table deleted and loaded again at its location (another table id: the pins of
 the old one can no longer be read, and every replay or recomputation that needs
@@ -67,6 +73,7 @@ class Point:
     skipped: dict[TP, set[int]]
     pos: dict[TP, int]
     versions: dict[TP, dict[int, Pin | None]]  # the table each judged offset joined
+    watermark: int = 0  # the watermark the stream had reached
 
     def copy(self) -> Point:
         return Point(
@@ -74,6 +81,7 @@ class Point:
             {tp: set(s) for tp, s in self.skipped.items()},
             dict(self.pos),
             {tp: dict(v) for tp, v in self.versions.items()},
+            self.watermark,
         )
 
     def fits(self, target: dict[TP, int]) -> bool:
@@ -111,6 +119,8 @@ class Repairs(RuleBasedStateMachine):
         self.cut: dict[TP, int] = {(T, 0): 0}  # where the epoch began
         self.excluded: set[int] = set()  # epochs that read a deleted log
         self.floor: int | None = None  # the epoch of the repair that kept their state
+        self.floor_watermark = 0  # the model's watermark at that repair
+        self.watermark = 0  # the platform's: what the epoch's next batch is judged by
 
     # -- the system under test ------------------------------------------------
     def history(self) -> History:
@@ -119,17 +129,40 @@ class Repairs(RuleBasedStateMachine):
     def boundaries(self, history: History) -> list[Boundary]:
         return history.boundaries(self.cuts)
 
-    def begin_epoch(self, step: Step | None, reads: dict[TP, int]) -> None:
+    def floor_of(self, step: Step, boundary: Boundary | None) -> int:
+        """The new epoch's watermark floor as ``operations/apply.watermark_floor``
+        takes it: from the plan's ``boundary``, or the lineage before the operation."""
+        history = self.history()
+        if step.action == "publish":
+            return history.head.watermark_ms
+        if step.action == "empty" or step.boundary is None:
+            return 0
+        if boundary is None:
+            found = [b for b in self.boundaries(history) if (b.epoch, b.batch_id) == step.boundary]
+            boundary = found[0]
+        return boundary.watermark_ms
+
+    def begin_epoch(
+        self, step: Step | None, reads: dict[TP, int], boundary: Boundary | None = None
+    ) -> None:
+        floor = self.watermark if step is None else self.floor_of(step, boundary)
         self.epoch += 1
         self.batch_id = 0
         if step is not None:
             self.version += 1
+            # The done row's plan holds its boundary, with the watermark it reached.
+            held = floor if step.action in ("keep", "restore") else 0
             self.steps[self.epoch] = Step(
-                step.action, step.boundary, step.skipped, state_version=self.version
+                step.action,
+                step.boundary,
+                step.skipped,
+                state_version=self.version,
+                watermark_ms=held,
             )
-            self.cuts[self.epoch] = (dict(reads), 0)
+            self.cuts[self.epoch] = (dict(reads), floor)
         self.reads = dict(reads)
         self.cut = dict(reads)
+        self.watermark = floor
 
     def chosen(self, target: dict[TP, int]) -> tuple[Boundary | None, Point | None]:
         history = self.history()
@@ -177,10 +210,11 @@ class Repairs(RuleBasedStateMachine):
         self.definition += 1
         self.pointing = table
 
-    @rule(most=st.integers(1, 40))
-    def run(self, most: int) -> None:
+    @rule(most=st.integers(1, 40), advance=st.integers(0, 3))
+    def run(self, most: int, advance: int) -> None:
         """One batch of at most ``most`` records per partition; a new partition is
-        read from offset 0 (``offset_log.batch_start``)."""
+        read from offset 0 (``offset_log.batch_start``). Its records move the
+        watermark on by ``advance``."""
         start = {tp: self.reads.get(tp, 0) for tp in self.log}
         end = {tp: min(self.log[tp], start[tp] + most) for tp in self.log}
         if all(end[tp] == start[tp] for tp in self.log):
@@ -196,6 +230,8 @@ class Repairs(RuleBasedStateMachine):
                 self.batch_id,
                 start,
                 end,
+                watermark_ms=self.watermark,
+                reached_ms=self.watermark + advance,
                 state_version=self.version,
                 dimensions=() if pin is None else (("m", pin),),
                 replayed=replayed,
@@ -207,6 +243,8 @@ class Repairs(RuleBasedStateMachine):
         assert self.joined(self.replayed(start, end), start, end) == first
         self.batch_id += 1
         self.reads = end
+        self.watermark += advance
+        self.model.watermark += advance
         for tp in self.log:
             self.model.judged.setdefault(tp, set()).update(range(start[tp], end[tp]))
             self.model.pos[tp] = end[tp]
@@ -301,7 +339,8 @@ class Repairs(RuleBasedStateMachine):
             self.begin_epoch(Step("empty", None), {tp: 0 for tp in self.log})
         else:
             self.begin_epoch(Step("restore", (self.floor, -1)), {tp: 0 for tp in self.log})
-        self.model = Point({}, {}, {tp: 0 for tp in self.log}, {})
+        watermark = 0 if self.floor is None else self.floor_watermark
+        self.model = Point({}, {}, {tp: 0 for tp in self.log}, {}, watermark)
         self.points = [self.model.copy()]
 
     @precondition(lambda self: self.batches)
@@ -309,13 +348,14 @@ class Repairs(RuleBasedStateMachine):
     def recreate_topic(self, parts: int) -> None:
         """The topic deleted and recreated with ``parts`` partitions, and repaired:
         the state kept, the new log read from 0."""
-        head = self.boundaries(self.history())[-1]
+        head = self.boundaries(self.history())[-1]  # the plan's, before the topic went
         self.excluded |= set(range(self.epoch + 1))
         self.log = {(T, p): 0 for p in range(parts)}
         reads = {tp: 0 for tp in self.log}
-        self.begin_epoch(Step("keep", (head.epoch, head.batch_id)), reads)
+        self.begin_epoch(Step("keep", (head.epoch, head.batch_id)), reads, head)
         self.floor = self.epoch
-        self.model = Point({}, {}, dict(reads), {})
+        self.floor_watermark = self.model.watermark  # the state kept, its windows too
+        self.model = Point({}, {}, dict(reads), {}, self.model.watermark)
         self.points = [self.model.copy()]
         self.recorded = {}  # the deleted log's records are not the new log's
 
@@ -444,6 +484,10 @@ class Repairs(RuleBasedStateMachine):
         kept = {place: sum(1 for e in es if e == max(es)) for place, es in judges.items()}
         judged = {(tp, o): 1 for tp, offsets in self.model.judged.items() for o in offsets}
         assert kept == judged
+
+    @invariant()
+    def the_stream_is_judged_by_the_models_watermark(self) -> None:
+        assert self.watermark == self.model.watermark
 
     @invariant()
     def recomputations_start_from_the_floor(self) -> None:
