@@ -42,9 +42,7 @@ STAGE_ROLES = [
     "the batch watermark (JVM source, one row, broadcast)",
     "Kafka scan (Spark's source), parse, classify, partial aggregate",
     "stateful aggregate (RocksDB), changelog files (Python tasks)",
-    "the no-data batch: its watermark broadcast",
-    "the no-data batch Spark runs to advance the watermark",
-]
+]  # (no batch without records follows: the batch records the watermark it leaves)
 
 
 # The JVM's threads by the name the kernel keeps (15 characters).

@@ -354,9 +354,10 @@ class BatchCommitter:
         if self._reached[1] != watermark_ms:
             raise ConsistencyError(
                 f"{self.pipeline.application_id}: batch {self._reached[0]} of epoch "
-                f"{self.epoch} recorded watermark {self._reached[1]} ms as reached, but "
-                f"Spark runs batch {batch_id} with {watermark_ms} ms: the ledger's "
-                "watermark is not Spark's; report it with the checkpoint"
+                f"{self.epoch} recorded {self._reached[1]} ms as the watermark it leaves, "
+                f"but Spark runs batch {batch_id} with {watermark_ms} ms; run again to go "
+                f"on with Spark's (a repair from batch {self._reached[0]} starts from the "
+                "recorded one)"
             )
 
     def _skip(self, batch_id: int, end: dict[str, Any]) -> None:
