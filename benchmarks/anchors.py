@@ -38,7 +38,7 @@ from jobs import kafka_admin
 from jobs.broker import BrokerInfo
 from jobs.jars import spark_jars
 from jobs.settings import REPO_ROOT, jars_dir
-from jobs.streaming.jvm import driver_java_options
+from jobs.streaming.jvm import CDS, driver_java_options
 
 HERE = Path(__file__).resolve().parent
 SYSTEMS = "kafka-streams,hand-written,cold,cold-java25,warm"
@@ -83,6 +83,17 @@ def kafka_streams_run(info: BrokerInfo, work: Path, i: int) -> dict[str, float]:
     return {"wall": wall, "session": marks["start_s"], "last_batch_done": marks["processed_s"]}
 
 
+def platform_java_options() -> str:
+    """The platform's driver JVM options, its archive mapped, for the hand-written
+    job. The warm-up run wrote the archive; were it missing, this process would
+    become the one that writes it, and while it lives no platform run would map
+    or write one (seen: every cold Java 17 run without its archive)."""
+    options = driver_java_options()
+    if CDS.map_option not in options:
+        raise SystemExit("error: the warm-up run left no class-data-sharing archive")
+    return options
+
+
 def hand_written_run(info: BrokerInfo, work: Path, i: int) -> dict[str, float]:
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
     started = time.monotonic()
@@ -91,7 +102,7 @@ def hand_written_run(info: BrokerInfo, work: Path, i: int) -> dict[str, float]:
         + ["--bootstrap-servers", info.bootstrap_servers, "--topic", "clicks"]
         + ["--table", str(work / f"hw-table-{i}"), "--checkpoint", str(work / f"hw-cp-{i}")]
         + ["--jars", ",".join(str(j) for j in spark_jars())]
-        + ["--driver-java-options", driver_java_options()],
+        + ["--driver-java-options", platform_java_options()],
         cwd=REPO_ROOT,
         env=env,
         capture_output=True,
@@ -162,6 +173,7 @@ def main() -> None:
         if "cold-java25" in systems:  # and Java 25's AOT cache
             one_run(on_java(platform_env(info, work / "wh-warm-up-25"), args.java_home))
         time.sleep(65)
+        platform_java_options()  # the archive adopted before any clock starts
         for round_ in range(args.runs):  # interleaved: a drift of the machine hits all
             for name in [s for s in systems if s in runners]:
                 run = runners[name](info, work, round_)

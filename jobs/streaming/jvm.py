@@ -226,7 +226,8 @@ def note_a_complete_run() -> None:
 def prune_other_archives(folder: Path, key: str) -> None:
     """Delete all but the newest few archives of other keys (a JVM that maps one
     keeps its mapping; a checkout that still uses it writes it again), and other
-    keys' spare dumps whose writer is gone (two runs that exit together both dump).
+    keys' dumps whose writer is gone and that no run of theirs will adopt (two runs
+    that exit together both dump; a run that ran no pipeline to the end).
     Runs of the same key may prune at once: a file gone meanwhile is skipped."""
     for companion in [*folder.glob(f"spark-*{RAN}"), *folder.glob("spark-*.aot.config")]:
         # A run's note, or the AOT cache's configuration its JVM writes before the
@@ -255,8 +256,13 @@ def prune_other_archives(folder: Path, key: str) -> None:
             others.append((modified, path))
             continue
         settled = time.time() - modified > DUMP_SETTLE_S
-        if settled and not psutil.pid_exists(pid):
+        # A finished run's dump waits for the next run of its key (Java 17 and 25
+        # by turns) unless that key has its archive already.
+        archive = path.with_name(f"spark-{parsed[0]}.{path.suffix.lstrip('.')}")
+        waiting = _ran(path).exists() and not archive.exists()
+        if settled and not psutil.pid_exists(pid) and not waiting:
             path.unlink(missing_ok=True)
+            _ran(path).unlink(missing_ok=True)
     others.sort(reverse=True)
     for _modified, stale in others[KEEP_OTHER_ARCHIVES:]:
         log.info("removing an old class-data-sharing archive: %s", stale.name)

@@ -119,6 +119,24 @@ def test_writing_a_new_archive_keeps_only_the_newest_few_of_other_jar_sets(
     assert kept == sorted([p.name for p in others[: jvm.KEEP_OTHER_ARCHIVES]] + [dumping.name])
 
 
+def test_another_keys_finished_dump_waits_for_its_next_run(folder: Path) -> None:
+    """Runs on Java 17 and Java 25 by turns (two keys): the dump a Java 25 run left,
+    which the next Java 25 run adopts, is no spare for a Java 17 run to remove."""
+    old = time.time() - jvm.DUMP_SETTLE_S - 5
+    waiting = folder / f"spark-00000000000000cc.{2**22 + 12345}.aot"  # writer gone
+    waiting.write_bytes(b"x")
+    jvm._ran(waiting).touch()  # its run ran a pipeline to the end
+    spare = folder / f"spark-00000000000000dd.{2**22 + 12346}.jsa"  # its key has an archive
+    spare.write_bytes(b"x")
+    jvm._ran(spare).touch()
+    (folder / "spark-00000000000000dd.jsa").write_bytes(b"x")
+    for path in (waiting, jvm._ran(waiting), spare, jvm._ran(spare)):
+        os.utime(path, (old, old))
+    assert "-XX:ArchiveClassesAtExit" in jvm.cds_options()
+    assert waiting.exists() and jvm._ran(waiting).exists()
+    assert not spare.exists() and not jvm._ran(spare).exists()
+
+
 def test_the_users_options_come_after_the_platforms(
     folder: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
