@@ -40,8 +40,8 @@ def print_run_report(pipeline: Pipeline, settings: Settings, summary: RunSummary
     committed = [b for b in summary.batches if not b.skipped]
     with_data = [b for b in committed if b.ledger.get("records_in")]
     print(
-        f"\nthis run: {len(committed)} batches committed ({len(with_data)} with records, the "
-        f"rest move the watermark on), {summary.records_in} records in {summary.seconds:.1f} s "
-        f"including Spark's start-up, epoch {summary.epoch}"
+        f"\nthis run: {len(committed)} batches committed ({len(with_data)} with records), "
+        f"{summary.records_in} records in {summary.seconds:.1f} s including Spark's "
+        f"start-up, epoch {summary.epoch}"
     )
     print(format_status(application_status(pipeline, settings)))
