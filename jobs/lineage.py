@@ -306,6 +306,11 @@ class BatchEntry:
     # (rows from before it was recorded: 0, its own).
     reached_ms: int = 0
 
+    @property
+    def reached(self) -> int:
+        """The watermark the application had reached after it."""
+        return max(self.watermark_ms, self.reached_ms)
+
     def judgments(self) -> list[tuple[Offsets, Offsets, Judge]]:
         """Its [start, end) with its judge, then each replayed piece with the versions
         the piece joined (a later judgment of an offset replaces an earlier one)."""
@@ -538,7 +543,7 @@ class History:
                 b.batch_id,
                 b.end,
                 b.state_version,
-                max(b.watermark_ms, b.reached_ms),
+                b.reached,
                 b.commit_time_us,
             )
             for batches in self.batches.values()
