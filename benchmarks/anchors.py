@@ -3,10 +3,12 @@ one broker, over the same events: Kafka Streams (the design's origin,
 ``benchmarks/kafka_streams/ClickCounts.java``), the Spark job a user would write by
 hand (``benchmarks/hand_written_spark.py``), and the platform, cold (a scheduled
 ``python -m jobs run``: a new process and JVM; on Java 17 and on Java 25, where its
-archive is an AOT cache) and on its warm driver.
+archive is an AOT cache) and on its warm driver: a new one, whose first run is left
+out (its JIT's warm-up), and one trained first (``serve --train-events``), whose
+every run counts.
 
     .venv/bin/python -m benchmarks.anchors [--events 1000000] [--runs 3]
-        [--systems kafka-streams,hand-written,cold,cold-java25,warm] [--no-write]
+        [--systems kafka-streams,hand-written,cold,cold-java25,warm,trained] [--no-write]
 
 Every system counts clicks per user per 1-minute tumbling event-time window (10
 minutes' grace), exactly-once, over ``--events`` click events of 1,000 users over
@@ -41,8 +43,9 @@ from jobs.settings import REPO_ROOT, jars_dir
 from jobs.streaming.jvm import CDS, driver_java_options
 
 HERE = Path(__file__).resolve().parent
-SYSTEMS = "kafka-streams,hand-written,cold,cold-java25,warm"
+SYSTEMS = "kafka-streams,hand-written,cold,cold-java25,warm,trained"
 USERS, SPAN_S, PARTITIONS = 1_000, 600, 4
+TRAIN_EVENTS = 1_000_000  # the trained driver's (serve --train-events)
 Runner = Callable[[BrokerInfo, Path, int], dict[str, float]]
 
 
@@ -182,6 +185,12 @@ def main() -> None:
         if "warm" in systems:
             warm = warm_driver_runs(platform_env(info, work / "unused"), work, args.runs)
             results["warm"] = warm[1:]  # the driver's first run is its JIT's warm-up
+            results["warm-first"] = warm[:1]
+        if "trained" in systems:  # every run counts: the training was the warm-up
+            trained = warm_driver_runs(
+                platform_env(info, work / "unused"), work, args.runs - 1, TRAIN_EVENTS
+            )
+            results["trained"] = trained
     report = render(args, results)
     print(report)
     if not args.no_write:
@@ -194,6 +203,8 @@ NAMES = {
     "cold": "the platform, cold (`python -m jobs run`)",
     "cold-java25": "the platform, cold on Java 25 (its archive an AOT cache)",
     "warm": "the platform, warm driver (later runs)",
+    "warm-first": "the platform, warm driver (its first run)",
+    "trained": f"the platform, a warm driver trained on {TRAIN_EVENTS:,} events (every run)",
 }
 
 

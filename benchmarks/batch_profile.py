@@ -122,6 +122,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--users", type=int, default=10_000)
+    parser.add_argument("--minutes", type=int, default=60, help="the events' span")
     parser.add_argument("--no-write", action="store_true", help="print only")
     parser.add_argument(
         "--pin-broker", action="store_true", help="the broker on the last core, Spark on the rest"
@@ -136,7 +138,8 @@ def main() -> None:
         config = kafka_admin.client_config(info.bootstrap_servers)
         kafka_admin.create_topic(kafka_admin.admin(config), TOPIC, PARTITIONS)
         now = int(time.time())
-        events = click_events(args.events, 10_000, 1, now - 3600, 3600)
+        span = args.minutes * 60
+        events = click_events(args.events, args.users, 1, now - span, span)
         kafka_admin.produce_all(config, TOPIC, encoded(events, [], 0, "user_id"))
 
         log_dir = work / "event-log"
@@ -186,10 +189,12 @@ def render(
         + (", the broker on its own core" if args.pin_broker else ""),
         "",
         f"Command: `.venv/bin/python -m benchmarks.batch_profile --events {args.events} "
-        f"--runs {args.runs}{' --pin-broker' if args.pin_broker else ''}`",
+        f"--runs {args.runs} --users {args.users} --minutes {args.minutes}"
+        f"{' --pin-broker' if args.pin_broker else ''}`",
         "",
         f"Machine: {machine()}. `user_clicks` over {args.events:,} events (4 partitions, "
-        "10,000 users, one hour, one batch), run available-now in a warm session into a "
+        f"{args.users:,} users, {args.minutes} minutes, one batch), run available-now in a "
+        "warm session into a "
         f"fresh warehouse; median of {len(runs)} runs (a first, JIT-cold run left out). "
         f"Whole run: {statistics.median(walls):.1f} s wall "
         f"({args.events / statistics.median(walls):,.0f} events/s)"

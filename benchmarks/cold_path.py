@@ -84,13 +84,17 @@ def batch_seconds(warehouse: Path) -> float:
 
 
 @contextmanager
-def warm_driver(env: dict[str, str]) -> Iterator[tuple[str, subprocess.Popen[bytes], float]]:
-    """A new ``python -m jobs serve`` with ``env``, once it answers: (its URL, its
-    process, the seconds it took to answer); stopped afterwards."""
+def warm_driver(
+    env: dict[str, str], train_events: int = 0
+) -> Iterator[tuple[str, subprocess.Popen[bytes], float]]:
+    """A new ``python -m jobs serve`` with ``env`` (trained on ``train_events``), once
+    it answers: (its URL, its process, the seconds it took to answer); stopped
+    afterwards."""
     port = find_free_port(18100, 19000)
     started = time.time()
     server = subprocess.Popen(
-        [sys.executable, "-m", "jobs", "serve", "--port", str(port)],
+        [sys.executable, "-m", "jobs", "serve", "--port", str(port)]
+        + ["--train-events", str(train_events)],
         cwd=REPO_ROOT,
         env=env,
         stdout=subprocess.DEVNULL,
@@ -104,7 +108,7 @@ def warm_driver(env: dict[str, str]) -> Iterator[tuple[str, subprocess.Popen[byt
                 with urllib.request.urlopen(url + "/v1/health", timeout=1):
                     break
             except OSError:
-                if server.poll() is not None or time.time() - started > 120:
+                if server.poll() is not None or time.time() - started > 120 + train_events / 5000:
                     raise RuntimeError("the warm driver did not start") from None
                 time.sleep(0.2)
         yield url, server, time.time() - started
@@ -113,12 +117,15 @@ def warm_driver(env: dict[str, str]) -> Iterator[tuple[str, subprocess.Popen[byt
         server.wait(timeout=120)
 
 
-def warm_driver_runs(env: dict[str, str], work: Path, runs: int) -> list[dict[str, float]]:
-    """Start a warm driver, then ``runs`` + 1 client runs, each over a fresh
-    application folder: the first on the new driver (its JIT still cold), then warm."""
+def warm_driver_runs(
+    env: dict[str, str], work: Path, runs: int, train_events: int = 0
+) -> list[dict[str, float]]:
+    """Start a warm driver (trained on ``train_events``), then ``runs`` + 1 client
+    runs, each over a fresh application folder: the first on the new driver (its JIT
+    still cold unless trained), then warm."""
     warehouse = work / "wh-warm"
     env = {**env, "PLATFORM_WAREHOUSE": str(warehouse)}
-    with warm_driver(env) as (url, _server, ready):
+    with warm_driver(env, train_events) as (url, _server, ready):
         results = []
         for _ in range(runs + 1):
             client = {**env, "PLATFORM_DRIVER_URL": url}

@@ -1,7 +1,9 @@
 """Local Airflow for trying the platform: ``airflow standalone``, offline, SQLite,
 on a loopback port, with the project's DAGs, plugins, Spark connection and
 platform settings, and beside it a warm driver (``python -m jobs serve`` on
-``PLATFORM_DRIVER_PORT``) that the stream DAGs send their scheduled runs to.
+``PLATFORM_DRIVER_PORT``) that the stream DAGs send their scheduled runs to,
+trained first on ``PLATFORM_DRIVER_TRAIN_EVENTS`` events (here 1,000,000 unless
+set; 0: none, ``jobs/driver_training.py``).
 
     python -m include.local_airflow start [--port 8085]   # prints URL and login
     python -m include.local_airflow status
@@ -32,6 +34,7 @@ from jobs.settings import REPO_ROOT, load_settings
 STATE = "standalone.json"
 LOG = "standalone.log"
 DRIVER_LOG = "warm-driver.log"
+TRAIN_EVENTS = "1000000"  # the warm driver's training, unless the user set another
 
 
 def home() -> Path:
@@ -47,6 +50,7 @@ SPARK_CONNECTION = "spark://local%5B2%5D?deploy-mode=client&spark-binary=spark-s
 def environment(port: int, driver_port: int) -> dict[str, str]:
     bin_dir = str(Path(sys.executable).parent)
     return {
+        "PLATFORM_DRIVER_TRAIN_EVENTS": TRAIN_EVENTS,
         **os.environ,
         # The tasks' runs go to the warm driver started beside Airflow.
         "PLATFORM_DRIVER_URL": f"http://127.0.0.1:{driver_port}",

@@ -22,10 +22,10 @@ from jobs import faults
 from jobs.errors import (
     EXIT_CRASH,
     ConfigError,
+    LockedError,
     PlatformError,
     failure,
 )
-from jobs.lock import LockedError
 from jobs.pipeline.model import Pipeline
 from jobs.pipeline.parser import load_pipeline
 from jobs.settings import Settings, bootstrap_servers, load_settings, warehouse_location
@@ -161,6 +161,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="default: $PLATFORM_DRIVER_PORT or 18090")
     serve.add_argument("--bootstrap-servers", help="HOST:PORT[,HOST:PORT]")
     serve.add_argument("--warehouse", help=WAREHOUSE_HELP)
+    serve.add_argument(
+        "--train-events",
+        type=int,
+        help="before serving, train the JIT on this many synthetic events (a local master; "
+        "default: $PLATFORM_DRIVER_TRAIN_EVENTS or 0, none)",
+    )
 
     metrics = commands.add_parser(
         "metrics", help="every application's metrics from its ledger and the broker"
@@ -267,12 +273,16 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         settings = _settings(args)
         if args.command == "serve":
+            from jobs.driver_training import check
             from jobs.warm_driver import serve
 
             port = args.port or settings.driver_port
             if not 1 <= port <= 65535:
                 raise ConfigError(f"--port must be 1-65535, got {port}")
-            return serve(settings, port)
+            events = (
+                settings.driver_train_events if args.train_events is None else args.train_events
+            )
+            return serve(settings, port, check(events, settings.spark_master))
         if args.command == "metrics":
             from jobs import metrics_exporter
 
@@ -362,14 +372,26 @@ def _counted_operation(args: argparse.Namespace, settings: Settings, pipeline: P
 
 
 def _run(args: argparse.Namespace, settings: Settings, pipeline: object) -> int:
+    assert isinstance(pipeline, Pipeline)
+    if settings.driver_url and (args.trigger or pipeline.trigger_mode) == "available-now":
+        # A continuous run is a long-lived process anyway: it always runs here. The
+        # driver checks the pipeline and the application's lock as a local run does,
+        # so this client imports no Spark, Arrow or Delta (about 1 s) unless it prints
+        # the report.
+        from jobs.warm_driver import run_remote
+
+        summary = run_remote(settings, pipeline)
+        if not args.quiet:
+            from jobs.report import print_run_report
+
+            print_run_report(pipeline, settings, summary)
+        return 0
     from jobs.delta.layout import AppLayout
-    from jobs.lock import LockedError, describe, holder
-    from jobs.pipeline.model import Pipeline
+    from jobs.lock import describe, holder
     from jobs.report import print_run_report
     from jobs.streaming.run import preflight, run_pipeline
     from jobs.streaming.spark import command_session
 
-    assert isinstance(pipeline, Pipeline)
     preflight(pipeline, settings)
     # Refuse before Spark starts if the application is busy; the lock that decides
     # is taken inside run_pipeline.
@@ -378,14 +400,6 @@ def _run(args: argparse.Namespace, settings: Settings, pipeline: object) -> int:
         raise LockedError(
             f"application {pipeline.application_id} is busy: held by {describe(busy)}"
         )
-    if settings.driver_url and (args.trigger or pipeline.trigger_mode) == "available-now":
-        from jobs.warm_driver import run_remote
-
-        # A continuous run is a long-lived process anyway: it always runs here.
-        summary = run_remote(settings, pipeline)
-        if not args.quiet:
-            print_run_report(pipeline, settings, summary)
-        return 0
     if settings.metrics_port is not None and (args.trigger or pipeline.trigger_mode) != (
         "available-now"
     ):

@@ -35,6 +35,10 @@ class PlatformError(Exception):
     """An expected failure with a message for the user."""
 
 
+class LockedError(PlatformError):
+    """Another run or operation holds the application."""
+
+
 class ConfigError(PlatformError):
     """A bad argument, environment variable or pipeline definition."""
 

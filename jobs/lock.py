@@ -25,14 +25,9 @@ from typing import Any, Protocol
 from jobs import lease
 from jobs.delta.layout import AppLayout
 from jobs.delta.writer import commits_checked_by
-from jobs.errors import PlatformError
+from jobs.errors import LockedError
 from jobs.settings import lease_seconds
 from jobs.warehouse import Location
-
-
-class LockedError(PlatformError):
-    """Another run or operation holds the application."""
-
 
 LOCK = "_lock"
 

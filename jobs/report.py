@@ -9,7 +9,7 @@ from jobs.delta.layout import AppLayout
 from jobs.pipeline.model import Pipeline
 from jobs.settings import Settings
 from jobs.status import application_status, format_status
-from jobs.streaming.run import RunSummary
+from jobs.streaming.summary import RunSummary
 
 MAX_ROWS = 20
 

@@ -55,6 +55,9 @@ class Settings:
     driver_url: str | None = None
     driver_port: int = 18090
     driver_off: bool = False
+    # Synthetic events a new warm driver trains its JIT on before it serves (0: none;
+    # ``jobs/driver_training.py``).
+    driver_train_events: int = 0
     # Prometheus: a continuous run serves /metrics on this port (None: off), bound
     # to this address; scheduled runs and operations push to this Pushgateway.
     metrics_port: int | None = None
@@ -113,6 +116,7 @@ ENV_NAMES = tuple(
         "DRIVER_URL",
         "DRIVER_PORT",
         "DRIVER_TOKEN",
+        "DRIVER_TRAIN_EVENTS",
         "METRICS_PORT",
         "METRICS_ADDRESS",
         "PUSHGATEWAY_URL",
@@ -203,6 +207,7 @@ def load_settings() -> Settings:
         driver_url=_driver_url(_env("DRIVER_URL", "").strip()),
         driver_off=_env("DRIVER_URL", "").strip() == DRIVER_OFF,
         driver_port=_port(_env("DRIVER_PORT", "18090"), "DRIVER_PORT"),
+        driver_train_events=_train_events(_env("DRIVER_TRAIN_EVENTS", "0")),
         metrics_port=_optional_port(_env("METRICS_PORT", "").strip(), "METRICS_PORT"),
         metrics_address=_address(_env("METRICS_ADDRESS", "127.0.0.1").strip()),
         pushgateway_url=_pushgateway_url(_env("PUSHGATEWAY_URL", "").strip()),
@@ -210,6 +215,16 @@ def load_settings() -> Settings:
         dimension_max_bytes=_size(_env("DIMENSION_MAX_BYTES", "64m"), "DIMENSION_MAX_BYTES"),
         outage_wait_s=_seconds(_env("OUTAGE_WAIT_SECONDS", "300"), "OUTAGE_WAIT_SECONDS"),
     )
+
+
+MAX_TRAIN_EVENTS = 50_000_000
+
+
+def _train_events(raw: str) -> int:
+    text = raw.strip()
+    if not (text.isascii() and text.isdigit()) or int(text) > MAX_TRAIN_EVENTS:
+        raise refused(ENV_PREFIX + "DRIVER_TRAIN_EVENTS", f"0-{MAX_TRAIN_EVENTS}", raw)
+    return int(text)
 
 
 def _seconds(raw: str, name: str) -> int:

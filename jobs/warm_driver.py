@@ -50,17 +50,17 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType
-from typing import Any
-
-from pyspark.sql import SparkSession
+from typing import TYPE_CHECKING, Any
 
 from jobs import faults
-from jobs.errors import ConfigError, PlatformError, failure
-from jobs.lock import LockedError
+from jobs.errors import ConfigError, LockedError, PlatformError, failure
 from jobs.pipeline.model import Pipeline
 from jobs.pipeline.parser import pipeline_from_text
 from jobs.private_dir import private_dir
 from jobs.settings import ENV_PREFIX, Settings, configured_driver_token
+
+if TYPE_CHECKING:  # a client (run_remote) imports no Spark
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -224,8 +224,7 @@ def summary_json(summary: Any) -> dict[str, Any]:
 
 
 def summary_from_json(data: dict[str, Any]) -> Any:
-    from jobs.streaming.batch import BatchResult
-    from jobs.streaming.run import RunSummary
+    from jobs.streaming.summary import BatchResult, RunSummary
 
     batches = [BatchResult(b["batch_id"], b["skipped"], b["ledger"]) for b in data["batches"]]
     return RunSummary(data["application_id"], data["epoch"], batches, data["seconds"])
@@ -235,7 +234,7 @@ class WarmDriver:
     """Runs requests in this process's SparkContext, one session per application."""
 
     def __init__(self, spark: SparkSession, settings: Settings) -> None:
-        from jobs.streaming.spark import package_digest
+        from jobs.package import package_digest
 
         self.spark = spark
         self.settings = settings
@@ -457,9 +456,15 @@ def listen(port: int) -> ThreadingHTTPServer:
     return server
 
 
-def serve(settings: Settings, port: int) -> int:
-    """Listen on loopback, start Spark, run requests until SIGTERM/SIGINT, which
-    stops the runs in progress between batches and then the session."""
+def _exit_now(signum: int, _frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+def serve(settings: Settings, port: int, train_events: int = 0) -> int:
+    """Listen on loopback, start Spark, train it on ``train_events`` events
+    (``driver_training.py``), run requests until SIGTERM/SIGINT, which stops the runs
+    in progress between batches and then the session."""
+    from jobs.driver_training import train
     from jobs.streaming import run  # noqa: F401 (imported now: the code the digest names)
     from jobs.streaming.spark import get_spark
 
@@ -476,6 +481,12 @@ def serve(settings: Settings, port: int) -> int:
             settings.spark_driver_memory,
             settings.spark_python,
         )
+        # Before serving: a client meanwhile waits, or after its timeout runs in its
+        # own process (the stream DAGs do). A stop meanwhile ends the training, its
+        # broker and its folder first.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, _exit_now)
+        train(spark, settings, train_events)
     except BaseException:
         server.server_close()
         if written is not None:
@@ -539,7 +550,7 @@ def _verified_nonce(opener: urllib.request.OpenerDirector, url: str, token: str)
 def run_remote(settings: Settings, pipeline: Pipeline, url: str | None = None) -> Any:
     """Send an available-now run of ``pipeline`` to the warm driver at ``url``
     (default ``PLATFORM_DRIVER_URL``); its summary. ``NoWarmDriver``: nothing ran."""
-    from jobs.streaming.spark import package_digest
+    from jobs.package import package_digest
 
     url = url or settings.driver_url
     assert url is not None and pipeline.source_path is not None

@@ -41,7 +41,7 @@ from jobs.delta.files import stale_staged_files
 from jobs.delta.layout import AppLayout
 from jobs.delta.log import TABLE_CONFIGURATION, keep_loadable_from
 from jobs.delta.writer import MAX_ATTEMPTS, check_hold, committed_batch
-from jobs.errors import ConsistencyError, OutputError, PlatformError
+from jobs.errors import ConsistencyError, LockedError, OutputError, PlatformError
 from jobs.ledger import (
     DONE,
     MAINTAIN,
@@ -50,7 +50,7 @@ from jobs.ledger import (
     unfinished_operation,
 )
 from jobs.lineage import Boundary
-from jobs.lock import LockedError, describe, holder
+from jobs.lock import describe, holder
 from jobs.output.changes import commit_infos
 from jobs.output.publisher import read_bookmark, versions_needed
 from jobs.pipeline.model import Pipeline

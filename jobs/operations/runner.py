@@ -13,9 +13,9 @@ from jobs.cut import check_against_current_cut, fenced_tables
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
 from jobs.delta.writer import bump_epoch
-from jobs.errors import ConfigError, PlatformError
+from jobs.errors import ConfigError, LockedError, PlatformError
 from jobs.ledger import current_epoch
-from jobs.lock import LockedError, application_lock, describe, holder
+from jobs.lock import application_lock, describe, holder
 from jobs.operations import saved_plans
 from jobs.operations.apply import apply_plan
 from jobs.operations.plan import Plan

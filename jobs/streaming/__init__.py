@@ -3,7 +3,7 @@
 __all__ = [
     "analyser",
     "batch",
-    "batch_watermark",
+    "batch_clock",
     "changelog_files",
     "dead_letters",
     "enrichment",
@@ -17,5 +17,6 @@ __all__ = [
     "run",
     "seed",
     "spark",
+    "summary",
     "table_versions",
 ]

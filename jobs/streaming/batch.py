@@ -68,6 +68,7 @@ from jobs.streaming.dead_letters import batch_reader
 from jobs.streaming.judging import OBSERVATION
 from jobs.streaming.observed import observed_metrics, watermark_reached
 from jobs.streaming.seed import verify_seeded_state
+from jobs.streaming.summary import BatchResult
 from jobs.warehouse import Location, parquet_dataset, parquet_rows
 
 log = logging.getLogger(__name__)
@@ -128,13 +129,6 @@ class ChangedRows:
             self.state_schema,
             (pa.RecordBatch.from_arrays(b.columns, schema=self.state_schema) for b in batches),
         )
-
-
-@dataclass
-class BatchResult:
-    batch_id: int
-    skipped: bool
-    ledger: dict[str, Any]
 
 
 @dataclass(frozen=True)

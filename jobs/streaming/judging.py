@@ -30,14 +30,14 @@ from jobs.pipeline.checks import event_time_unit
 from jobs.pipeline.model import KAFKA_COLUMNS, Pipeline, TimeUnit
 from jobs.resolution import Resolved
 from jobs.state_seed import RECORDS, contribution, sketch_input
-from jobs.streaming import batch_watermark, enrichment
+from jobs.streaming import batch_clock, enrichment
 
 log = logging.getLogger(__name__)
-# The event-time watermark a record is judged by: the stream's batch watermark
-# (``batch_watermark.py``), or in a backfill the one the ledger recorded.
-WATERMARK_COLUMN = batch_watermark.COLUMN
-# A backfill's records carry the time of the stream batch that judged them.
-BATCH_TIME_COLUMN = "_batch_time_ms"
+# The event-time watermark and the batch time a record is judged by: the stream
+# batch's (``batch_clock.py``), or in a backfill the ones the ledger recorded for the
+# stream batch that judged the record.
+WATERMARK_COLUMN = batch_clock.WATERMARK_COLUMN
+BATCH_TIME_COLUMN = batch_clock.TIME_COLUMN
 CORRUPT = "_corrupt_record"
 # Oldest event time accepted whatever the pipeline says: windows near year 1 are
 # not representable by Python's datetime (readers of the tables would fail).
@@ -255,9 +255,10 @@ def _time_checks(
     )
     event_us = F.col("_event_us")
     lower = max(MIN_EVENT_US, pipeline.not_before_us or MIN_EVENT_US)
-    # In a stream, current_timestamp() is the batch's time from Spark's offset log:
+    # The stream's batch time is from Spark's offset log (a column, batch_clock.py):
     # the same on a replay. A backfill passes each record's batch time from the
-    # ledger, so it bounds event time as the stream did.
+    # ledger, so it bounds event time as the stream did. Without either (a batch
+    # query), now.
     now = F.timestamp_millis(F.col(BATCH_TIME_COLUMN)) if batch_time else F.current_timestamp()
     upper = F.unix_micros(now) + F.lit(pipeline.max_ahead_seconds * 1_000_000)
     checks = [
@@ -302,7 +303,8 @@ def classify(raw: DataFrame, resolved: Resolved) -> DataFrame:
 
     With a ``_batch_watermark_ms`` column (the stream), a record whose window the
     watermark has closed is a dead letter too (``late:``) instead of a silent drop
-    inside the aggregation.
+    inside the aggregation. ``_batch_time_ms`` is the time event times are bounded by
+    (``event_time.max_ahead``).
     """
     spark = raw.sparkSession
     pipeline = resolved.pipeline

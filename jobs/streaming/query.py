@@ -17,7 +17,7 @@ from jobs.kafka_source import spark_kafka
 from jobs.pipeline.model import HLL_LG_K, stored_column
 from jobs.resolution import Resolved
 from jobs.state_seed import RECORDS, contribution, sketch_input
-from jobs.streaming import batch_watermark, enrichment, judging
+from jobs.streaming import batch_clock, enrichment, judging
 from jobs.streaming.seed import hold_stream, seed_stream
 from jobs.warehouse import Location
 
@@ -125,8 +125,9 @@ def build(
 
     ``hold``: Kafka's place is taken by a stream that stays at the cut's offsets
     (the seed batches of a seeded epoch run first; the same checkpoint then resumes
-    with Kafka). Windowed pipelines judge lateness by each batch's watermark from
-    ``checkpoint``'s offset log, at least ``min_watermark_ms``. ``replays``: ranges
+    with Kafka). Each batch judges by its time and its watermark (windowed pipelines:
+    lateness) from ``checkpoint``'s offset log, the watermark at least
+    ``min_watermark_ms``. ``replays``: ranges
     earlier batches judged (``table_versions.merged``), which join the tables' versions
     recorded there.
     """
@@ -135,8 +136,7 @@ def build(
     else:
         raw = hold_stream(spark, starting_offsets_json)
     seed = seed_stream(spark, resolved, seed_path) if seed_path is not None else None
-    if resolved.pipeline.window is not None:
-        raw = raw.crossJoin(batch_watermark.batch_watermark(spark, checkpoint, min_watermark_ms))
+    raw = raw.crossJoin(batch_clock.batch_clock(spark, checkpoint, min_watermark_ms))
     for table in enrichment.pinned(spark, resolved, checkpoint):
         raw = raw.crossJoin(table)
     raw = enrichment.replayed(spark, resolved, raw, replays or [])

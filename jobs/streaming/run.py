@@ -6,7 +6,7 @@ import json
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from deltalake import DeltaTable
@@ -30,25 +30,13 @@ from jobs.pipeline.model import Pipeline
 from jobs.resolution import Resolved, store
 from jobs.settings import Settings
 from jobs.streaming import analyser, offset_log, query, table_versions
-from jobs.streaming.batch import BatchCommitter, BatchResult, Reach, refuse_unrepaired_drops
+from jobs.streaming.batch import BatchCommitter, Reach, refuse_unrepaired_drops
 from jobs.streaming.follow import follow
 from jobs.streaming.outage import Answer, OutageClock, stop_signals, wait_for_brokers
 from jobs.streaming.seed import SEEDED_MARK, absorb_seed
 from jobs.streaming.spark import query_settings
+from jobs.streaming.summary import RunSummary
 from jobs.superseded import remove_superseded_dead_letters
-
-
-@dataclass
-class RunSummary:
-    application_id: str
-    epoch: int
-    batches: list[BatchResult] = field(default_factory=list)
-    seconds: float = 0.0
-
-    @property
-    def records_in(self) -> int:
-        return sum(int(b.ledger.get("records_in", 0)) for b in self.batches if not b.skipped)
-
 
 log = logging.getLogger(__name__)
 

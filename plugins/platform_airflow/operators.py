@@ -15,10 +15,10 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.providers.standard.operators.hitl import ApprovalOperator
 
 from jobs.jars import spark_jars
+from jobs.package import package_zip
 from jobs.pipeline.parser import load_pipeline
 from jobs.settings import REPO_ROOT, Settings, load_settings, platform_environment
 from jobs.streaming.jvm import driver_java_options
-from jobs.streaming.spark import package_zip
 from platform_airflow.hooks import storage_environment, use_storage_connection
 
 ENTRY_POINT = str(REPO_ROOT / "jobs" / "__main__.py")

@@ -5,6 +5,7 @@ Delta; expected values from plain Python over the produced events."""
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import time
 from collections import Counter
@@ -104,6 +105,19 @@ def test_poison_and_far_future_records_are_dead_letters_not_failures(
     ledger = [r for r in rows(settings, "user_clicks", "_ledger") if r["entry_type"] == "batch"]
     assert sum(r["records_in"] for r in ledger) == len(good) + len(poison) + len(later)
     assert all(r["records_in"] == r["aggregated"] + r["dead_lettered"] for r in ledger)
+    # Event times are bounded by the time of the batch that judged them: Spark's, in
+    # its offset log (the ledger records it), the same on a replay.
+    times = {r["batch_id"]: json.loads(r["details"])["batch_timestamp_ms"] for r in ledger}
+    ahead = [r for r in rows(settings, "user_clicks", "dead_letter") if "ahead of" in r["reason"]]
+    assert len(ahead) == 2
+    for row in ahead:
+        assert f"ahead of the batch time {spark_text(times[row['batch_id']])} (" in row["reason"]
+
+
+def spark_text(ms: int) -> str:
+    """A UTC timestamp as Spark casts it to a string (no trailing zeros)."""
+    text = f"{datetime.datetime.fromtimestamp(ms // 1000, datetime.UTC):%Y-%m-%d %H:%M:%S}"
+    return text + (f".{ms % 1000:03d}".rstrip("0") if ms % 1000 else "")
 
 
 def test_a_topic_recreated_under_the_application_stops_it_with_the_repair(

@@ -18,7 +18,8 @@ from deltalake import DeltaTable
 
 from jobs.pipeline.parser import load_pipeline
 from jobs.settings import Settings
-from jobs.streaming.run import RunSummary, run_pipeline
+from jobs.streaming.run import run_pipeline
+from jobs.streaming.summary import RunSummary
 from tests.conftest import produce, run_jobs
 from tests.expected import within_hll_error
 

@@ -155,7 +155,8 @@ def test_releasing_twice_or_after_a_loss_changes_nothing(s3_warehouse: Location)
 
 def test_an_application_on_s3_is_held_by_its_lease(s3_warehouse: Location) -> None:
     from jobs.delta.layout import AppLayout
-    from jobs.lock import LockedError, application_lock, holder
+    from jobs.errors import LockedError
+    from jobs.lock import application_lock, holder
 
     layout = AppLayout(s3_warehouse, "user_clicks")
     assert holder(layout) is None

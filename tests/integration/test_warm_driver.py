@@ -9,6 +9,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -34,7 +35,9 @@ pytestmark = pytest.mark.integration
 
 
 @contextmanager
-def warm_driver(settings, token: str, pipelines: Path, fault: str | None = None) -> Iterator[str]:  # type: ignore[no-untyped-def]
+def warm_driver(  # type: ignore[no-untyped-def]
+    settings, token: str, pipelines: Path, fault: str | None = None, train_events: int = 0
+) -> Iterator[str]:
     """``python -m jobs serve`` on ``settings``; its log beside the pipelines."""
     port = find_free_port(15000, 16000)
     env = {k: v for k, v in os.environ.items() if k != "PLATFORM_FAULT"}
@@ -46,7 +49,8 @@ def warm_driver(settings, token: str, pipelines: Path, fault: str | None = None)
     proc = subprocess.Popen(
         [sys.executable, "-m", "jobs", "serve", "--port", str(port)]
         + ["--bootstrap-servers", settings.bootstrap_servers]
-        + ["--warehouse", str(settings.warehouse)],
+        + ["--warehouse", str(settings.warehouse)]
+        + ["--train-events", str(train_events)],
         cwd=REPO_ROOT,
         env=env,
         stdout=log,
@@ -55,7 +59,7 @@ def warm_driver(settings, token: str, pipelines: Path, fault: str | None = None)
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 60 + train_events / 100  # a slow day's training
         while True:
             try:
                 with urllib.request.urlopen(url + "/v1/health", timeout=1):
@@ -93,7 +97,12 @@ def test_runs_on_a_warm_driver_are_exact(  # type: ignore[no-untyped-def]
         rows = DeltaTable(str(app / "state")).to_pyarrow_table().to_pylist()
         return state_as_counter(rows, "clicks")
 
-    with warm_driver(settings, token, tmp_path) as url:
+    trainings = set(Path(tempfile.gettempdir()).glob("platform-driver-training-*"))
+    with warm_driver(settings, token, tmp_path, train_events=20_000) as url:
+        # It trained on a broker and in a folder of its own, gone before it served.
+        log = next(tmp_path.glob("driver-*.log")).read_text()
+        assert "trained on 20,000 events in " in log, log[-3000:]
+        assert set(Path(tempfile.gettempdir()).glob("platform-driver-training-*")) <= trainings
         remote = {"PLATFORM_DRIVER_URL": url, "PLATFORM_DRIVER_TOKEN": token}
         produce(kafka_config, topic, first)
         result = run_jobs(path, settings, "run", env=remote)

@@ -69,6 +69,7 @@ def airflow(broker, kafka_config, new_topic, tmp_path: Path) -> Iterator[dict[st
         "PLATFORM_BOOTSTRAP_SERVERS": broker.bootstrap_servers,
         "PLATFORM_WAREHOUSE": str(tmp_path / "warehouse"),
         "PLATFORM_PIPELINES_DIR": str(pipelines),
+        "PLATFORM_DRIVER_TRAIN_EVENTS": "0",  # its training is tested with the driver's
     }
     for key in ("AIRFLOW_HOME", "AIRFLOW__CORE__DAGS_FOLDER", "AIRFLOW__CORE__UNIT_TEST_MODE"):
         env.pop(key, None)  # the test session's own Airflow settings

@@ -31,6 +31,8 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
         (["status", "--pipeline", "../x"], "not a valid application id"),
         (["frobnicate"], "invalid choice"),
         (["broker", "start", "--port", "99999"], "--port must be 1-65535"),
+        (["serve", "--train-events", "-1"], "--train-events must be 0-50,000,000, got -1"),
+        (["serve", "--train-events", "lots"], "invalid int value: 'lots'"),
         (
             ["rewind", "--pipeline", "user_clicks", "--reason", "r", "--plan", "p1", "--dry-run"],
             "--plan applies a saved plan: leave out --dry-run",

@@ -54,7 +54,7 @@ def test_a_session_with_another_extension_besides_delta_is_hosted() -> None:
 
 def test_a_session_without_the_platforms_jars_is_refused() -> None:
     conf = {k: v for k, v in sessions.DELTA_CONF.items() if k.startswith("spark.sql.")}
-    host: Any = FakeSession(conf, missing=sessions.WATERMARK_SOURCE)
+    host: Any = FakeSession(conf, missing=sessions.CLOCK_SOURCE)
     with (
         pytest.raises(ConfigError, match=r"own JVM source is not on the driver's classpath"),
         sessions.hosted_by(host),

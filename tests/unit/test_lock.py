@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from jobs.delta.layout import AppLayout
-from jobs.lock import LockedError, application_lock, holder
+from jobs.errors import LockedError
+from jobs.lock import application_lock, holder
 from jobs.settings import REPO_ROOT
 
 HOLD = """

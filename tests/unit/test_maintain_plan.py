@@ -19,9 +19,9 @@ from jobs.delta import layout as tables
 from jobs.delta.files import stale_staged_files
 from jobs.delta.layout import AppLayout, ensure_tables
 from jobs.delta.writer import bump_epoch
-from jobs.errors import ConsistencyError
+from jobs.errors import ConsistencyError, LockedError
 from jobs.ledger import Boundary
-from jobs.lock import LockedError, application_lock
+from jobs.lock import application_lock
 from jobs.operations.maintain import (
     HOUR_US,
     PLAN_MARGIN_US,

@@ -60,6 +60,7 @@ BAD: dict[str, list[str]] = {
     "PLATFORM_APPROVERS": ["bob smith", "alice,bob smith"],
     "PLATFORM_DIMENSION_MAX_BYTES": ["x", "-1", "0", "2g", "64 m"],
     "PLATFORM_OUTAGE_WAIT_SECONDS": ["x", "-5", "604801", "1.5"],
+    "PLATFORM_DRIVER_TRAIN_EVENTS": ["x", "-1", "50000001", "1e6", "1,000"],
     "PLATFORM_FAULT": ["after_changelog@x", "after_changelog@-1", "no_such_point", "@3"],
 }
 # Any value is a good one: a command (the executors' Python) or a name.

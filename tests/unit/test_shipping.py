@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from jobs.errors import ConfigError
+from jobs.package import package_zip
 from jobs.settings import REPO_ROOT
-from jobs.streaming.spark import CLUSTER_PYTHON, executor_python, package_zip
+from jobs.streaming.spark import CLUSTER_PYTHON, executor_python
 
 
 def test_the_zip_alone_imports_what_executors_run() -> None:

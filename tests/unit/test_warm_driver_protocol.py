@@ -91,7 +91,7 @@ def test_a_driver_of_a_warehouse_on_a_bucket_keeps_its_token_in_its_users_folder
 
 
 def test_the_driver_runs_only_pipelines_of_its_folder(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from jobs.streaming.spark import package_digest
+    from jobs.package import package_digest
     from jobs.warm_driver import RunRequest, WarmDriver, file_sha256
 
     folder = tmp_path / "pipelines"
@@ -114,7 +114,7 @@ def test_the_driver_runs_only_pipelines_of_its_folder(tmp_path) -> None:  # type
 def test_a_symlink_is_followed_once_and_only_into_the_folder(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """The file checked is the file hashed and loaded: a link out of the folder is
     refused, a link inside it runs its target (the resolved path)."""
-    from jobs.streaming.spark import package_digest
+    from jobs.package import package_digest
     from jobs.warm_driver import RunRequest, WarmDriver, file_sha256
 
     folder = tmp_path / "pipelines"

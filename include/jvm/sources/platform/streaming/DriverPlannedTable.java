@@ -7,7 +7,7 @@ import org.apache.spark.sql.types.StructType;
 /**
  * A batch-read table that is its own scan and batch: the static side of a stream-static
  * join, whose input partitions are computed on the driver each time a micro-batch is
- * planned (BatchWatermarkSource, PinnedDeltaSource).
+ * planned (BatchClockSource, PinnedDeltaSource).
  */
 abstract class DriverPlannedTable extends SelfScannedTable implements Batch {
   DriverPlannedTable(String name, StructType schema) {

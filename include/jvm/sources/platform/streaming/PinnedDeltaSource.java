@@ -94,7 +94,7 @@ public final class PinnedDeltaSource implements TableProvider {
    * repair, a rebuild (the state from Delta at the last committed batch, a new checkpoint).
    */
   static long versionForBatch(SparkSession spark, String path, String checkpoint) {
-    BatchWatermarkSource.Entry entry = BatchWatermarkSource.newestEntry(checkpoint);
+    BatchClockSource.Entry entry = BatchClockSource.newestEntry(checkpoint);
     String name = entry.batchId + "-" + Integer.toHexString(path.hashCode());
     Path file = new Path(new Path(checkpoint, "dimensions"), name);
     try {
@@ -127,7 +127,7 @@ public final class PinnedDeltaSource implements TableProvider {
                   + " (restores the state from Delta at the last committed batch), then run");
         }
       }
-      long planned = BatchWatermarkSource.longField(entry.metadata, "batchTimestampMs");
+      long planned = BatchClockSource.longField(entry.metadata, "batchTimestampMs");
       long chosen = versionAt(spark, path, planned);
       String id = tableId(spark, path, chosen);
       Path tmp = new Path(file.getParent(), "." + name + ".tmp");

@@ -26,16 +26,20 @@ import org.apache.spark.sql.types.StructType;
 import org.apache.spark.sql.util.CaseInsensitiveStringMap;
 
 /**
- * The running micro-batch's event-time watermark as a one-row table (see
- * jobs/streaming/batch_watermark.py): a stream-static join plans its static side again
- * for every micro-batch, after Spark wrote the batch's offset log entry, so the newest
- * entry is the running batch's. The driver reads it while planning; the one task only
- * returns the number. Options: checkpoint (the query's checkpoint folder), floorMs.
+ * The running micro-batch's event-time watermark and batch time as a one-row table (see
+ * jobs/streaming/batch_clock.py): a stream-static join plans its static side again for
+ * every micro-batch, after Spark wrote the batch's offset log entry, so the newest entry
+ * is the running batch's. The driver reads it while planning; the one task only returns
+ * the numbers. Options: checkpoint (the query's checkpoint folder), floorMs (the lowest
+ * watermark).
  */
-public final class BatchWatermarkSource implements TableProvider {
-  public static final String COLUMN = "_batch_watermark_ms";
+public final class BatchClockSource implements TableProvider {
+  public static final String WATERMARK_COLUMN = "_batch_watermark_ms";
+  public static final String TIME_COLUMN = "_batch_time_ms";
   private static final StructType SCHEMA =
-      new StructType().add(COLUMN, DataTypes.LongType, false);
+      new StructType()
+          .add(WATERMARK_COLUMN, DataTypes.LongType, false)
+          .add(TIME_COLUMN, DataTypes.LongType, false);
   private static final ObjectMapper JSON =
       new ObjectMapper().enable(DeserializationFeature.FAIL_ON_TRAILING_TOKENS);
 
@@ -49,14 +53,9 @@ public final class BatchWatermarkSource implements TableProvider {
     CaseInsensitiveStringMap options = new CaseInsensitiveStringMap(properties);
     String checkpoint = options.get("checkpoint");
     if (checkpoint == null || checkpoint.isEmpty()) {
-      throw new IllegalArgumentException("the batch watermark source needs option checkpoint");
+      throw new IllegalArgumentException("the batch clock source needs option checkpoint");
     }
-    return new WatermarkTable(checkpoint, options.getLong("floorMs", 0L));
-  }
-
-  /** The newest offset log entry's batchWatermarkMs, at least floorMs. */
-  static long read(String checkpoint, long floorMs) {
-    return Math.max(watermarkOf(newestMetadata(checkpoint)), floorMs);
+    return new ClockTable(checkpoint, options.getLong("floorMs", 0L));
   }
 
   /** An offset log entry: its batch id and metadata. */
@@ -137,43 +136,56 @@ public final class BatchWatermarkSource implements TableProvider {
   }
 
   /** The table, its scan and its batch at once: all it holds is where to read. */
-  private static final class WatermarkTable extends DriverPlannedTable {
+  private static final class ClockTable extends DriverPlannedTable {
     private final String checkpoint;
     private final long floorMs;
 
-    WatermarkTable(String checkpoint, long floorMs) {
-      super("platform_batch_watermark", SCHEMA);
+    ClockTable(String checkpoint, long floorMs) {
+      super("platform_batch_clock", SCHEMA);
       this.checkpoint = checkpoint;
       this.floorMs = floorMs;
     }
 
-    /** Called once per planned batch: the entry Spark wrote just before planning it. */
+    /**
+     * Called once per planned batch: the entry Spark wrote just before planning it. Its
+     * batchWatermarkMs (at least floorMs) and batchTimestampMs, the time Spark's
+     * current_timestamp() gives the batch, on a replay too.
+     */
     @Override
     public InputPartition[] planInputPartitions() {
-      return new InputPartition[] {new Watermark(read(checkpoint, floorMs))};
+      JsonNode metadata = newestMetadata(checkpoint);
+      long watermarkMs = Math.max(watermarkOf(metadata), floorMs);
+      long batchTimeMs = longField(metadata, "batchTimestampMs");
+      if (batchTimeMs <= 0) {
+        // A batch time of 0 would put every record "ahead of the batch time".
+        throw new IllegalStateException("unreadable offset log entry: no batchTimestampMs");
+      }
+      return new InputPartition[] {new Clock(watermarkMs, batchTimeMs)};
     }
 
     @Override
     public PartitionReaderFactory createReaderFactory() {
-      return new WatermarkReaderFactory();
+      return new ClockReaderFactory();
     }
   }
 
-  private static final class Watermark implements InputPartition {
+  private static final class Clock implements InputPartition {
     private static final long serialVersionUID = 1L;
     final long watermarkMs;
+    final long batchTimeMs;
 
-    Watermark(long watermarkMs) {
+    Clock(long watermarkMs, long batchTimeMs) {
       this.watermarkMs = watermarkMs;
+      this.batchTimeMs = batchTimeMs;
     }
   }
 
-  private static final class WatermarkReaderFactory implements PartitionReaderFactory {
+  private static final class ClockReaderFactory implements PartitionReaderFactory {
     private static final long serialVersionUID = 1L;
 
     @Override
     public PartitionReader<InternalRow> createReader(InputPartition partition) {
-      long watermarkMs = ((Watermark) partition).watermarkMs;
+      Clock clock = (Clock) partition;
       return new PartitionReader<InternalRow>() {
         private boolean done;
 
@@ -186,7 +198,7 @@ public final class BatchWatermarkSource implements TableProvider {
 
         @Override
         public InternalRow get() {
-          return new GenericInternalRow(new Object[] {watermarkMs});
+          return new GenericInternalRow(new Object[] {clock.watermarkMs, clock.batchTimeMs});
         }
 
         @Override
