@@ -186,24 +186,8 @@ public final class BatchClockSource implements TableProvider {
     @Override
     public PartitionReader<InternalRow> createReader(InputPartition partition) {
       Clock clock = (Clock) partition;
-      return new PartitionReader<InternalRow>() {
-        private boolean done;
-
-        @Override
-        public boolean next() {
-          boolean more = !done;
-          done = true;
-          return more;
-        }
-
-        @Override
-        public InternalRow get() {
-          return new GenericInternalRow(new Object[] {clock.watermarkMs, clock.batchTimeMs});
-        }
-
-        @Override
-        public void close() {}
-      };
+      return DriverPlannedTable.oneRow(
+          new GenericInternalRow(new Object[] {clock.watermarkMs, clock.batchTimeMs}));
     }
   }
 }

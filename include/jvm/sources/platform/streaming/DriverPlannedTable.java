@@ -1,7 +1,9 @@
 package platform.streaming;
 
+import org.apache.spark.sql.catalyst.InternalRow;
 import org.apache.spark.sql.connector.catalog.TableCapability;
 import org.apache.spark.sql.connector.read.Batch;
+import org.apache.spark.sql.connector.read.PartitionReader;
 import org.apache.spark.sql.types.StructType;
 
 /**
@@ -17,5 +19,27 @@ abstract class DriverPlannedTable extends SelfScannedTable implements Batch {
   @Override
   public Batch toBatch() {
     return this;
+  }
+
+  /** A reader of one row: what the one partition of such a table holds. */
+  static PartitionReader<InternalRow> oneRow(InternalRow row) {
+    return new PartitionReader<InternalRow>() {
+      private boolean done;
+
+      @Override
+      public boolean next() {
+        boolean first = !done;
+        done = true;
+        return first;
+      }
+
+      @Override
+      public InternalRow get() {
+        return row;
+      }
+
+      @Override
+      public void close() {}
+    };
   }
 }

@@ -439,29 +439,13 @@ public final class PinnedDeltaSource implements TableProvider {
     @Override
     public PartitionReader<InternalRow> createReader(InputPartition partition) {
       Rows rows = (Rows) partition;
-      return new PartitionReader<InternalRow>() {
-        private boolean done;
-
-        @Override
-        public boolean next() {
-          boolean first = !done;
-          done = true;
-          return first;
-        }
-
-        @Override
-        public InternalRow get() {
-          return new GenericInternalRow(
+      return DriverPlannedTable.oneRow(
+          new GenericInternalRow(
               new Object[] {
                 rows.version,
                 UTF8String.fromString(rows.tableId),
                 UTF8String.fromString(rows.rows)
-              });
-        }
-
-        @Override
-        public void close() {}
-      };
+              }));
     }
   }
 }
