@@ -3,7 +3,7 @@ on a loopback port, with the project's DAGs, plugins, Spark connection and
 platform settings, and beside it a warm driver (``python -m jobs serve`` on
 ``PLATFORM_DRIVER_PORT``) that the stream DAGs send their scheduled runs to,
 trained first on ``PLATFORM_DRIVER_TRAIN_EVENTS`` events (here 1,000,000 unless
-set; 0: none, ``jobs/driver_training.py``).
+set, on a local Spark master; 0: none, ``jobs/driver_training.py``).
 
     python -m include.local_airflow start [--port 8085]   # prints URL and login
     python -m include.local_airflow status
@@ -49,8 +49,11 @@ SPARK_CONNECTION = "spark://local%5B2%5D?deploy-mode=client&spark-binary=spark-s
 
 def environment(port: int, driver_port: int) -> dict[str, str]:
     bin_dir = str(Path(sys.executable).parent)
+    # The driver trains its JIT first where it can (jobs/driver_training.py).
+    settings = load_settings()
+    trains = settings.spark_master.startswith("local") and not os.environ.get("PLATFORM_FAULT")
     return {
-        "PLATFORM_DRIVER_TRAIN_EVENTS": TRAIN_EVENTS,
+        **({"PLATFORM_DRIVER_TRAIN_EVENTS": TRAIN_EVENTS} if trains else {}),
         **os.environ,
         # The tasks' runs go to the warm driver started beside Airflow.
         "PLATFORM_DRIVER_URL": f"http://127.0.0.1:{driver_port}",
@@ -126,7 +129,7 @@ def group_rss_mib(pgid: int) -> float:
     return total / 2**20
 
 
-def start(port: int, timeout_s: float = 180.0) -> dict[str, int]:
+def start(port: int, timeout_s: float = 300.0) -> dict[str, int]:
     running = _running()
     if running is not None:
         return running

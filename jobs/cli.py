@@ -375,9 +375,9 @@ def _run(args: argparse.Namespace, settings: Settings, pipeline: object) -> int:
     assert isinstance(pipeline, Pipeline)
     if settings.driver_url and (args.trigger or pipeline.trigger_mode) == "available-now":
         # A continuous run is a long-lived process anyway: it always runs here. The
-        # driver checks the pipeline and the application's lock as a local run does,
-        # so this client imports no Spark, Arrow or Delta (about 1 s) unless it prints
-        # the report.
+        # driver checks the pipeline against the current epoch and the application's
+        # lock as a local run does (WarmDriver.run), so this client imports no Spark,
+        # Arrow or Delta (about 1 s) unless it prints the report.
         from jobs.warm_driver import run_remote
 
         summary = run_remote(settings, pipeline)

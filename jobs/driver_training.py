@@ -11,7 +11,9 @@ warehouse of its own, in a temporary folder that is removed afterwards: nothing
 reaches the configured cluster, warehouse or Prometheus. So it needs a local Spark
 master (the tasks run in the driver's JVM, which is what it trains) and the embedded
 broker's Kafka distribution (``make setup`` installs it). A training that fails
-leaves the driver untrained, not unusable: it says so in one line and serves.
+leaves the driver untrained, not unusable: it says so in one line and serves. A stop
+(SIGTERM, SIGINT) during the training ends it, its broker and its folder, then the
+driver.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -84,28 +87,60 @@ def check(events: int, spark_master: str) -> int:
     return events
 
 
-def train(spark: SparkSession, settings: Settings, events: int) -> bool:
+class Stopped(Exception):
+    """A stop was asked for during the training."""
+
+
+def train(spark: SparkSession, settings: Settings, events: int, stop: threading.Event) -> bool:
     """Run the training pipeline ``RUNS`` times over ``events`` events in all, in a
-    session of its own; whether it ran to the end."""
+    session of its own; whether it ran to the end. ``stop`` (set by the driver's
+    signal handler) ends it between runs, and stops a run's query at once."""
     if events <= 0:
         return True
     started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="platform-driver-training-"))
-    try:
-        _train(spark.newSession(), settings, events, work)
-    except Exception as exc:  # the driver serves untrained: slower, never wrong
-        log.warning("training failed after %.1f s", time.monotonic() - started, exc_info=True)
-        print(f"warning: the driver serves untrained, its training failed: {exc!r}", flush=True)
+    session = spark.newSession()
+    failed: list[BaseException] = []
+
+    def training() -> None:
+        try:
+            _train(session, settings, events, work, stop)
+        except BaseException as exc:
+            failed.append(exc)
+
+    # In a thread of its own: the main thread keeps the signal handlers (a run in
+    # the main thread would take them over for its own stop, and swallow this one).
+    worker = threading.Thread(target=training, name="driver-training", daemon=True)
+    worker.start()
+    stopping = False
+    while worker.is_alive():
+        worker.join(0.2)
+        if stop.is_set() and not stopping:
+            stopping = True
+            for query in session.streams.active:
+                query.stop()
+    shutil.rmtree(work, ignore_errors=True)
+    seconds = time.monotonic() - started
+    if stop.is_set():
+        print(f"training stopped after {seconds:.1f} s", flush=True)
         return False
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    print(f"trained on {events:,} events in {time.monotonic() - started:.1f} s", flush=True)
+    if failed:  # the driver serves untrained: slower, never wrong
+        log.warning("training failed after %.1f s", seconds, exc_info=failed[0])
+        print(
+            f"warning: the driver serves untrained, its training failed: {failed[0]!r}", flush=True
+        )
+        return False
+    print(f"trained on {events:,} events in {seconds:.1f} s", flush=True)
     return True
 
 
-def _train(spark: SparkSession, settings: Settings, events: int, work: Path) -> None:
+def _train(
+    spark: SparkSession, settings: Settings, events: int, work: Path, stop: threading.Event
+) -> None:
     from jobs.streaming.run import run_pipeline
 
+    if stop.is_set():
+        raise Stopped()
     info = broker.start(work / "broker", find_free_port())
     try:
         scratch = dataclasses.replace(
@@ -122,6 +157,8 @@ def _train(spark: SparkSession, settings: Settings, events: int, work: Path) -> 
         for run in range(RUNS):
             share = events // RUNS + (1 if run < events % RUNS else 0)
             kafka_admin.produce_all(config, "clicks", click_records(share, run))
+            if stop.is_set():
+                raise Stopped()
             began = time.monotonic()
             run_pipeline(spark, pipeline, scratch, "available-now")
             log.info("training run %d: %d events, %.1f s", run, share, time.monotonic() - began)

@@ -313,8 +313,11 @@ class WarmDriver:
 
     def run(self, pipeline: Pipeline) -> dict[str, Any]:
         """Run ``pipeline`` (as ``check`` returned it) in its application's session."""
-        from jobs.streaming.run import run_pipeline
+        from jobs.streaming.run import preflight, run_pipeline
 
+        # As a local run does before Spark: a pipeline that does not fit the current
+        # epoch is refused before the run records anything (its client checks nothing).
+        preflight(pipeline, self.settings)
         session, running = self._session(pipeline.application_id)
         # The file lock decides between processes; this one between this driver's
         # threads (a lock file is per process on some file systems).
@@ -456,10 +459,6 @@ def listen(port: int) -> ThreadingHTTPServer:
     return server
 
 
-def _exit_now(signum: int, _frame: FrameType | None) -> None:
-    raise SystemExit(128 + signum)
-
-
 def serve(settings: Settings, port: int, train_events: int = 0) -> int:
     """Listen on loopback, start Spark, train it on ``train_events`` events
     (``driver_training.py``), run requests until SIGTERM/SIGINT, which stops the runs
@@ -469,6 +468,14 @@ def serve(settings: Settings, port: int, train_events: int = 0) -> int:
     from jobs.streaming.spark import get_spark
 
     server = listen(port)  # first: the token file is written only by the port's holder
+    stop = threading.Event()
+
+    def request_stop(_signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    # From here a stop is never lost: the training ends on it, and so does serving.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, request_stop)
     # Then the token, before Spark's start: a client meanwhile waits in the backlog
     # with this driver's token, not the one of a driver that ran here before.
     written: Path | None = None
@@ -481,37 +488,29 @@ def serve(settings: Settings, port: int, train_events: int = 0) -> int:
             settings.spark_driver_memory,
             settings.spark_python,
         )
-        # Before serving: a client meanwhile waits, or after its timeout runs in its
-        # own process (the stream DAGs do). A stop meanwhile ends the training, its
-        # broker and its folder first.
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, _exit_now)
-        train(spark, settings, train_events)
     except BaseException:
         server.server_close()
         if written is not None:
             written.unlink(missing_ok=True)
         raise
+    # Before serving: a client meanwhile waits (the stream DAGs' tasks, after 30 s,
+    # run with spark-submit instead).
+    train(spark, settings, train_events, stop)
     driver = WarmDriver(spark, settings)
     server.RequestHandlerClass = _handler(driver, token)
-    stop = threading.Event()
-
-    def request_stop(_signum: int, _frame: FrameType | None) -> None:
-        stop.set()
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, request_stop)
     thread = threading.Thread(target=server.serve_forever, name="warm-driver", daemon=True)
-    thread.start()
-    print(f"warm driver listening on http://127.0.0.1:{port} (jobs {driver.code})", flush=True)
-    if written is not None:
-        print(f"its token is in {written} (readable by this user only)", flush=True)
+    if not stop.is_set():  # else stopped while it started or trained: it never serves
+        thread.start()
+        print(f"warm driver listening on http://127.0.0.1:{port} (jobs {driver.code})", flush=True)
+        if written is not None:
+            print(f"its token is in {written} (readable by this user only)", flush=True)
     try:
         stop.wait()
     finally:
         if written is not None:
             written.unlink(missing_ok=True)
-        server.shutdown()
+        if thread.is_alive():
+            server.shutdown()
         driver.stop_runs()
         server.server_close()
         try:

@@ -157,3 +157,39 @@ def test_runs_on_a_warm_driver_are_exact(  # type: ignore[no-untyped-def]
     assert state() == clicks_per_window([first + second + third])[0]
     raw = DeltaTable(str(app / "raw")).to_pyarrow_table()
     assert raw.num_rows == len(first + second + third)  # archived once each
+
+
+def test_a_stop_during_the_training_ends_it_and_its_broker(settings, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """SIGTERM to the driver while it trains: the training's query, broker and folder
+    end, then the driver, which never serves."""
+    before = set(Path(tempfile.gettempdir()).glob("platform-driver-training-*"))
+    port = find_free_port(15000, 16000)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jobs", "serve", "--port", str(port), "--train-events", "400000"]
+        + ["--warehouse", str(settings.warehouse)],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while not set(Path(tempfile.gettempdir()).glob("platform-driver-training-*")) - before:
+            assert proc.poll() is None and time.monotonic() < deadline, "no training started"
+            time.sleep(0.2)
+        [folder] = set(Path(tempfile.gettempdir()).glob("platform-driver-training-*")) - before
+        while not (folder / "warehouse").exists():  # its broker is up, its first run on
+            assert proc.poll() is None and time.monotonic() < deadline, "no training run"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, out[-3000:]
+    assert "training stopped after " in out
+    assert "listening" not in out
+    assert not folder.exists()
+    brokers = subprocess.run(["pgrep", "-f", str(folder)], capture_output=True, text=True)
+    assert brokers.stdout == "", brokers.stdout

@@ -4,6 +4,7 @@ a failed training leaves nothing behind and the driver serving."""
 from __future__ import annotations
 
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,7 @@ def test_a_failed_training_leaves_no_folder_and_says_so(
         def newSession(self) -> Session:
             return self
 
-    assert not driver_training.train(Session(), None, 1000)  # type: ignore[arg-type]
+    assert not driver_training.train(Session(), None, 1000, threading.Event())  # type: ignore[arg-type]
     assert started and not started[0].parent.exists()
     assert list(tmp_path.iterdir()) == []
     out = capsys.readouterr().out
@@ -58,7 +59,28 @@ def test_a_failed_training_leaves_no_folder_and_says_so(
 
 
 def test_no_events_is_no_training() -> None:
-    assert driver_training.train(None, None, 0)  # type: ignore[arg-type]
+    assert driver_training.train(None, None, 0, threading.Event())  # type: ignore[arg-type]
+
+
+def test_a_stop_before_the_training_starts_no_broker(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The driver's signal handler set ``stop`` (a SIGTERM while Spark started)."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(driver_training.broker, "start", lambda *_: pytest.fail("started"))
+
+    class Session:
+        class streams:
+            active: tuple[Any, ...] = ()
+
+        def newSession(self) -> Session:
+            return self
+
+    stop = threading.Event()
+    stop.set()
+    assert not driver_training.train(Session(), None, 1000, stop)  # type: ignore[arg-type]
+    assert list(tmp_path.iterdir()) == []
+    assert capsys.readouterr().out.startswith("training stopped after ")
 
 
 def test_the_click_records_are_the_users_and_span_they_say() -> None:
