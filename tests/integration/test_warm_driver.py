@@ -18,9 +18,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import yaml
 from deltalake import DeltaTable
 
+from jobs.delta.layout import AppLayout
 from jobs.local_server import find_free_port
+from jobs.resolution import stored_file
 from jobs.settings import REPO_ROOT, load_settings
 from tests.conftest import (
     pipeline_file,
@@ -108,6 +111,21 @@ def test_runs_on_a_warm_driver_are_exact(  # type: ignore[no-untyped-def]
         result = run_jobs(path, settings, "run", env=remote)
         assert result.returncode == 0, result.stderr[-2000:]
         assert "records in" in result.stdout  # the report, printed by the client
+        assert state() == clicks_per_window([first])[0]
+
+        # The pipeline changed under the same version: the driver refuses the run
+        # before it records the definition (the client checks nothing itself).
+        stored = stored_file(AppLayout(settings.warehouse, "user_clicks"), 1)
+        recorded = stored.read_text()
+        data = yaml.safe_load(path.read_text())
+        data["window"]["size"] = "2 minutes"
+        (tmp_path / "changed").mkdir()
+        changed = tmp_path / "changed" / "user_clicks.yaml"
+        changed.write_text(yaml.safe_dump(data))
+        refused = run_jobs(changed, settings, "run", env=remote)
+        assert refused.returncode == 2, refused.stderr[-2000:]
+        assert refused.stderr.strip().splitlines()[-1].startswith("error: ")
+        assert stored.read_text() == recorded
         assert state() == clicks_per_window([first])[0]
 
         # The stream DAG's operator sends its run there too (no spark-submit): the
