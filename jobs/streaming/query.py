@@ -127,9 +127,8 @@ def build(
     (the seed batches of a seeded epoch run first; the same checkpoint then resumes
     with Kafka). Each batch judges by its time and its watermark (windowed pipelines:
     lateness) from ``checkpoint``'s offset log, the watermark at least
-    ``min_watermark_ms``. ``replays``: ranges
-    earlier batches judged (``table_versions.merged``), which join the tables' versions
-    recorded there.
+    ``min_watermark_ms``. ``replays``: ranges earlier batches judged
+    (``table_versions.merged``), which join the tables' versions recorded there.
     """
     if not hold:
         raw = read_kafka(spark, resolved, bootstrap_servers, starting_offsets_json, client_settings)
