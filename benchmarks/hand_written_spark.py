@@ -82,6 +82,9 @@ def main() -> None:
         .option("subscribe", args.topic)
         .option("startingOffsets", "earliest")
         .option("kafka.isolation.level", "read_committed")
+        # The platform's fetch settings: they make any Spark read of Kafka faster.
+        .option("kafka.max.poll.records", "10000")
+        .option("kafka.max.partition.fetch.bytes", str(4 << 20))
         .load()
         .select(F.from_json(F.col("value").cast("string"), SCHEMA).alias("e"))
         .select("e.user_id", F.timestamp_seconds("e.timestamp").alias("event_time"))

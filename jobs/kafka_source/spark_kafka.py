@@ -41,14 +41,22 @@ FIXED = {"isolation.level": "read_committed"}
 # a three-node cluster, a scheduled run stalled 62 s, and 16 s with these. (Kafka
 # wants default.api.timeout.ms >= request.timeout.ms: a user's either replaces both.)
 DEFAULTS = {"default.api.timeout.ms": "15000", "request.timeout.ms": "10000"}
+# Client settings for throughput, each replaced by a user's own. Spark's consumer
+# polls for every max.poll.records records (Kafka's default: 500), and a poll has a
+# cost of its own: a read of 1M click records took 2.8-3.0 s with Kafka's defaults
+# and 1.8-2.1 s with these (docs/benchmarks.md, "Issue 45"). A task's consumer
+# reads one partition, so a fetch holds at most 4 MiB (or one larger batch) a task.
+THROUGHPUT = {"max.poll.records": "10000", "max.partition.fetch.bytes": str(4 << 20)}
 
 
 def source_options(bootstrap_servers: str, client_settings: dict[str, str]) -> dict[str, str]:
     """Options of every Kafka read: the broker, the client settings users pass
-    through (``PLATFORM_KAFKA_*`` -> ``kafka.*``), read-committed, no silent loss."""
+    through (``PLATFORM_KAFKA_*`` -> ``kafka.*``) over the platform's defaults,
+    read-committed, no silent loss."""
     java = kafka_settings.for_java(client_settings)
     if not DEFAULTS.keys() & java.keys():
         java = {**DEFAULTS, **java}
+    java = {**THROUGHPUT, **java}
     options = {f"kafka.{key}": value for key, value in java.items()}
     options["kafka.bootstrap.servers"] = bootstrap_servers
     options.update({f"kafka.{key}": value for key, value in FIXED.items()})

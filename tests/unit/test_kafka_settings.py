@@ -84,6 +84,17 @@ def test_sparks_source_gets_short_admin_timeouts_unless_the_user_sets_one() -> N
     assert "kafka.default.api.timeout.ms" not in own  # Kafka's own default (60 s) >= 40 s
 
 
+def test_sparks_source_polls_many_records_at_once_unless_the_user_sets_it() -> None:
+    from jobs.kafka_source.spark_kafka import source_options
+
+    plain = source_options("b:9092", {})
+    assert plain["kafka.max.poll.records"] == "10000"
+    assert plain["kafka.max.partition.fetch.bytes"] == str(4 * 1024 * 1024)
+    own = source_options("b:9092", {"max.poll.records": "500"})
+    assert own["kafka.max.poll.records"] == "500"
+    assert own["kafka.max.partition.fetch.bytes"] == str(4 * 1024 * 1024)
+
+
 def test_the_sources_admin_timeout_reaches_java_only() -> None:
     """librdkafka has no ``default.api.timeout.ms`` and refuses a client given one:
     every command failed before it ran."""
