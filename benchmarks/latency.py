@@ -5,7 +5,7 @@ commit interval), each while a producer writes ``--rate`` events/s for
 ``--seconds`` after ``--warm-up`` seconds that warm its JVM.
 
     .venv/bin/python -m benchmarks.latency [--rate 10000] [--seconds 60]
-        [--warm-up 15] [--intervals 1,0] [--systems platform,kafka-streams]
+        [--warm-up 15] [--intervals 1,0] [--systems platform,kafka-streams,spark-floor]
 
 An event's latency is when its effect became durable and visible minus its Kafka
 timestamp (set by the producer when it sends):
@@ -17,10 +17,13 @@ timestamp (set by the producer when it sends):
   consumer sees the count. Polled every 10 ms, so at most about 10 ms late.
 The platform's runs share one process and JVM, after an untimed run that warms it.
 Every event is counted: its timestamp is read back from Kafka and matched to the
-first commit that covers its offset. Also probed: whether Spark's asynchronous
-progress tracking and real-time mode start the platform's kind of query (an
-aggregation into ``foreachBatch``). Writes its section of docs/benchmarks.md. Not a
-test: it asserts nothing.
+first commit that covers its offset. Also measured, under the same load: the
+floor of a micro-batch on this machine, the batches of the smallest query of the
+platform's kind (Kafka -> ``from_json`` -> a window count in RocksDB ->
+``foreachBatch`` into Spark's ``noop`` sink, triggers back to back). Also probed:
+whether Spark's asynchronous progress tracking and real-time mode start the
+platform's kind of query (an aggregation into ``foreachBatch``). Writes its section
+of docs/benchmarks.md. Not a test: it asserts nothing.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from typing import Any
 import numpy as np
 from confluent_kafka import Consumer, Producer, TopicPartition
 from deltalake import DeltaTable
+from pyspark.sql import functions as F
 
 from benchmarks.anchors import kafka_streams_classpath
 from benchmarks.report import machine, scratch_broker, table, write_section
@@ -245,6 +249,48 @@ def kafka_timestamps(
     return found
 
 
+def spark_floor(info: BrokerInfo, args: argparse.Namespace, work: Path) -> str:
+    """The batches of the smallest query of the platform's kind under the load:
+    what any micro-batch pipeline pays on this machine before it writes a byte."""
+    spark = get_spark("local[2]", "benchmark-latency")
+    spark.conf.set("spark.sql.shuffle.partitions", "2")  # as user_clicks
+    config = kafka_admin.client_config(info.bootstrap_servers)
+    kafka_admin.create_topic(kafka_admin.admin(config), "clicks_floor", PARTITIONS)
+    counts = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", info.bootstrap_servers)
+        .option("subscribe", "clicks_floor")
+        .load()
+        .selectExpr("from_json(CAST(value AS STRING), 'user_id STRING, timestamp LONG') AS e")
+        .selectExpr("e.user_id", "timestamp_seconds(e.timestamp) AS t")
+        .withWatermark("t", "10 minutes")
+        .groupBy(F.window("t", "1 minute"), "user_id")
+        .count()
+    )
+    query = (
+        counts.writeStream.outputMode("update")
+        .foreachBatch(lambda frame, _id: frame.write.format("noop").mode("overwrite").save())
+        .option("checkpointLocation", str(work / "floor-checkpoint"))
+        .trigger(processingTime="0 seconds")
+        .start()
+    )
+    try:
+        produce_at(config, "clicks_floor", args.rate, args.warm_up)
+        warmed = len(query.recentProgress)
+        produce_at(config, "clicks_floor", args.rate, args.seconds)
+        batches = [p for p in query.recentProgress[warmed:] if p["numInputRows"]]
+    finally:
+        query.stop()
+    seconds = [p["durationMs"]["triggerExecution"] / 1000 for p in batches]
+    spark_job = [p["durationMs"].get("addBatch", 0) / 1000 for p in batches]
+    return (
+        f"{len(batches)} batches of {np.median([p['numInputRows'] for p in batches]):,.0f} "
+        f"records (median): a trigger p50 {np.percentile(seconds, 50):.2f} s, p95 "
+        f"{np.percentile(seconds, 95):.2f} s; of which the Spark job (`addBatch`) p50 "
+        f"{np.percentile(spark_job, 50):.2f} s"
+    )
+
+
 def probe_modes(info: BrokerInfo, work: Path, topic: str) -> dict[str, str]:
     """Whether Spark starts an aggregation into ``foreachBatch`` (the platform's
     query) with asynchronous progress tracking, and in real-time mode: the first
@@ -291,7 +337,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=60)
     parser.add_argument("--warm-up", type=int, default=15)
     parser.add_argument("--intervals", default="1,0", help="the platform's trigger intervals, s")
-    parser.add_argument("--systems", default="platform,kafka-streams")
+    parser.add_argument("--systems", default="platform,kafka-streams,spark-floor")
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args()
     systems = args.systems.split(",")
@@ -310,14 +356,18 @@ def main() -> None:
                 run = platform(info, work, args, interval, f"clicks_{interval}")
                 results.append((run, *latencies(config, run)))
             probes = probe_modes(info, work, run.topic)
-    report = render(args, results, probes if "platform" in systems else {})
+        floor = spark_floor(info, args, work) if "spark-floor" in systems else ""
+    report = render(args, results, probes if "platform" in systems else {}, floor)
     print(report)
     if not args.no_write:
         write_section(report)
 
 
 def render(
-    args: argparse.Namespace, results: list[tuple[Measured, Any, Any]], probes: dict[str, str]
+    args: argparse.Namespace,
+    results: list[tuple[Measured, Any, Any]],
+    probes: dict[str, str],
+    floor: str,
 ) -> str:
     def pct(values: Any, q: float) -> str:
         return f"{np.percentile(values, q):.2f}"
@@ -362,6 +412,13 @@ def render(
             rows,
         ),
     ]
+    if floor:
+        lines += [
+            "",
+            "A micro-batch's floor under the same load: the smallest query of the platform's "
+            "kind (Kafka, `from_json`, a 1-minute window count in RocksDB, `foreachBatch` "
+            f"into the `noop` sink, triggers back to back), no Delta: {floor}.",
+        ]
     if probes:
         lines += ["", "Spark's low-latency modes, tried on the platform's kind of query:", ""]
         lines += [f"- {name}: {said}" for name, said in probes.items()]
