@@ -7,9 +7,12 @@ never collects the rows.
 
 from __future__ import annotations
 
+import logging
+import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
@@ -17,8 +20,15 @@ from jobs.delta.files import DataFileWriter
 from jobs.faults import maybe_crash
 from jobs.warehouse import Location
 
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
 # What each task returns to the driver.
 WRITTEN_SCHEMA = "name string, size long, num_records long"
+# The Spark job group of the job that starts the Python workers (Spark's UI shows it).
+WORKERS_JOB_GROUP = "platform-python-workers"
 
 
 @dataclass(frozen=True)
@@ -69,3 +79,33 @@ class StagedFilesTask:
             *(pa.array([value] * n, self.schema.field(name).type) for name, value in self.stamp),
         ]
         return pa.Table.from_arrays(columns, schema=self.schema)
+
+
+def start_workers(spark: SparkSession) -> threading.Thread:
+    """Start Spark's Python workers for these tasks before a batch needs them: in a
+    new process, starting one took about 1.4 s and its imports (pyarrow's Parquet)
+    about 1 s, on the batch's path after its Kafka stage (docs/benchmarks.md,
+    "Issue 45"). A tiny job of one task per task slot, in a thread, while the run
+    prepares; Spark keeps idle workers for reuse (for a minute). A failure only
+    means the batch starts its own."""
+    slots = spark.sparkContext.defaultParallelism
+
+    def run() -> None:
+        try:
+            spark.sparkContext.setJobGroup(WORKERS_JOB_GROUP, "start Python workers ahead")
+            spark.range(0, slots, numPartitions=slots).mapInArrow(
+                _started, WRITTEN_SCHEMA
+            ).collect()
+        except Exception:  # the session stopped, say: the batch starts its own
+            log.debug("Python workers not started ahead", exc_info=True)
+
+    thread = threading.Thread(target=run, name="python-workers", daemon=True)
+    thread.start()
+    return thread
+
+
+def _started(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """A warm-up task: this module (its imports) loaded in a Python worker."""
+    for _ in batches:
+        pass
+    yield from ()

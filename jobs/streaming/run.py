@@ -29,7 +29,7 @@ from jobs.output.publisher import OutputPublisher, opened_publisher
 from jobs.pipeline.model import Pipeline
 from jobs.resolution import Resolved, store
 from jobs.settings import Settings
-from jobs.streaming import analyser, offset_log, query, table_versions
+from jobs.streaming import analyser, changelog_files, offset_log, query, table_versions
 from jobs.streaming.batch import BatchCommitter, Reach, refuse_unrepaired_drops
 from jobs.streaming.follow import follow
 from jobs.streaming.outage import Answer, OutageClock, stop_signals, wait_for_brokers
@@ -61,6 +61,7 @@ def run_pipeline(
     stopped (continuous: SIGTERM/SIGINT stop it between batches). A continuous run
     that Kafka stopped answering waits for the brokers and starts again
     (``outage.py``)."""
+    changelog_files.start_workers(spark)  # while the run prepares
     resolved = analyser.resolve(spark, pipeline, settings.warehouse)
     layout = AppLayout(settings.warehouse, pipeline.application_id)
     config = kafka_admin.client_config(settings.bootstrap_servers, settings.kafka_client)
