@@ -88,10 +88,10 @@ def start_workers(spark: SparkSession) -> threading.Thread:
     "Issue 45"). A tiny job of one task per task slot, in a thread, while the run
     prepares; Spark keeps idle workers for reuse (for a minute). A failure only
     means the batch starts its own."""
-    slots = spark.sparkContext.defaultParallelism
 
     def run() -> None:
         try:
+            slots = spark.sparkContext.defaultParallelism
             spark.sparkContext.setJobGroup(WORKERS_JOB_GROUP, "start Python workers ahead")
             spark.range(0, slots, numPartitions=slots).mapInArrow(
                 _started, WRITTEN_SCHEMA
