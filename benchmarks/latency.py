@@ -47,6 +47,7 @@ from benchmarks.anchors import kafka_streams_classpath
 from benchmarks.report import machine, scratch_broker, table, write_section
 from jobs import kafka_admin
 from jobs.broker import BrokerInfo
+from jobs.kafka_source import spark_kafka
 from jobs.pipeline.parser import load_pipeline
 from jobs.settings import load_settings
 from jobs.streaming.run import run_pipeline
@@ -258,7 +259,7 @@ def spark_floor(info: BrokerInfo, args: argparse.Namespace, work: Path) -> str:
     kafka_admin.create_topic(kafka_admin.admin(config), "clicks_floor", PARTITIONS)
     counts = (
         spark.readStream.format("kafka")
-        .option("kafka.bootstrap.servers", info.bootstrap_servers)
+        .options(**spark_kafka.source_options(info.bootstrap_servers, {}))  # the platform's
         .option("subscribe", "clicks_floor")
         .load()
         .selectExpr("from_json(CAST(value AS STRING), 'user_id STRING, timestamp LONG') AS e")
