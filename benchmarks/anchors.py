@@ -1,14 +1,17 @@
 """The platform side by side with what a user would run instead, in one sitting, on
 one broker, over the same events: Kafka Streams (the design's origin,
 ``benchmarks/kafka_streams/ClickCounts.java``), the Spark job a user would write by
-hand (``benchmarks/hand_written_spark.py``), and the platform, cold (a scheduled
+hand (``benchmarks/hand_written_spark.py``), that job's query into Spark's ``noop``
+sink (``spark-floor``: what any Spark job of this kind spends from a cold process
+before it writes anything), and the platform, cold (a scheduled
 ``python -m jobs run``: a new process and JVM; on Java 17 and on Java 25, where its
 archive is an AOT cache) and on its warm driver: a new one, whose first run is left
 out (its JIT's warm-up), and one trained first (``serve --train-events``), whose
 every run counts.
 
     .venv/bin/python -m benchmarks.anchors [--events 1000000] [--runs 3]
-        [--systems kafka-streams,hand-written,cold,cold-java25,warm,trained] [--no-write]
+        [--systems kafka-streams,hand-written,spark-floor,cold,cold-java25,warm,trained]
+        [--no-write]
 
 Every system counts clicks per user per 1-minute tumbling event-time window (10
 minutes' grace), exactly-once, over ``--events`` click events of 1,000 users over
@@ -43,7 +46,7 @@ from jobs.settings import REPO_ROOT, jars_dir
 from jobs.streaming.jvm import CDS, driver_java_options
 
 HERE = Path(__file__).resolve().parent
-SYSTEMS = "kafka-streams,hand-written,cold,cold-java25,warm,trained"
+SYSTEMS = "kafka-streams,hand-written,spark-floor,cold,cold-java25,warm,trained"
 USERS, SPAN_S, PARTITIONS = 1_000, 600, 4
 TRAIN_EVENTS = 1_000_000  # the trained driver's (serve --train-events)
 Runner = Callable[[BrokerInfo, Path, int], dict[str, float]]
@@ -87,17 +90,18 @@ def kafka_streams_run(info: BrokerInfo, work: Path, i: int) -> dict[str, float]:
 
 
 def platform_java_options() -> str:
-    """The platform's driver JVM options, its archive mapped, for the hand-written
-    job. The warm-up run wrote the archive; were it missing, this process would
-    become the one that writes it, and while it lives no platform run would map
-    or write one (seen: every cold Java 17 run without its archive)."""
-    options = driver_java_options()
+    """The platform's driver JVM options for a short process (its JIT's directives),
+    its archive mapped, for the hand-written job and the floor. The warm-up run wrote
+    the archive; were it missing, this process would become the one that writes it,
+    and while it lives no platform run would map or write one (seen: every cold
+    Java 17 run without its archive)."""
+    options = driver_java_options("short")
     if CDS.map_option not in options:
         raise SystemExit("error: the warm-up run left no class-data-sharing archive")
     return options
 
 
-def hand_written_run(info: BrokerInfo, work: Path, i: int) -> dict[str, float]:
+def hand_written_run(info: BrokerInfo, work: Path, i: int, sink: str = "delta") -> dict[str, float]:
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
     started = time.monotonic()
     done = subprocess.run(
@@ -105,7 +109,7 @@ def hand_written_run(info: BrokerInfo, work: Path, i: int) -> dict[str, float]:
         + ["--bootstrap-servers", info.bootstrap_servers, "--topic", "clicks"]
         + ["--table", str(work / f"hw-table-{i}"), "--checkpoint", str(work / f"hw-cp-{i}")]
         + ["--jars", ",".join(str(j) for j in spark_jars())]
-        + ["--driver-java-options", platform_java_options()],
+        + ["--driver-java-options", platform_java_options(), "--sink", sink],
         cwd=REPO_ROOT,
         env=env,
         capture_output=True,
@@ -156,6 +160,7 @@ def main() -> None:
     runners: dict[str, Runner] = {
         "kafka-streams": kafka_streams_run,
         "hand-written": hand_written_run,
+        "spark-floor": lambda info, work, i: hand_written_run(info, work, i, "noop"),
         "cold": cold_run,
         "cold-java25": lambda info, work, i: one_run(
             on_java(platform_env(info, work / f"wh-cold25-{i}"), args.java_home)
@@ -200,6 +205,7 @@ def main() -> None:
 NAMES = {
     "kafka-streams": "Kafka Streams 4.3.1 (`exactly_once_v2`, 2 threads, RocksDB)",
     "hand-written": "hand-written Spark job (`foreachBatch` MERGE, `txnAppId`/`txnVersion`)",
+    "spark-floor": "the same Spark query into the `noop` sink (no table: the floor)",
     "cold": "the platform, cold (`python -m jobs run`)",
     "cold-java25": "the platform, cold on Java 25 (its archive an AOT cache)",
     "warm": "the platform, warm driver (later runs)",

@@ -373,7 +373,8 @@ def _counted_operation(args: argparse.Namespace, settings: Settings, pipeline: P
 
 def _run(args: argparse.Namespace, settings: Settings, pipeline: object) -> int:
     assert isinstance(pipeline, Pipeline)
-    if settings.driver_url and (args.trigger or pipeline.trigger_mode) == "available-now":
+    continuous = (args.trigger or pipeline.trigger_mode) != "available-now"
+    if settings.driver_url and not continuous:
         # A continuous run is a long-lived process anyway: it always runs here. The
         # driver checks the pipeline against the current epoch and the application's
         # lock as a local run does (WarmDriver.run), so this client imports no Spark,
@@ -400,15 +401,16 @@ def _run(args: argparse.Namespace, settings: Settings, pipeline: object) -> int:
         raise LockedError(
             f"application {pipeline.application_id} is busy: held by {describe(busy)}"
         )
-    if settings.metrics_port is not None and (args.trigger or pipeline.trigger_mode) != (
-        "available-now"
-    ):
+    if settings.metrics_port is not None and continuous:
         from jobs.metrics import serve
 
         serve(settings.metrics_port, settings.metrics_address)
     faults.arm()
     with command_session(
-        settings, f"platform-{pipeline.application_id}", runs_a_pipeline=True
+        settings,
+        f"platform-{pipeline.application_id}",
+        runs_a_pipeline=True,
+        lifetime="long" if continuous else "short",
     ) as spark:
         summary = run_pipeline(spark, pipeline, settings, args.trigger)
     if not args.quiet:

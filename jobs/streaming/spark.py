@@ -22,7 +22,7 @@ from jobs.jars import spark_jars
 from jobs.package import package_zip
 from jobs.settings import REPO_ROOT, Settings
 from jobs.streaming import batch_clock
-from jobs.streaming.jvm import driver_java_options, note_a_complete_run
+from jobs.streaming.jvm import Lifetime, driver_java_options, note_a_complete_run
 from jobs.warehouse import aws_environment, s3a_settings
 
 # Spark's own Kafka source (from the jars ``make setup`` resolved).
@@ -110,11 +110,13 @@ def get_spark(
     app_name: str = "platform",
     driver_memory: str = "2g",
     python: str | None = None,
+    lifetime: Lifetime = "long",
 ) -> SparkSession:
     """The shared session (Spark takes seconds to start: reuse it).
 
     ``python`` is the executors' interpreter (``PLATFORM_SPARK_PYTHON``); see
-    ``executor_python`` for the default.
+    ``executor_python`` for the default. ``lifetime``: how long the process lives
+    (its JIT's options, ``jvm.jit_options``).
     """
     # Spark binds to a non-loopback address unless told otherwise.
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -163,7 +165,7 @@ def get_spark(
         # each run. It names platform code only: users write no DataFrame code.
         .config("spark.python.sql.dataFrameDebugging.enabled", "false")
         .config("spark.driver.memory", driver_memory)
-        .config("spark.driver.extraJavaOptions", driver_java_options())
+        .config("spark.driver.extraJavaOptions", driver_java_options(lifetime))
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
@@ -189,13 +191,18 @@ def storage_conf(master: str) -> dict[str, str]:
 
 @contextmanager
 def command_session(
-    settings: Settings, app_name: str, *, runs_a_pipeline: bool = False
+    settings: Settings,
+    app_name: str,
+    *,
+    runs_a_pipeline: bool = False,
+    lifetime: Lifetime = "short",
 ) -> Iterator[SparkSession]:
     """The Spark session of one command (``run``, ``backfill``, ``verify``): a Spark
     of its own, stopped at the end (which closes the state stores before the JVM
     removes their files), or the host's session when the process embeds the
     platform (``hosted_by``). ``runs_a_pipeline``: a command that ends well has
-    loaded what a run loads, so the JVM's archive may be kept (``jobs/streaming/jvm.py``)."""
+    loaded what a run loads, so the JVM's archive may be kept (``jobs/streaming/jvm.py``).
+    ``lifetime``: "long" for a command that runs until stopped (a continuous run)."""
     if _host is not None:
         with _host_commands:
             yield _host
@@ -209,7 +216,11 @@ def command_session(
             "jobs.streaming.spark.hosted_by(spark), or in a process of its own"
         )
     spark = get_spark(
-        settings.spark_master, app_name, settings.spark_driver_memory, settings.spark_python
+        settings.spark_master,
+        app_name,
+        settings.spark_driver_memory,
+        settings.spark_python,
+        lifetime,
     )
     try:
         yield spark

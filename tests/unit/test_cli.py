@@ -190,3 +190,32 @@ def test_a_store_delta_rs_cannot_reach_is_one_error_line(message: str) -> None:
     assert code == 2
     assert line.startswith("the object store did not answer or refused a request (Generic S3")
     assert "AWS_ENDPOINT_URL" in line and "traceback" not in line
+
+
+@pytest.mark.parametrize(
+    ("trigger", "lifetime"), [([], "short"), (["--trigger", "continuous"], "long")]
+)
+def test_a_run_tells_its_session_how_long_it_lives(  # type: ignore[no-untyped-def]
+    trigger: list[str], lifetime: str, monkeypatch, tmp_path
+) -> None:
+    """A scheduled (available-now) run is a short process: its JVM gets the JIT's
+    directives for one (``jvm.jit_options``); a continuous run does not."""
+    from contextlib import contextmanager
+
+    from jobs import cli, lock
+    from jobs.streaming import run, spark
+
+    asked: list[str] = []
+
+    @contextmanager
+    def session(*_args: object, lifetime: str, **_kwargs: object):  # type: ignore[no-untyped-def]
+        asked.append(lifetime)
+        raise ZeroDivisionError("stop here")
+        yield
+
+    monkeypatch.setattr(run, "preflight", lambda *_args: None)
+    monkeypatch.setattr(lock, "holder", lambda *_args: None)
+    monkeypatch.setattr(spark, "command_session", session)
+    argv = ["run", "--pipeline", "user_clicks", "--warehouse", str(tmp_path), *trigger]
+    assert cli.main(argv) == cli.EXIT_CRASH
+    assert asked == [lifetime]
