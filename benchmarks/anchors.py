@@ -107,7 +107,8 @@ def hand_written_run(info: BrokerInfo, work: Path, i: int, sink: str = "delta") 
     done = subprocess.run(
         [sys.executable, str(HERE / "hand_written_spark.py")]
         + ["--bootstrap-servers", info.bootstrap_servers, "--topic", "clicks"]
-        + ["--table", str(work / f"hw-table-{i}"), "--checkpoint", str(work / f"hw-cp-{i}")]
+        + ["--table", str(work / f"hw-{sink}-table-{i}")]
+        + ["--checkpoint", str(work / f"hw-{sink}-cp-{i}")]
         + ["--jars", ",".join(str(j) for j in spark_jars())]
         + ["--driver-java-options", platform_java_options(), "--sink", sink],
         cwd=REPO_ROOT,
