@@ -296,10 +296,14 @@ JIT_DIRECTIVES = REPO_ROOT / "include" / "jvm" / "jit_directives.json"
 
 def jit_options(lifetime: Lifetime) -> str:
     """The JIT's options for a driver JVM of that lifetime (the file must exist on
-    the driver's machine: a JVM that cannot read it does not start)."""
+    the driver's machine: a JVM that cannot read it does not start). The JVM says
+    how many directives it read on stderr: a command's stdout is its own."""
     if lifetime == "long":
         return ""
-    return f"-XX:+UnlockDiagnosticVMOptions -XX:CompilerDirectivesFile={JIT_DIRECTIVES}"
+    return (
+        "-XX:+UnlockDiagnosticVMOptions -XX:+DisplayVMOutputToStderr "
+        f"-XX:CompilerDirectivesFile={JIT_DIRECTIVES}"
+    )
 
 
 def driver_java_options(lifetime: Lifetime = "long") -> str:

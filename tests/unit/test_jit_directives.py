@@ -103,20 +103,45 @@ def test_only_a_short_process_gets_the_directives() -> None:
 
 
 def test_the_jvm_reads_every_directive(tmp_path: Path) -> None:
-    """A JVM that cannot parse the file does not start: the real one reads it."""
+    """A JVM that cannot parse the file does not start: the real one reads it, and
+    says so on stderr: a command's stdout is its own (a report, JSON)."""
     options = shlex.split(jvm.jit_options("short"))
-    done = subprocess.run(
-        ["java", *options, "-version"], capture_output=True, text=True, timeout=60
-    )
+    java = str(jvm.java_home() / "bin" / "java")
+    done = subprocess.run([java, *options, "-version"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert f"{len(directives())} compiler directives added" in done.stdout + done.stderr
+    assert f"{len(directives())} compiler directives added" in done.stderr
+    assert done.stdout == ""
     broken = tmp_path / "broken.json"
     broken.write_text(jvm.JIT_DIRECTIVES.read_text().replace("[", "(", 1))
     refused = subprocess.run(
-        ["java", "-XX:+UnlockDiagnosticVMOptions", f"-XX:CompilerDirectivesFile={broken}"]
+        [java, "-XX:+UnlockDiagnosticVMOptions", f"-XX:CompilerDirectivesFile={broken}"]
         + ["-version"],
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert refused.returncode != 0
+
+
+@pytest.mark.parametrize(("asked", "expected"), [({}, "short"), ({"lifetime": "long"}, "long")])
+def test_a_command_session_starts_spark_for_its_lifetime(
+    asked: dict[str, str], expected: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A command ends by itself unless it says otherwise (a continuous run)."""
+    from jobs.settings import load_settings
+    from jobs.streaming import spark
+
+    started: list[str] = []
+
+    class Session:
+        def stop(self) -> None:
+            pass
+
+    def get_spark(*args: object) -> Session:
+        started.append(str(args[4]))
+        return Session()
+
+    monkeypatch.setattr(spark, "get_spark", get_spark)
+    with spark.command_session(load_settings(), "probe", **asked):  # type: ignore[arg-type]
+        pass
+    assert started == [expected]
