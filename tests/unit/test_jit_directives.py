@@ -141,6 +141,11 @@ def test_a_command_session_starts_spark_for_its_lifetime(
         started.append(str(args[4]))
         return Session()
 
+    from pyspark import SparkContext
+
+    # The suite's worker may hold a shared session: this command is a process's own.
+    monkeypatch.setattr(SparkContext, "_active_spark_context", None)
+    monkeypatch.setattr(spark, "_host", None)
     monkeypatch.setattr(spark, "get_spark", get_spark)
     with spark.command_session(load_settings(), "probe", **asked):  # type: ignore[arg-type]
         pass
