@@ -142,12 +142,25 @@ def topic_ids(client: AdminClient, topics: Iterable[str]) -> dict[str, str]:
     left out (the offset checks still catch a recreated topic that is shorter)."""
     wanted = list(topics)
     try:
-        futures = client.describe_topics(TopicCollection(wanted), request_timeout=REQUEST_TIMEOUT_S)
-        found = {topic: str(future.result().topic_id) for topic, future in futures.items()}
+        return _described_ids(client, wanted)
     except KafkaException as exc:
         serve_callbacks(client)
         raise kafka_error(f"cannot describe topics {wanted}", exc) from exc
+
+
+def _described_ids(client: AdminClient, topics: list[str]) -> dict[str, str]:
+    futures = client.describe_topics(TopicCollection(topics), request_timeout=REQUEST_TIMEOUT_S)
+    found = {topic: str(future.result().topic_id) for topic, future in futures.items()}
     return {t: i for t, i in found.items() if i and i != NO_TOPIC_ID and set(i) != {"A"}}
+
+
+@dataclass(frozen=True)
+class ServedTopic:
+    """A created topic as the brokers serve it: its partitions and its id (None from
+    a broker that reports none)."""
+
+    partitions: list[int]
+    topic_id: str | None
 
 
 def create_topic(
@@ -155,10 +168,12 @@ def create_topic(
     topic: str,
     partitions: int,
     config: Mapping[str, str] | None = None,
-) -> None:
+) -> ServedTopic:
     """Create a topic; an existing one is left as it is. Its replication factor and
     ``min.insync.replicas`` are the cluster's defaults (3 and 2 on a replicated
-    cluster: ``jobs/broker.py``, docker-compose.yml; 1 on the single embedded node)."""
+    cluster: ``jobs/broker.py``, docker-compose.yml; 1 on the single embedded node).
+    Returns the topic as the wait read it: a caller that reads it again may ask a
+    broker that is still behind."""
     new = NewTopic(topic, partitions, replication_factor=-1, config=dict(config or {}))
     futures = client.create_topics([new])
     for future in futures.values():
@@ -168,35 +183,53 @@ def create_topic(
             error = exc.args[0] if exc.args else None
             if not isinstance(error, KafkaError) or error.code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise SourceError(f"cannot create topic {topic!r}: {exc}") from exc
-    _await_metadata(client, topic)
+    return _await_served(client, topic)
 
 
-def _await_metadata(client: AdminClient, topic: str) -> None:
-    """Wait until metadata reads agree that the topic is served with a leader for
-    every partition. CreateTopics returns once the controller committed the topic;
-    each broker applies it a moment later (KRaft propagates metadata
-    asynchronously), and a read that lands on a broker behind says the topic does
-    not exist. The client picks the broker of each read, so the wait asks for
-    twice as many good reads in a row as there are brokers."""
+def _await_served(client: AdminClient, topic: str) -> ServedTopic:
+    """Wait until reads agree that the topic is served with a leader for every
+    partition and has an id. CreateTopics returns once the controller committed the
+    topic; each broker applies it a moment later (KRaft propagates metadata
+    asynchronously), and a request that lands on a broker behind says the topic
+    does not exist. The client picks the broker of each request, so the wait asks
+    for twice as many good reads in a row as there are brokers; it cannot prove that
+    every broker is there, which is why the caller keeps what it returns."""
     deadline = time.monotonic() + REQUEST_TIMEOUT_S
     in_a_row = 0
     while True:
-        try:
-            metadata = client.list_topics(topic=topic, timeout=REQUEST_TIMEOUT_S)
-        except KafkaException as exc:
-            serve_callbacks(client)
-            raise SourceError(f"cannot read the metadata of topic {topic!r}: {exc}") from exc
-        meta = metadata.topics.get(topic)
-        partitions = meta.partitions if meta is not None and meta.error is None else {}
-        if partitions and all(p.leader >= 0 for p in partitions.values()):
+        served = _served(client, topic)
+        if served is not None:
             in_a_row += 1
-            if in_a_row >= 2 * max(1, len(metadata.brokers)):
-                return
+            if in_a_row >= 2 * max(1, served[1]):
+                return served[0]
             continue
         in_a_row = 0
         if time.monotonic() > deadline:
             raise SourceError(f"topic {topic!r} was created but the broker does not serve it yet")
         time.sleep(0.05)
+
+
+def _served(client: AdminClient, topic: str) -> tuple[ServedTopic, int] | None:
+    """The topic and the number of brokers, as one broker serves them; None from a
+    broker that has not applied the topic yet."""
+    try:
+        metadata = client.list_topics(topic=topic, timeout=REQUEST_TIMEOUT_S)
+    except KafkaException as exc:
+        serve_callbacks(client)
+        raise SourceError(f"cannot read the metadata of topic {topic!r}: {exc}") from exc
+    meta = metadata.topics.get(topic)
+    partitions = meta.partitions if meta is not None and meta.error is None else {}
+    if not partitions or any(p.leader < 0 for p in partitions.values()):
+        return None
+    try:
+        topic_id = _described_ids(client, [topic]).get(topic)
+    except KafkaException as exc:
+        error = exc.args[0] if exc.args else None
+        if isinstance(error, KafkaError) and error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            return None
+        serve_callbacks(client)
+        raise kafka_error(f"cannot describe topic {topic!r}", exc) from exc
+    return ServedTopic(sorted(partitions), topic_id), len(metadata.brokers)
 
 
 def produce_all(

@@ -190,10 +190,12 @@ class OutputPublisher:
                 log.info(
                     "creating output topic %s (%d partition(s))", topic, self.output.partitions
                 )
-                kafka_admin.create_topic(
+                created = kafka_admin.create_topic(
                     client, topic, self.output.partitions, CREATED_TOPIC_CONFIG
                 )
-            self.partitions = len(kafka_admin.topic_partitions(client, [topic])[topic])
+                self.partitions, self.topic_id = len(created.partitions), created.topic_id
+                return
+            self.partitions = len(found.partitions)
             self.topic_id = kafka_admin.topic_ids(client, [topic]).get(topic)
         except KafkaUnavailableError:
             raise  # a continuous run waits for the brokers (jobs/streaming/outage.py)
