@@ -224,6 +224,14 @@ def _operation_args(parser: argparse.ArgumentParser, saves_plans: bool = False) 
         parser.add_argument("--save-plan", metavar="ID", help="the id a dry run saves its plan as")
 
 
+def _port(given: int | None, default: int) -> int:
+    """``--port``, or the command's default when it is not given (0 is not "not given")."""
+    port = default if given is None else given
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"--port must be 1-65535, got {port}")
+    return port
+
+
 def _settings(args: argparse.Namespace) -> Settings:
     settings = load_settings()
     servers = getattr(args, "bootstrap_servers", None)
@@ -276,9 +284,7 @@ def main(argv: list[str] | None = None) -> int:
             from jobs.driver_training import check
             from jobs.warm_driver import serve
 
-            port = args.port or settings.driver_port
-            if not 1 <= port <= 65535:
-                raise ConfigError(f"--port must be 1-65535, got {port}")
+            port = _port(args.port, settings.driver_port)
             events = (
                 settings.driver_train_events if args.train_events is None else args.train_events
             )
@@ -289,9 +295,7 @@ def main(argv: list[str] | None = None) -> int:
             if not args.serve:
                 print(metrics_exporter.exposition(settings), end="")
                 return 0
-            port = args.port or settings.metrics_port or METRICS_EXPORTER_PORT
-            if not 1 <= port <= 65535:
-                raise ConfigError(f"--port must be 1-65535, got {port}")
+            port = _port(args.port, settings.metrics_port or METRICS_EXPORTER_PORT)
             return metrics_exporter.serve_forever(settings, port, settings.metrics_address)
         if args.command == "dimension":
             return _dimension(args, settings)
@@ -528,9 +532,7 @@ def _storage(args: argparse.Namespace) -> int:
         return _storage_check(args.warehouse, args.rounds, args.writers)
     settings = load_settings()
     data_dir = (args.data_dir or settings.storage_data_dir).resolve()
-    port = args.port or settings.storage_port
-    if not 1 <= port <= 65535:
-        raise ConfigError(f"--port must be 1-65535, got {port}")
+    port = _port(args.port, settings.storage_port)
     if not BUCKET.match(args.bucket):
         raise ConfigError(
             f"--bucket {args.bucket!r} is not an S3 bucket name (3-63 of a-z 0-9 . -)"
@@ -581,9 +583,7 @@ def _broker(args: argparse.Namespace) -> int:
 
     settings = load_settings()
     data_dir = (args.data_dir or settings.broker_data_dir).resolve()
-    port = args.port or settings.broker_port
-    if not 1 <= port <= 65535:
-        raise ConfigError(f"--port must be 1-65535, got {port}")
+    port = _port(args.port, settings.broker_port)
     if args.nodes not in (1, 3):
         raise ConfigError(f"--nodes must be 1 or 3, got {args.nodes}")
     nodes = broker.cluster_status(data_dir)

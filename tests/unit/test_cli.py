@@ -31,6 +31,11 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
         (["status", "--pipeline", "../x"], "not a valid application id"),
         (["frobnicate"], "invalid choice"),
         (["broker", "start", "--port", "99999"], "--port must be 1-65535"),
+        # 0 is no port (it was taken as "not given", and the default served instead)
+        (["broker", "status", "--port", "0"], "--port must be 1-65535, got 0"),
+        (["storage", "status", "--port", "0"], "--port must be 1-65535, got 0"),
+        (["serve", "--port", "0"], "--port must be 1-65535, got 0"),
+        (["metrics", "--serve", "--port", "70000"], "--port must be 1-65535, got 70000"),
         (["serve", "--train-events", "-1"], "--train-events must be 0-50,000,000, got -1"),
         (["serve", "--train-events", "lots"], "invalid int value: 'lots'"),
         (
