@@ -279,6 +279,10 @@ def main(argv: list[str] | None = None) -> int:
 
             print("\n".join(str(jar) for jar in spark_jars()))
             return 0
+        if getattr(args, "save_plan", None) is not None:
+            from jobs.operations.saved_plans import check_id
+
+            check_id(args.save_plan)  # before the plan is made, not when it is saved
         settings = _settings(args)
         if args.command == "serve":
             from jobs.driver_training import check
@@ -447,10 +451,15 @@ def _operation(args: argparse.Namespace, settings: Settings, pipeline: object) -
         "by_duration": "duration",
         "shift_by": "shift",
     }
-    chosen = next(k for k in kinds if getattr(args, k))
+    # argparse sets exactly one (a required group); "" is a value left blank
+    chosen = next(k for k in kinds if getattr(args, k) not in (None, False))
     value = getattr(args, chosen)
     spec = TargetSpec(kinds[chosen], None if value is True else str(value))
-    topics = [t.strip() for t in args.topics.split(",")] if args.topics else None
+    topics = None
+    if args.topics is not None:
+        topics = [t.strip() for t in args.topics.split(",")]
+        if not all(topics):
+            raise ConfigError(f"--topics needs a value: a comma list, got {args.topics!r}")
     return _plan_or_apply(
         args,
         settings,
@@ -498,14 +507,12 @@ def _backfill(args: argparse.Namespace, settings: Settings, pipeline: object) ->
 
     assert isinstance(pipeline, Pipeline)
     reason = check_reason(args.reason)
-    if args.plan is not None:
-        spec = TargetSpec("earliest")  # unused: the saved plan has the offsets
-    elif args.from_earliest:
-        spec = TargetSpec("earliest")
-    elif args.from_datetime:
-        spec = TargetSpec("datetime", args.from_datetime)
+    if args.plan is not None or args.from_earliest:
+        spec = TargetSpec("earliest")  # with --plan unused: the saved plan has the offsets
+    elif args.from_datetime is not None:
+        spec = TargetSpec("datetime", args.from_datetime, "--from-datetime")
     else:
-        spec = TargetSpec("offset", args.from_offset)
+        spec = TargetSpec("offset", args.from_offset, "--from-offset")
     with command_session(settings, "backfill", runs_a_pipeline=True) as spark:
         run_backfill(
             spark,

@@ -125,7 +125,7 @@ def save(
 ) -> str:
     """Write the plan and the position it was made at; returns its id."""
     now = time.gmtime()
-    plan_id = check_id(plan_id) if plan_id else new_id()
+    plan_id = check_id(plan_id) if plan_id is not None else new_id()
     data = {
         "id": plan_id,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", now),
