@@ -101,7 +101,7 @@ def parse_categories(pairs: list[str]) -> dict[str, str]:
     found = {}
     for pair in pairs:
         merchant, _, category = pair.partition("=")
-        if not MERCHANT_ID.match(merchant) or not CATEGORY.match(category):
+        if not MERCHANT_ID.fullmatch(merchant) or not CATEGORY.fullmatch(category):
             raise ValueError(f"--category wants M-NNN=category (lower case), got {pair!r}")
         if int(merchant[2:]) >= ORDER_MERCHANTS:
             raise ValueError(f"--category {merchant}: the orders have M-000..M-039")

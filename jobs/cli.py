@@ -540,7 +540,7 @@ def _storage(args: argparse.Namespace) -> int:
     settings = load_settings()
     data_dir = (args.data_dir or settings.storage_data_dir).resolve()
     port = _port(args.port, settings.storage_port)
-    if not BUCKET.match(args.bucket):
+    if not BUCKET.fullmatch(args.bucket):
         raise ConfigError(
             f"--bucket {args.bucket!r} is not an S3 bucket name (3-63 of a-z 0-9 . -)"
         )

@@ -71,7 +71,7 @@ class Refreshed:
 def parse_dimension(data: object, origin: str) -> Dimension:
     top = _Reader(origin, data)
     name = top.get("name", str)
-    if not APPLICATION_ID.match(name):
+    if not APPLICATION_ID.fullmatch(name):
         raise top.error(f"must be lower case letters, digits and '_', got {name!r}", "name")
     description = top.get("description", str, "")
     source = top.get("source", str)

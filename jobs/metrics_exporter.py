@@ -98,7 +98,7 @@ class LedgerCollector(Collector):
         return [
             (path.name, path / tables.LEDGER)
             for path in sorted(root.iterdir())
-            if APPLICATION_ID.match(path.name)
+            if APPLICATION_ID.fullmatch(path.name)
             and DeltaTable.is_deltatable(str(path / tables.LEDGER))
         ]
 

@@ -359,7 +359,7 @@ def size_text(size: int) -> str:
 
 def _size(raw: str, name: str) -> int:
     """Bytes, as Spark writes sizes: ``65536``, ``64k``, ``64m``, ``1g``."""
-    found = SIZE.match(raw.strip().lower())
+    found = SIZE.fullmatch(raw.strip().lower())
     size = int(found.group(1)) * SIZE_UNITS[found.group(2)] if found else 0
     if not 0 < size <= MAX_SIZE:
         raise refused(ENV_PREFIX + name, "a size in bytes up to 1g, e.g. 67108864 or 64m", raw)
@@ -371,7 +371,7 @@ USER_NAME = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
 
 def _approvers(raw: str) -> tuple[str, ...]:
     names = tuple(n.strip() for n in raw.split(",") if n.strip())
-    bad = [n for n in names if not USER_NAME.match(n)]
+    bad = [n for n in names if not USER_NAME.fullmatch(n)]
     if bad:
         raise refused(
             ENV_PREFIX + "APPROVERS",

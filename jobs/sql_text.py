@@ -273,15 +273,15 @@ def parse_type(text: str) -> str:
 
 
 def is_atomic(kind: str) -> bool:
-    return kind in ATOMIC or bool(DECIMAL.match(kind))
+    return kind in ATOMIC or bool(DECIMAL.fullmatch(kind))
 
 
 def is_numeric(kind: str) -> bool:
-    return kind in INTEGRAL or kind in FRACTIONAL or bool(DECIMAL.match(kind))
+    return kind in INTEGRAL or kind in FRACTIONAL or bool(DECIMAL.fullmatch(kind))
 
 
 def decimal_scale(kind: str) -> tuple[int, int] | None:
-    match = DECIMAL.match(kind)
+    match = DECIMAL.fullmatch(kind)
     return None if match is None else (int(match.group(1)), int(match.group(2)))
 
 

@@ -48,7 +48,7 @@ class DataFile:
 
 
 def _checked(name: str) -> str:
-    if not FILE_NAME.match(name):
+    if not FILE_NAME.fullmatch(name):
         raise ValueError(f"invalid data file name {name!r}")
     return name
 

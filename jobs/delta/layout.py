@@ -65,7 +65,7 @@ class AppLayout:
         if not isinstance(self.warehouse, Location):
             object.__setattr__(self, "warehouse", Location.parse(self.warehouse))
         # The id becomes a directory name: never let it escape the warehouse.
-        if not APPLICATION_ID.match(self.application_id):
+        if not APPLICATION_ID.fullmatch(self.application_id):
             raise ValueError(f"invalid application id {self.application_id!r}")
         check_table_path(self.warehouse, "the warehouse")
 

@@ -51,7 +51,7 @@ def commit_infos(
         found_versions = [
             int(entry.group(1))
             for path in log_dir.iterdir()
-            if (entry := ENTRY.match(path.name)) and entry.group(2) == "json"
+            if (entry := ENTRY.fullmatch(path.name)) and entry.group(2) == "json"
         ]
         versions = [v for v in found_versions if v >= first]
     else:
@@ -92,7 +92,7 @@ def keep_loadable_from(
     entries = [
         (int(found.group(1)), found.group(2), path, stat.modified_s)
         for path, stat in (table / "_delta_log").files()
-        if (found := ENTRY.match(path.name))
+        if (found := ENTRY.fullmatch(path.name))
     ]
     settled = [
         version

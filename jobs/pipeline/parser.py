@@ -111,7 +111,7 @@ def _kind_name(kind: type | tuple[type, ...]) -> str:
 
 def parse_duration(text: str, origin: str, key: str) -> int:
     """'10 minutes' -> 600. Spark-style interval strings, whole units only."""
-    match = DURATION.match(text)
+    match = DURATION.fullmatch(text)
     if not match or int(match.group(1)) <= 0:
         raise ConfigError(
             f"{origin}: {key}: must be a positive duration like '30 seconds' or '1 minute', "
@@ -196,7 +196,7 @@ ColumnType = Callable[[str], str | None]
 
 def _parse_identity(top: _Reader) -> tuple[str, int, str]:
     app_id = top.get("application_id", str)
-    if not APPLICATION_ID.match(app_id):
+    if not APPLICATION_ID.fullmatch(app_id):
         raise top.error(
             "must be 1-63 characters of lowercase letters, digits and '_', starting with a "
             f"letter (it names directories), got {app_id!r}",
@@ -218,7 +218,7 @@ def _parse_source(top: _Reader) -> tuple[list[str], str, int | None, bool]:
     source = top.sub("source")
     assert source is not None
     topics = source.get("topics", list)
-    if not topics or not all(isinstance(t, str) and TOPIC_NAME.match(t) for t in topics):
+    if not topics or not all(isinstance(t, str) and TOPIC_NAME.fullmatch(t) for t in topics):
         raise source.error(
             f"must be a non-empty list of Kafka topic names, got {topics!r}", "topics"
         )
@@ -389,7 +389,7 @@ def _parse_maintenance(top: _Reader) -> tuple[int, int]:
 
 def _is_new_name(name: str) -> bool:
     """A name the pipeline may give a field, derived column or aggregate."""
-    return bool(FIELD_NAME.match(name)) and name.lower() not in RESERVED
+    return bool(FIELD_NAME.fullmatch(name)) and name.lower() not in RESERVED
 
 
 def _expression(top: _Reader, where: str, text: str | None) -> str | None:
@@ -412,7 +412,7 @@ def parse_columns(top: _Reader, key: str, reserved: set[str]) -> dict[str, str]:
     names ``reserved``."""
     columns: dict[str, str] = {}
     for name, kind in top.get(key, dict).items():
-        if not isinstance(name, str) or not FIELD_NAME.match(name):
+        if not isinstance(name, str) or not FIELD_NAME.fullmatch(name):
             raise top.error(
                 f"field name {name!r} must start with a letter and hold letters, digits and "
                 "'_' (names starting with '_' are the platform's)",
@@ -472,7 +472,7 @@ def _parse_enrich(top: _Reader, schema: dict[str, str]) -> list[Enrichment]:
             len(sides) != 2
             or len(ours) != 1
             or len(theirs) != 1
-            or not all(PATH.match(s) for s in sides)
+            or not all(PATH.fullmatch(s) for s in sides)
         ):
             raise e.error(f"must be '<record field> = {name}.<column>', got {on!r}", "on")
         table_key = ours[0].split(".", 1)[1]
@@ -518,7 +518,7 @@ def _parse_output(top: _Reader, source_topics: list[str]) -> Output | None:
     if out is None:
         return None
     topic = out.get("topic", str)
-    if not TOPIC_NAME.match(topic):
+    if not TOPIC_NAME.fullmatch(topic):
         raise out.error(f"must be a Kafka topic name, got {topic!r}", "topic")
     if topic in source_topics:
         raise out.error(
@@ -573,7 +573,7 @@ def definition_file(name_or_path: str, directory: Path, kind: str) -> tuple[Path
     to its YAML file: the path and the YAML's data."""
     path = Path(name_or_path)
     if path.suffix not in (".yaml", ".yml"):
-        if not APPLICATION_ID.match(name_or_path):
+        if not APPLICATION_ID.fullmatch(name_or_path):
             what = "application id" if kind == "pipeline" else "name"
             raise ConfigError(f"{kind} name {name_or_path!r} is not a valid {what}")
         path = directory / f"{name_or_path}.yaml"

@@ -78,7 +78,7 @@ def _state_reader_path(checkpoint: Location, local: bool) -> Iterator[str]:
     """``checkpoint`` as the state reader can find it: itself, or (``local``: the
     executors share the driver's disk) a link with a plain name in this user's own
     folder."""
-    if URI_SAFE.match(checkpoint.spark_uri):
+    if URI_SAFE.fullmatch(checkpoint.spark_uri):
         yield checkpoint.spark_uri
         return
     if not local:
@@ -90,7 +90,7 @@ def _state_reader_path(checkpoint: Location, local: bool) -> Iterator[str]:
     folder = Path(tempfile.mkdtemp(prefix="seed-", dir=private_dir("state")))
     try:
         link = folder / "checkpoint"
-        if not URI_SAFE.match(str(link)):
+        if not URI_SAFE.fullmatch(str(link)):
             raise ConfigError(
                 f"{link}: the temporary directory's path has a character Spark's state "
                 "reader cannot find: set TMPDIR to a path of letters, digits and ._-/"

@@ -224,3 +224,17 @@ def test_a_run_tells_its_session_how_long_it_lives(  # type: ignore[no-untyped-d
     argv = ["run", "--pipeline", "user_clicks", "--warehouse", str(tmp_path), *trigger]
     assert cli.main(argv) == cli.EXIT_CRASH
     assert asked == [lifetime]
+
+
+@pytest.mark.parametrize("bucket", ["abc_def", "abc/../x", "abc-", "warehouse\n"])
+def test_a_bucket_name_s3_refuses_is_refused_before_the_server_starts(  # type: ignore[no-untyped-def]
+    bucket: str, monkeypatch, capsys
+) -> None:
+    from jobs import cli, storage_server
+
+    def start(*_args: object) -> None:
+        raise AssertionError("the server started")
+
+    monkeypatch.setattr(storage_server, "start", start)
+    assert cli.main(["storage", "start", "--bucket", bucket]) == 2
+    assert "is not an S3 bucket name" in capsys.readouterr().err

@@ -65,6 +65,11 @@ def test_load_by_path(tmp_path: Path) -> None:
     [
         ({"application_id": "../etc"}, "application_id: must be 1-63 characters"),
         ({"application_id": "Clicks"}, "application_id"),
+        # a trailing newline: `$` matches before it, and the id names folders
+        ({"application_id": "clicks\n"}, "application_id: must be 1-63 characters"),
+        ({"output": {"topic": "out\n"}}, "output.topic: must be a Kafka topic name"),
+        ({"keys": ["user_id\n"]}, "keys"),
+        ({"aggregations": [{"name": "n\n", "function": "count"}]}, "aggregations[0].name"),
         ({"application_id": None}, "application_id: is required"),
         ({"keys": ["nope"]}, "keys: key 'nope' is not a field"),
         (
@@ -128,9 +133,10 @@ def test_bad_definitions_name_the_field(changes: dict[str, Any], message: str) -
     assert str(error.value).startswith("p.yaml: ")
 
 
-def test_source_topics_validated() -> None:
+@pytest.mark.parametrize("topic", ["bad topic!", "clicks\n"])
+def test_source_topics_validated(topic: str) -> None:
     data = variant()
-    data["source"] = {"topics": ["bad topic!"]}
+    data["source"] = {"topics": [topic]}
     with pytest.raises(ConfigError, match=r"source\.topics"):
         parse_pipeline(data, "p.yaml")
 
