@@ -133,10 +133,14 @@ DRIVER_OFF = "off"
 # HOST:PORT (a name, an IPv4 address or a bracketed IPv6 one), as Kafka takes them.
 HOST_PORT = re.compile(r"^(?:[A-Za-z0-9._\-]+|\[[0-9A-Fa-f:.]+\]):(?P<port>[^:\]]*)$")
 SPARK_MASTER = re.compile(
-    r"^(?:local(?:\[(?:[1-9][0-9]*|\*)(?:,[0-9]+)?\])?|local-cluster\[[0-9]+,[0-9]+,[0-9]+\]"
+    r"^(?:local(?:\[(?:[1-9][0-9]*|\*)(?:,[1-9][0-9]*)?\])?"
+    r"|local-cluster\[[1-9][0-9]*,[1-9][0-9]*,[1-9][0-9]*\]"
     r"|yarn|(?:spark|k8s|mesos)://\S+)$"
 )
-JVM_MEMORY = re.compile(r"^[1-9][0-9]{0,9}(?:[kmgt]b?|b)?$", re.ASCII | re.IGNORECASE)
+JVM_MEMORY = re.compile(r"^([1-9][0-9]{0,9})([kmgt]?)b?$", re.ASCII | re.IGNORECASE)
+# Spark refuses a driver with less heap than 450 MiB (1.5x its 300 MiB reserve).
+MIN_DRIVER_MEMORY_MIB = 512
+MIB_PER_UNIT = {"k": 1 / 1024, "m": 1, "": 1, "g": 1024, "t": 1024 * 1024}
 CONN_ID = re.compile(r"^[A-Za-z0-9_.\-]{1,250}$")
 TOKEN = re.compile(r"^[!-~]{1,4096}$")  # visible ASCII: the same bytes on both sides
 SWITCH = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False}
@@ -278,8 +282,16 @@ def _spark_master(raw: str) -> str:
 
 
 def _memory(raw: str, name: str) -> str:
-    if not JVM_MEMORY.fullmatch(raw):
-        raise refused(ENV_PREFIX + name, "a JVM memory size, e.g. 2g or 512m", raw)
+    """A size as Spark takes it: a bare number is MiB ("2048"), "b" alone is bytes."""
+    found = JVM_MEMORY.fullmatch(raw)
+    bytes_only = raw.lower().endswith("b") and found is not None and not found[2]
+    mib = 0.0 if found is None or bytes_only else int(found[1]) * MIB_PER_UNIT[found[2].lower()]
+    if mib < MIN_DRIVER_MEMORY_MIB:
+        raise refused(
+            ENV_PREFIX + name,
+            f"a JVM memory size of at least {MIN_DRIVER_MEMORY_MIB}m, e.g. 2g",
+            raw,
+        )
     return raw
 
 
@@ -387,26 +399,42 @@ def _optional_port(raw: str, name: str) -> int | None:
 
 def _address(raw: str) -> str:
     """An IP address to bind to (0.0.0.0 in a container that Prometheus scrapes)."""
-    try:
-        ipaddress.ip_address(raw)
-    except ValueError:
-        raise refused(ENV_PREFIX + "METRICS_ADDRESS", "an IP address", raw) from None
+    if not _is_ip_address(raw):
+        raise refused(ENV_PREFIX + "METRICS_ADDRESS", "an IP address", raw)
     return raw
 
 
 PUSHGATEWAY_URL = re.compile(r"^https?://[A-Za-z0-9.\-\[\]:]+/?$")
+# A host name's labels: letters, digits and inner hyphens, dot-separated.
+HOST_NAME = re.compile(
+    r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*"
+)
 
 
 def _pushgateway_url(raw: str) -> str | None:
     if not raw:
         return None
+    parts = urllib.parse.urlsplit(raw)
     try:
-        port = urllib.parse.urlsplit(raw).port
+        port = parts.port
     except ValueError:  # not a number, or past 65535
         port = 0
-    if not PUSHGATEWAY_URL.fullmatch(raw) or (port is not None and not 1 <= port <= 65535):
+    host = parts.hostname or ""
+    if (
+        not PUSHGATEWAY_URL.fullmatch(raw)
+        or (port is not None and not 1 <= port <= 65535)
+        or not (HOST_NAME.fullmatch(host) or _is_ip_address(host))
+    ):
         raise refused(ENV_PREFIX + "PUSHGATEWAY_URL", "http(s)://HOST[:PORT], PORT 1-65535", raw)
     return raw.rstrip("/")
+
+
+def _is_ip_address(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _driver_url(raw: str) -> str | None:
