@@ -125,7 +125,7 @@ def stream_dag(pipeline: Pipeline, settings: Settings) -> DAG:
                 None,
                 type=["null", "string"],
                 maxLength=500,
-                description="optional note, shown in the task log",
+                description="optional note, kept with the run (its conf), not passed to the job",
             ),
         },
     ) as dag:

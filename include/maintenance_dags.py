@@ -170,7 +170,11 @@ def operation_dag(
             "pipeline": Param(pipelines[0], enum=pipelines, description="the application"),
             **params,
             "reason": Param(
-                type="string", minLength=3, maxLength=500, description="why (goes into the ledger)"
+                type="string",
+                minLength=3,
+                maxLength=500,
+                pattern=r"\S",  # not only spaces: the job refuses those (check_reason)
+                description="why (goes into the ledger)",
             ),
         },
     ) as dag:

@@ -297,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
             from jobs import metrics_exporter
 
             if not args.serve:
+                if args.port is not None:
+                    raise ConfigError("--port is where --serve listens: give both, or neither")
                 print(metrics_exporter.exposition(settings), end="")
                 return 0
             port = _port(args.port, settings.metrics_port or METRICS_EXPORTER_PORT)
@@ -534,6 +536,8 @@ def _storage(args: argparse.Namespace) -> int:
     from jobs.warehouse import BUCKET
 
     if args.action == "check":
+        if args.port is not None:
+            raise ConfigError("--port starts the S3 server; check qualifies --warehouse")
         if not (1 <= args.rounds <= 100 and 2 <= args.writers <= 64):
             raise ConfigError("--rounds must be 1-100 and --writers 2-64")
         return _storage_check(args.warehouse, args.rounds, args.writers)
@@ -593,6 +597,8 @@ def _broker(args: argparse.Namespace) -> int:
     port = _port(args.port, settings.broker_port)
     if args.nodes not in (1, 3):
         raise ConfigError(f"--nodes must be 1 or 3, got {args.nodes}")
+    if args.nodes == 3 and args.port is not None:
+        raise ConfigError("--port starts one node; a cluster takes free loopback ports")
     nodes = broker.cluster_status(data_dir)
     if args.action == "start" and (args.nodes == 3 or nodes):
         cluster = broker.start_cluster(data_dir, max(args.nodes, len(nodes)))

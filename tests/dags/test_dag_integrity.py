@@ -185,6 +185,7 @@ def test_maintenance_forms_reject_bad_values(dagbag) -> None:  # type: ignore[no
     good.validate()
     for bad in (
         {"reason": ""},  # a reason is required
+        {"reason": "    "},  # and says something: the job would refuse it after the form
         {"reason": "ok reason", "target": "to-yesterday"},
         {"reason": "ok reason", "pipeline": "no_such_pipeline"},
         {"reason": "ok reason", "mode": "sideways"},

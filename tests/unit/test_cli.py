@@ -238,3 +238,27 @@ def test_a_bucket_name_s3_refuses_is_refused_before_the_server_starts(  # type: 
     monkeypatch.setattr(storage_server, "start", start)
     assert cli.main(["storage", "start", "--bucket", bucket]) == 2
     assert "is not an S3 bucket name" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["broker", "start", "--nodes", "3", "--port", "19500"], "--port starts one node"),
+        (["metrics", "--port", "9500"], "--port is where --serve listens"),
+        (["storage", "check", "--port", "19500"], "--port starts the S3 server"),
+    ],
+)
+def test_a_port_that_would_be_ignored_is_refused(  # type: ignore[no-untyped-def]
+    argv: list[str], message: str, monkeypatch, capsys
+) -> None:
+    from jobs import broker, cli, metrics_exporter
+
+    def work(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("the command ran without its --port")
+
+    monkeypatch.setattr(broker, "start_cluster", work)
+    monkeypatch.setattr(broker, "cluster_status", lambda *_args: {})
+    monkeypatch.setattr(metrics_exporter, "exposition", work)
+    monkeypatch.setattr(cli, "_storage_check", work)
+    assert cli.main(argv) == 2
+    assert message in capsys.readouterr().err
