@@ -24,7 +24,9 @@ from jobs import kafka_settings
 from jobs.errors import KafkaUnavailableError, SourceError
 
 REQUEST_TIMEOUT_S = 10.0
-# librdkafka's own codes for a cluster that did not answer.
+# A cluster that did not answer (librdkafka's own codes), or answered "not now"
+# while a leader or coordinator moves (codes Kafka's Java client retries).
+# confluent-kafka marks errors retriable only in transactions, so these decide.
 UNANSWERED_CODES = {
     KafkaError._TIMED_OUT,
     KafkaError._TRANSPORT,
@@ -32,6 +34,13 @@ UNANSWERED_CODES = {
     KafkaError._WAIT_COORD,
     KafkaError.LEADER_NOT_AVAILABLE,
     KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.REQUEST_TIMED_OUT,
+    KafkaError.NETWORK_EXCEPTION,
+    KafkaError.OFFSET_NOT_AVAILABLE,
+    KafkaError.NOT_COORDINATOR,
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    KafkaError.COORDINATOR_NOT_AVAILABLE,
+    KafkaError.NOT_ENOUGH_REPLICAS,
 }
 LAG_TIMEOUT_S = 2.0  # per request of a metric's lag (see consumer_lag)
 
@@ -72,7 +81,8 @@ def _on_client_error(error: KafkaError) -> None:
 
 def kafka_error(what: str, exc: KafkaException) -> SourceError:
     """``what`` failed with ``exc``: a ``KafkaUnavailableError`` when the cluster did
-    not answer (a time-out, no connection, no leader: Kafka calls it retriable)."""
+    not answer or answered "not now" (``UNANSWERED_CODES``, or an error the client
+    marks retriable)."""
     error = exc.args[0] if exc.args else None
     retriable = isinstance(error, KafkaError) and (
         error.retriable() or error.code() in UNANSWERED_CODES
@@ -182,7 +192,7 @@ def create_topic(
         except KafkaException as exc:
             error = exc.args[0] if exc.args else None
             if not isinstance(error, KafkaError) or error.code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise SourceError(f"cannot create topic {topic!r}: {exc}") from exc
+                raise kafka_error(f"cannot create topic {topic!r}", exc) from exc
     return _await_served(client, topic)
 
 
@@ -216,7 +226,7 @@ def _served(client: AdminClient, topic: str) -> tuple[ServedTopic, int] | None:
         metadata = client.list_topics(topic=topic, timeout=REQUEST_TIMEOUT_S)
     except KafkaException as exc:
         serve_callbacks(client)
-        raise SourceError(f"cannot read the metadata of topic {topic!r}: {exc}") from exc
+        raise kafka_error(f"cannot read the metadata of topic {topic!r}", exc) from exc
     meta = metadata.topics.get(topic)
     partitions = meta.partitions if meta is not None and meta.error is None else {}
     if not partitions or any(p.leader < 0 for p in partitions.values()):

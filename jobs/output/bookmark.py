@@ -25,7 +25,8 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from jobs.errors import OutputError
+from jobs import kafka_admin
+from jobs.errors import KafkaUnavailableError, OutputError
 from jobs.output.encoding import HEADER_PREFIX
 
 NAME_PREFIX = "platform-output."
@@ -66,12 +67,13 @@ def group_consumer(config: dict[str, Any], application_id: str) -> Consumer:
 
 def read(consumer: Consumer, application_id: str, topic: str) -> Bookmark | None:
     """The committed bookmark, else the one the records show, else None (empty)."""
+    what = f"cannot read the output bookmark of {topic!r}"
     try:
         found = consumer.committed([TopicPartition(topic, 0)], TIMEOUT_S)[0]
     except KafkaException as exc:
-        raise OutputError(f"cannot read the output bookmark of {topic!r}: {exc}") from exc
+        raise _failed(what, exc) from exc
     if found.error is not None:
-        raise OutputError(f"cannot read the output bookmark of {topic!r}: {found.error}")
+        raise _failed(what, KafkaException(found.error))
     if found.offset < 0:
         return recover(consumer, application_id, topic)
     try:
@@ -87,6 +89,13 @@ def read(consumer: Consumer, application_id: str, topic: str) -> Bookmark | None
         partitions=meta.get("partitions"),
         records=meta.get("records"),
     )
+
+
+def _failed(what: str, exc: KafkaException) -> Exception:
+    """A cluster between coordinators or leaders is unavailable (a continuous run
+    waits for it); any other failure is the output's."""
+    error = kafka_admin.kafka_error(what, exc)
+    return error if isinstance(error, KafkaUnavailableError) else OutputError(str(error))
 
 
 def recover(consumer: Consumer, application_id: str, topic: str) -> Bookmark | None:
@@ -121,7 +130,7 @@ def _last_record_headers(consumer: Consumer, topic: str, partition: int) -> dict
     try:
         low, high = consumer.get_watermark_offsets(tp, TIMEOUT_S)
     except KafkaException as exc:
-        raise OutputError(f"cannot read the offsets of {topic}[{partition}]: {exc}") from exc
+        raise _failed(f"cannot read the offsets of {topic}[{partition}]", exc) from exc
     back = TAIL_RECORDS
     while high > low:
         start = max(low, high - back)

@@ -103,6 +103,31 @@ def test_a_cluster_that_does_not_answer_is_unavailable_and_a_refusal_is_not() ->
     assert type(denied) is SourceError
 
 
+@pytest.mark.parametrize(
+    "code",
+    [
+        "REQUEST_TIMED_OUT",
+        "OFFSET_NOT_AVAILABLE",  # a new leader whose high watermark has not caught up
+        "NOT_COORDINATOR",
+        "COORDINATOR_LOAD_IN_PROGRESS",
+        "COORDINATOR_NOT_AVAILABLE",
+        "NOT_ENOUGH_REPLICAS",
+        "NETWORK_EXCEPTION",
+    ],
+)
+def test_a_cluster_between_leaders_is_unavailable(code: str) -> None:
+    """What a broker answers while a leader or coordinator moves; confluent-kafka's
+    ``retriable()`` is False on these outside transactions, so the codes decide."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    from jobs.kafka_admin import kafka_error
+
+    error = kafka_error(
+        "cannot read offsets of t[0]", KafkaException(KafkaError(getattr(KafkaError, code)))
+    )
+    assert isinstance(error, KafkaUnavailableError)
+
+
 @pytest.mark.parametrize("raw", ["-1", "1.5", "5m", "604801", "²"])
 def test_a_bad_outage_wait_is_refused(monkeypatch, raw: str) -> None:  # type: ignore[no-untyped-def]
     from jobs.errors import ConfigError
@@ -151,3 +176,22 @@ def test_the_wait_needs_a_leader_for_every_partition_and_ends_at_its_deadline() 
     nobody = client_config("127.0.0.1:9")  # the discard port: nothing answers
     assert wait_for_brokers(nobody, ["a"], started + 1.0, threading.Event()) is Answer.NONE
     assert time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize(
+    ("code", "kind"),
+    [("NOT_COORDINATOR", "KafkaUnavailableError"), ("GROUP_AUTHORIZATION_FAILED", "OutputError")],
+)
+def test_an_output_bookmark_read_while_the_coordinator_moves_waits(code: str, kind: str) -> None:
+    """A continuous run waits out a group coordinator that moved; a refusal stops it."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    from jobs.output import bookmark
+
+    class Consumer:
+        def committed(self, *_args: object) -> None:
+            raise KafkaException(KafkaError(getattr(KafkaError, code)))
+
+    with pytest.raises(Exception) as raised:
+        bookmark.read(Consumer(), "app", "out")  # type: ignore[arg-type]
+    assert type(raised.value).__name__ == kind
