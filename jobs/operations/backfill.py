@@ -66,7 +66,7 @@ from jobs.lineage import (
 )
 from jobs.operations.apply import apply_plan, check_seed_shape
 from jobs.operations.plan import Plan, header
-from jobs.operations.restart import broker_marks, other_logs
+from jobs.operations.restart import broker_marks, check_listed, other_logs
 from jobs.operations.targets import TargetSpec, resolve_targets
 from jobs.pipeline.model import Pipeline, stored_column
 from jobs.progress import SparkJobProgress
@@ -99,6 +99,7 @@ def plan_backfill(
             "pipeline; it judges every record as it reads it)"
         )
     config, marks = broker_marks(pipeline, settings)
+    check_listed(pipeline, settings, layout, last, marks)
     if source == "archive":
         marks = _archive_marks(pipeline, marks, current)
     # From the first offsets: the floor's state (a recreated topic's deleted log's

@@ -25,7 +25,7 @@ from jobs.cut import (
     replay_from_origin,
 )
 from jobs.delta.layout import AppLayout
-from jobs.errors import ConfigError
+from jobs.errors import ConfigError, KafkaUnavailableError
 from jobs.kafka_source import offsets as kafka_offsets
 from jobs.ledger import current_epoch, current_ledger
 from jobs.lineage import Boundary, Coverage, pins_text, spelled
@@ -52,6 +52,37 @@ def broker_marks(
     return config, marks
 
 
+def check_listed(
+    pipeline: Pipeline,
+    settings: Settings,
+    layout: AppLayout,
+    last: Boundary | None,
+    marks: dict[tuple[str, int], tuple[int, int]],
+    topics: list[str] | None = None,
+) -> None:
+    """A partition the application has read that the broker does not list is of a
+    topic recreated with fewer partitions, or the listing came from a broker behind
+    on metadata (Kafka never removes a partition). With the topic's id unchanged it
+    is the second, and a plan without the partition would have the next run read it
+    again from its start: refused, for the command to run again."""
+    selected = set(topics or pipeline.topics)
+    read = last.end_offsets if last is not None else {}
+    unlisted = sorted(tp for tp in read if tp[0] in selected and tp not in marks)
+    if not unlisted:
+        return
+    cut = latest_cut(layout, last.epoch) if last is not None else None
+    recorded = cut.topic_ids if cut is not None else {}
+    now = broker_topic_ids(pipeline, settings)
+    same = [tp for tp in unlisted if tp[0] in recorded and now.get(tp[0]) == recorded[tp[0]]]
+    if same:
+        names = ", ".join(f"{t}[{p}]" for t, p in same)
+        raise KafkaUnavailableError(
+            f"the broker does not list {names}, which {pipeline.application_id} has read, "
+            "and the topic's id is unchanged: a broker behind on metadata; run the command "
+            "again"
+        )
+
+
 def plan_rebuild(pipeline: Pipeline, settings: Settings, reason: str, from_source: bool) -> Plan:
     layout = AppLayout(settings.warehouse, pipeline.application_id)
     epoch = current_epoch(layout)
@@ -68,6 +99,7 @@ def plan_rebuild(pipeline: Pipeline, settings: Settings, reason: str, from_sourc
             notes=["restores Spark's state from Delta; Kafka is not re-read"],
         )
     _config, marks = broker_marks(pipeline, settings)
+    check_listed(pipeline, settings, layout, last, marks)
     floor = log_floor(layout)  # a topic recreated: from its new log's first offsets
     replayed = replay_notes(layout, pipeline, floor)
     if floor is not None:
@@ -117,6 +149,7 @@ def plan_rewind(
         raise ConfigError(f"{pipeline.application_id} has no committed batch: nothing to rewind")
     current = last.end_offsets
     config, marks = broker_marks(pipeline, settings, topics)
+    check_listed(pipeline, settings, layout, last, marks, topics)
     chosen = resolve_targets(spec, current, marks, config)
     selected = set(topics or pipeline.topics)
     # Partitions of other topics stay where they are; partitions of the selected

@@ -22,6 +22,7 @@ from jobs.cut import Cut, StateAction, write_cut
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
 from jobs.delta.writer import bump_epoch
+from jobs.errors import KafkaUnavailableError
 from jobs.operations import backfill, restart
 from jobs.operations.targets import TargetSpec
 from jobs.pipeline.parser import load_pipeline
@@ -212,3 +213,36 @@ def test_a_reviewed_rewind_to_the_floor_still_applies_after_maintain(
     ledger.append(layout, [{"entry_type": "maintain", "epoch": 1, "details": json.dumps(started)}])
     reviewed = saved_plans.load(layout, plan_id, "rewind")
     assert saved_plans.check_unmoved(layout, PIPELINE.version, reviewed).restore_version == 4
+
+
+@pytest.mark.parametrize("mode", ["skip", "reprocess"])
+def test_a_partition_a_broker_behind_does_not_list_is_not_dropped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    # clicks grew a partition 1, read to 500. A broker that has not applied the
+    # addition lists only partition 0; the id is the same, so the topic was not
+    # recreated (Kafka never removes a partition). A plan without clicks[1] would
+    # have the next run read it again from its start: counted twice.
+    layout = AppLayout(tmp_path, "user_clicks")
+    write_cut(layout, Cut(0, {"clicks": {"0": 0, "1": 0}}, "pipeline", topic_ids={"clicks": "id"}))
+    end = json.dumps({"clicks": {"0": 900, "1": 500}})
+    ledger.append(
+        layout,
+        [ledger.batch_row(0, 0, 0, 0, 1, start_offsets=offsets_of(0, 0), end_offsets=end)],
+    )
+    state_versions(layout, 2)
+    monkeypatch.setattr(restart, "broker_marks", lambda *_a, **_k: ({}, {C0: (0, 1000)}))
+    monkeypatch.setattr(restart.kafka_admin, "topic_ids", lambda *_a: {"clicks": "id"})
+    one_topic = load_pipeline("user_clicks", REPO_ROOT / "include" / "pipelines")
+    settings = dataclasses.replace(load_settings(), warehouse=tmp_path)
+    with pytest.raises(KafkaUnavailableError, match=r"clicks\[1\].*run the command again"):
+        restart.plan_rewind(one_topic, settings, "r", TargetSpec("latest"), mode, None)
+    with pytest.raises(KafkaUnavailableError, match=r"clicks\[1\]"):
+        restart.plan_rebuild(one_topic, settings, "r", from_source=True)
+    monkeypatch.setattr(backfill, "broker_marks", lambda *_a, **_k: ({}, {C0: (0, 1000)}))
+    with pytest.raises(KafkaUnavailableError, match=r"clicks\[1\]"):
+        backfill.plan_backfill(one_topic, settings, "fix", TargetSpec("earliest"))
+
+
+def offsets_of(p0: int, p1: int) -> str:
+    return json.dumps({"clicks": {"0": p0, "1": p1}})
