@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from jobs import kafka_admin
 from jobs.errors import ConfigError
@@ -185,12 +185,20 @@ def _offsets_for_time(
     millis: int,
 ) -> Offsets:
     consumer = Consumer({**config, "group.id": "platform-operations"})
+    what = f"cannot find the offsets of a time in {', '.join(sorted({t for t, _ in parts}))}"
     try:
         found = consumer.offsets_for_times(
             [TopicPartition(t, p, millis) for t, p in parts], timeout=kafka_admin.REQUEST_TIMEOUT_S
         )
+    except KafkaException as exc:
+        raise kafka_admin.kafka_error(what, exc) from exc
     finally:
         consumer.close()
+    # A partition the broker could not answer for keeps the time in place of its offset.
+    for tp in found:
+        if tp.error is not None:
+            where = f"cannot find the offset of a time in {tp.topic}[{tp.partition}]"
+            raise kafka_admin.kafka_error(where, KafkaException(tp.error))
     return {
         (tp.topic, tp.partition): tp.offset
         if tp.offset >= 0

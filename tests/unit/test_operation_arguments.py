@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -101,3 +103,38 @@ def test_good_values_still_resolve() -> None:
     assert resolve_targets(spec, {}, MARKS, {}) == {("clicks", 0): 3, ("clicks", 1): 10}
     shifted = resolve_targets(TargetSpec("shift", "-4"), {("clicks", 0): 6}, MARKS, {})
     assert shifted == {("clicks", 0): 2, ("clicks", 1): 0}
+
+
+@pytest.mark.parametrize("failure", ["partition", "call"])
+def test_a_time_target_a_broker_could_not_answer_is_unavailable_not_a_bad_target(
+    monkeypatch: pytest.MonkeyPatch, failure: str
+) -> None:
+    # A partition without a leader comes back with its error set and the asked
+    # timestamp still in place of an offset ("target ... is beyond the log end").
+    from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+    from jobs.errors import KafkaUnavailableError
+    from jobs.operations import targets
+
+    class Consumer:
+        def __init__(self, _config: object) -> None:
+            pass
+
+        def offsets_for_times(self, asked: list[TopicPartition], timeout: float) -> list[Any]:
+            if failure == "call":
+                raise KafkaException(KafkaError(KafkaError._TIMED_OUT))
+            leaderless = KafkaError(KafkaError.LEADER_NOT_AVAILABLE)
+            return [
+                SimpleNamespace(topic="clicks", partition=0, offset=4, error=None),
+                SimpleNamespace(
+                    topic="clicks", partition=1, offset=asked[1].offset, error=leaderless
+                ),
+            ]
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(targets, "Consumer", Consumer)
+    spec = TargetSpec("datetime", "2026-11-29T10:00:00Z")
+    with pytest.raises(KafkaUnavailableError, match=r"clicks"):
+        resolve_targets(spec, {}, MARKS, {})
