@@ -310,7 +310,10 @@ def write_cut(layout: AppLayout, cut: Cut) -> None:
 
 
 def starting_offsets(
-    cut: Cut, marks: kafka_offsets.Watermarks, first_batch: bool = True
+    cut: Cut,
+    marks: kafka_offsets.Watermarks,
+    first_batch: bool = True,
+    ids_now: Mapping[str, str] | None = None,
 ) -> Offsets:
     """The cut's offsets against the broker now: partitions added since the cut
     start at their log start (as Spark's Kafka source does); a partition of the cut
@@ -320,7 +323,7 @@ def starting_offsets(
     cut's offsets only name batch 0's start: retention may long have deleted them
     (the source still checks every range it reads)."""
     start = cut.offsets()
-    kafka_offsets.check_continuity(start, marks)
+    kafka_offsets.check_continuity(start, marks, same_ids(cut.topic_ids, ids_now or {}))
     if first_batch:
         kafka_offsets.check_not_expired(start, marks)
     added = {tp: low for tp, (low, _high) in marks.items() if tp not in start}
@@ -743,6 +746,11 @@ def write_seed(rows: pa.Table, path: Location) -> None:
         landing.land()
     finally:
         landing.discard()
+
+
+def same_ids(recorded: Mapping[str, str], now: Mapping[str, str]) -> set[str]:
+    """Topics whose id was recorded and the broker reports unchanged."""
+    return {t for t, i in recorded.items() if now.get(t) == i}
 
 
 def check_same_topics(recorded: Mapping[str, str], now: Mapping[str, str]) -> None:

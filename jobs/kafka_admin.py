@@ -42,6 +42,8 @@ UNANSWERED_CODES = {
     KafkaError.COORDINATOR_NOT_AVAILABLE,
     KafkaError.NOT_ENOUGH_REPLICAS,
 }
+# What a broker answers for a topic it does not have.
+NO_TOPIC_CODES = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC}
 LAG_TIMEOUT_S = 2.0  # per request of a metric's lag (see consumer_lag)
 
 
@@ -136,7 +138,13 @@ def topic_partitions(
     result: dict[str, list[int]] = {}
     for topic in wanted:
         meta = metadata.topics.get(topic)
-        if meta is None or meta.error is not None or not meta.partitions:
+        error = meta.error if meta is not None else None
+        if meta is None or (error is not None and error.code() in NO_TOPIC_CODES):
+            raise SourceError(f"topic {topic!r} does not exist on the broker")
+        if error is not None:  # refused (authorization), or no leader yet
+            what = f"cannot read the metadata of topic {topic!r}"
+            raise kafka_error(what, KafkaException(error))
+        if not meta.partitions:
             raise SourceError(f"topic {topic!r} does not exist on the broker")
         result[topic] = sorted(meta.partitions)
     return result

@@ -17,6 +17,7 @@ from jobs.cut import (
     latest_cut,
     live_boundaries,
     needs_rekeying,
+    same_ids,
 )
 from jobs.delta.layout import AppLayout
 from jobs.errors import ConfigError, PlatformError
@@ -377,10 +378,9 @@ def _lags(
         problems.append(f"broker: {exc}")
         return []
     try:
-        plan.check_continuity(committed, marks)
-        check_same_topics(
-            topic_ids or {}, kafka_admin.topic_ids(kafka_admin.admin(config), pipeline.topics)
-        )
+        ids_now = kafka_admin.topic_ids(kafka_admin.admin(config), pipeline.topics)
+        plan.check_continuity(committed, marks, same_ids(topic_ids or {}, ids_now))
+        check_same_topics(topic_ids or {}, ids_now)
     except PlatformError as exc:
         problems.append(str(exc))
     result = []

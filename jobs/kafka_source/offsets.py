@@ -7,9 +7,9 @@ earliest and -1 means latest, as in Spark.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
-from jobs.errors import ConfigError, SourceError
+from jobs.errors import ConfigError, KafkaUnavailableError, SourceError
 
 EARLIEST = -2
 LATEST = -1
@@ -88,12 +88,23 @@ def check_not_expired(start: Offsets, marks: Watermarks) -> None:
             )
 
 
-def check_continuity(current: Offsets, marks: Watermarks) -> None:
+def check_continuity(
+    current: Offsets, marks: Watermarks, same_topics: Collection[str] = ()
+) -> None:
     """The committed position must still exist on the broker: a partition that
     vanished, or a log end below the committed offset (the topic was deleted and
     recreated, or truncated), means the next records are not the ones that follow
-    what was processed. Never skip or wait: stop and name the repair."""
+    what was processed. Never skip or wait: stop and name the repair.
+
+    ``same_topics``: topics whose id is known unchanged. Kafka never removes a
+    partition, so one of theirs missing is a broker behind on metadata, not a
+    recreated topic (whose repair would read it again from its start)."""
     for tp, offset in sorted(current.items()):
+        if tp not in marks and tp[0] in same_topics:
+            raise KafkaUnavailableError(
+                f"the broker does not list {tp[0]}[{tp[1]}], processed up to offset {offset}, "
+                "and the topic's id is unchanged: a broker behind on metadata; run again"
+            )
         if tp not in marks:
             raise SourceError(
                 f"partition {tp[0]}[{tp[1]}] was processed up to offset {offset} but no longer "

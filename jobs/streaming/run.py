@@ -210,7 +210,7 @@ def _stream(
     pipeline, epoch = resolved.pipeline, cut.epoch
     checkpoint = layout.checkpoint(epoch)
     # Only used while the epoch's checkpoint has no batch yet (Spark ignores it after).
-    start = start_of(cut, topics.marks, not offset_log.offset_batches(checkpoint))
+    start = start_of(cut, topics.marks, not offset_log.offset_batches(checkpoint), topics.ids)
     starting = plan.to_json_dict(start)
     seed_path = seed_file(layout, epoch) if cut.seed_rows is not None else None
     name = f"{pipeline.application_id}_epoch{epoch}"

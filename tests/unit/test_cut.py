@@ -77,6 +77,22 @@ def test_new_partitions_join_a_cut_at_their_log_start_and_vanished_ones_stop_it(
         starting_offsets(cut, {("t", 0): (6, 9), ("t", 1): (0, 7)})
 
 
+def test_a_vanished_partition_of_a_topic_with_the_same_id_is_a_broker_behind() -> None:
+    # Kafka never removes a partition: with the id unchanged, the listing came from a
+    # broker that has not applied the partition's addition. The recreated topic's
+    # repair (read it from its start, state kept) would count it twice.
+    from jobs.errors import KafkaUnavailableError
+
+    cut = Cut(1, {"t": {"0": 5, "1": 7}}, "rebuild", topic_ids={"t": "id"})
+    behind = {("t", 0): (0, 9)}
+    with pytest.raises(KafkaUnavailableError, match=r"t\[1\].*run again"):
+        starting_offsets(cut, behind, ids_now={"t": "id"})
+    with pytest.raises(SourceError, match=r"recreated with fewer partitions"):
+        starting_offsets(cut, behind, ids_now={"t": "other"})
+    with pytest.raises(SourceError, match=r"recreated with fewer partitions"):
+        starting_offsets(cut, behind, ids_now={})  # a broker without ids: cannot tell
+
+
 def test_a_replay_from_the_start_reads_from_the_origin_or_refuses(tmp_path: Path) -> None:
     where = layout(tmp_path)
     write_cut(where, Cut(0, {"t": {"0": 3}}, "pipeline"))

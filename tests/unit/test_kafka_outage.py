@@ -195,3 +195,33 @@ def test_an_output_bookmark_read_while_the_coordinator_moves_waits(code: str, ki
     with pytest.raises(Exception) as raised:
         bookmark.read(Consumer(), "app", "out")  # type: ignore[arg-type]
     assert type(raised.value).__name__ == kind
+
+
+@pytest.mark.parametrize(
+    ("code", "kind", "message"),
+    [
+        ("UNKNOWN_TOPIC_OR_PART", "SourceError", "does not exist"),
+        ("LEADER_NOT_AVAILABLE", "KafkaUnavailableError", "cannot read the metadata"),
+        ("TOPIC_AUTHORIZATION_FAILED", "SourceError", "cannot read the metadata"),
+    ],
+)
+def test_a_topic_the_broker_answers_for_with_an_error_is_said_as_it_is(
+    code: str, kind: str, message: str
+) -> None:
+    """Only a topic the broker does not have "does not exist"; a refusal or a topic
+    without a leader yet is said as such."""
+    from types import SimpleNamespace
+
+    from confluent_kafka import KafkaError
+
+    from jobs.kafka_admin import topic_partitions
+
+    topic = SimpleNamespace(error=KafkaError(getattr(KafkaError, code)), partitions={})
+
+    class Admin:
+        def list_topics(self, timeout: float) -> object:
+            return SimpleNamespace(topics={"t": topic})
+
+    with pytest.raises(Exception, match=message) as raised:
+        topic_partitions(Admin(), ["t"])  # type: ignore[arg-type]
+    assert type(raised.value).__name__ == kind
