@@ -597,9 +597,9 @@ def _broker(args: argparse.Namespace) -> int:
     port = _port(args.port, settings.broker_port)
     if args.nodes not in (1, 3):
         raise ConfigError(f"--nodes must be 1 or 3, got {args.nodes}")
-    if args.nodes == 3 and args.port is not None:
-        raise ConfigError("--port starts one node; a cluster takes free loopback ports")
     nodes = broker.cluster_status(data_dir)
+    if args.action == "start" and (args.nodes == 3 or nodes) and args.port is not None:
+        raise ConfigError("--port starts one node; a cluster takes free loopback ports")
     if args.action == "start" and (args.nodes == 3 or nodes):
         cluster = broker.start_cluster(data_dir, max(args.nodes, len(nodes)))
         for n, info in cluster.nodes.items():

@@ -81,6 +81,11 @@ def _on_client_error(error: KafkaError) -> None:
     CLIENT_LOG.warning("Kafka client error: %s", error)
 
 
+def _code(exc: KafkaException) -> int | None:
+    error = exc.args[0] if exc.args else None
+    return error.code() if isinstance(error, KafkaError) else None
+
+
 def kafka_error(what: str, exc: KafkaException) -> SourceError:
     """``what`` failed with ``exc``: a ``KafkaUnavailableError`` when the cluster did
     not answer or answered "not now" (``UNANSWERED_CODES``, or an error the client
@@ -198,8 +203,7 @@ def create_topic(
         try:
             future.result()
         except KafkaException as exc:
-            error = exc.args[0] if exc.args else None
-            if not isinstance(error, KafkaError) or error.code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            if _code(exc) != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise kafka_error(f"cannot create topic {topic!r}", exc) from exc
     return _await_served(client, topic)
 
@@ -242,11 +246,11 @@ def _served(client: AdminClient, topic: str) -> tuple[ServedTopic, int] | None:
     try:
         topic_id = _described_ids(client, [topic]).get(topic)
     except KafkaException as exc:
-        error = exc.args[0] if exc.args else None
-        if isinstance(error, KafkaError) and error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
-            return None
+        failed = kafka_error(f"cannot describe topic {topic!r}", exc)
+        if _code(exc) in NO_TOPIC_CODES or isinstance(failed, KafkaUnavailableError):
+            return None  # not there yet: the wait asks again until its deadline
         serve_callbacks(client)
-        raise kafka_error(f"cannot describe topic {topic!r}", exc) from exc
+        raise failed from exc
     return ServedTopic(sorted(partitions), topic_id), len(metadata.brokers)
 
 

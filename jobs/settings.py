@@ -137,10 +137,12 @@ SPARK_MASTER = re.compile(
     r"|local-cluster\[[1-9][0-9]*,[1-9][0-9]*,[1-9][0-9]*\]"
     r"|yarn|(?:spark|k8s|mesos)://\S+)$"
 )
-JVM_MEMORY = re.compile(r"^([1-9][0-9]{0,9})([kmgt]?)b?$", re.ASCII | re.IGNORECASE)
+# Spark's launcher gives the driver -Xmx<value>: a bare number would be bytes to the
+# JVM, and "2gb" is refused by it.
+JVM_MEMORY = re.compile(r"^([1-9][0-9]{0,9})([kmgt])$", re.ASCII | re.IGNORECASE)
 # Spark refuses a driver with less heap than 450 MiB (1.5x its 300 MiB reserve).
 MIN_DRIVER_MEMORY_MIB = 512
-MIB_PER_UNIT = {"k": 1 / 1024, "m": 1, "": 1, "g": 1024, "t": 1024 * 1024}
+MIB_PER_UNIT = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
 CONN_ID = re.compile(r"^[A-Za-z0-9_.\-]{1,250}$")
 TOKEN = re.compile(r"^[!-~]{1,4096}$")  # visible ASCII: the same bytes on both sides
 SWITCH = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False}
@@ -282,14 +284,13 @@ def _spark_master(raw: str) -> str:
 
 
 def _memory(raw: str, name: str) -> str:
-    """A size as Spark takes it: a bare number is MiB ("2048"), "b" alone is bytes."""
     found = JVM_MEMORY.fullmatch(raw)
-    bytes_only = raw.lower().endswith("b") and found is not None and not found[2]
-    mib = 0.0 if found is None or bytes_only else int(found[1]) * MIB_PER_UNIT[found[2].lower()]
+    mib = 0.0 if found is None else int(found[1]) * MIB_PER_UNIT[found[2].lower()]
     if mib < MIN_DRIVER_MEMORY_MIB:
         raise refused(
             ENV_PREFIX + name,
-            f"a JVM memory size of at least {MIN_DRIVER_MEMORY_MIB}m, e.g. 2g",
+            f"a JVM memory size with its unit (k, m, g, t), at least {MIN_DRIVER_MEMORY_MIB}m, "
+            "e.g. 2g",
             raw,
         )
     return raw
@@ -407,7 +408,8 @@ def _address(raw: str) -> str:
 PUSHGATEWAY_URL = re.compile(r"^https?://[A-Za-z0-9.\-\[\]:]+/?$")
 # A host name's labels: letters, digits and inner hyphens, dot-separated.
 HOST_NAME = re.compile(
-    r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*"
+    r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+    r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?"  # a fully qualified name's dot
 )
 
 

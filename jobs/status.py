@@ -377,10 +377,15 @@ def _lags(
     except PlatformError as exc:
         problems.append(f"broker: {exc}")
         return []
+    ids_now: dict[str, str] | None = None
     try:
         ids_now = kafka_admin.topic_ids(kafka_admin.admin(config), pipeline.topics)
-        plan.check_continuity(committed, marks, same_ids(topic_ids or {}, ids_now))
-        check_same_topics(topic_ids or {}, ids_now)
+    except PlatformError as exc:
+        problems.append(str(exc))  # and the offsets are still checked, without ids
+    try:
+        plan.check_continuity(committed, marks, same_ids(topic_ids or {}, ids_now or {}))
+        if ids_now is not None:
+            check_same_topics(topic_ids or {}, ids_now)
     except PlatformError as exc:
         problems.append(str(exc))
     result = []

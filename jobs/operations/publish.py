@@ -18,7 +18,7 @@ from jobs import kafka_admin, resolution
 from jobs.audit import append_audit, audit_row
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
-from jobs.errors import ConfigError, OutputError
+from jobs.errors import ConfigError, KafkaUnavailableError, OutputError
 from jobs.ledger import current_epoch
 from jobs.lock import application_lock
 from jobs.output.publisher import OutputPublisher, read_bookmark
@@ -47,10 +47,10 @@ def run_publish(
     current = DeltaTable(str(layout.table("state"))).version()
     try:
         mark = read_bookmark(config, pipeline)
-    except OutputError:
+    except (OutputError, KafkaUnavailableError):
         if not snapshot:
             raise
-        mark = None  # untrusted: the snapshot is the repair
+        mark = None  # untrusted or unread: the snapshot is the repair, it needs none
     if snapshot:
         echo(f"plan: publish the whole state at version {current} to {topic} as a snapshot")
     elif mark is None:

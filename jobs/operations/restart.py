@@ -23,9 +23,10 @@ from jobs.cut import (
     lineage_head,
     log_floor,
     replay_from_origin,
+    same_ids,
 )
 from jobs.delta.layout import AppLayout
-from jobs.errors import ConfigError, KafkaUnavailableError
+from jobs.errors import ConfigError
 from jobs.kafka_source import offsets as kafka_offsets
 from jobs.ledger import current_epoch, current_ledger
 from jobs.lineage import Boundary, Coverage, pins_text, spelled
@@ -72,15 +73,10 @@ def check_listed(
         return
     cut = latest_cut(layout, last.epoch) if last is not None else None
     recorded = cut.topic_ids if cut is not None else {}
-    now = broker_topic_ids(pipeline, settings)
-    same = [tp for tp in unlisted if tp[0] in recorded and now.get(tp[0]) == recorded[tp[0]]]
-    if same:
-        names = ", ".join(f"{t}[{p}]" for t, p in same)
-        raise KafkaUnavailableError(
-            f"the broker does not list {names}, which {pipeline.application_id} has read, "
-            "and the topic's id is unchanged: a broker behind on metadata; run the command "
-            "again"
-        )
+    if not any(t in recorded for t, _p in unlisted):
+        return  # no id to compare: the broker's listing decides (a recreated topic)
+    same = same_ids(recorded, broker_topic_ids(pipeline, settings))
+    kafka_offsets.check_continuity({tp: read[tp] for tp in unlisted if tp[0] in same}, {}, same)
 
 
 def plan_rebuild(pipeline: Pipeline, settings: Settings, reason: str, from_source: bool) -> Plan:

@@ -73,7 +73,7 @@ def parse_shift(text: str, flag: str = "--shift-by") -> int:
 
 
 def parse_duration(text: str, flag: str = "--by-duration") -> timedelta:
-    match = DURATION.fullmatch(text)
+    match = DURATION.fullmatch(text.strip())
     if not match or not any(match.groupdict().values()):
         raise ConfigError(f"{flag} must look like PnDTnHnMnS (e.g. PT1H), got {text!r}")
     parts = {k: int(v or 0) for k, v in match.groupdict().items()}

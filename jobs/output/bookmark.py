@@ -71,9 +71,9 @@ def read(consumer: Consumer, application_id: str, topic: str) -> Bookmark | None
     try:
         found = consumer.committed([TopicPartition(topic, 0)], TIMEOUT_S)[0]
     except KafkaException as exc:
-        raise _failed(what, exc) from exc
+        raise unreached(what, exc) from exc
     if found.error is not None:
-        raise _failed(what, KafkaException(found.error))
+        raise unreached(what, KafkaException(found.error))
     if found.offset < 0:
         return recover(consumer, application_id, topic)
     try:
@@ -91,9 +91,9 @@ def read(consumer: Consumer, application_id: str, topic: str) -> Bookmark | None
     )
 
 
-def _failed(what: str, exc: KafkaException) -> Exception:
-    """A cluster between coordinators or leaders is unavailable (a continuous run
-    waits for it); any other failure is the output's."""
+def unreached(what: str, exc: KafkaException) -> OutputError | KafkaUnavailableError:
+    """``what`` failed: Kafka did not answer, or answered "not now" while a leader or
+    coordinator moves (a continuous run waits for it), or an error of the output's."""
     error = kafka_admin.kafka_error(what, exc)
     return error if isinstance(error, KafkaUnavailableError) else OutputError(str(error))
 
@@ -130,7 +130,7 @@ def _last_record_headers(consumer: Consumer, topic: str, partition: int) -> dict
     try:
         low, high = consumer.get_watermark_offsets(tp, TIMEOUT_S)
     except KafkaException as exc:
-        raise _failed(f"cannot read the offsets of {topic}[{partition}]", exc) from exc
+        raise unreached(f"cannot read the offsets of {topic}[{partition}]", exc) from exc
     back = TAIL_RECORDS
     while high > low:
         start = max(low, high - back)

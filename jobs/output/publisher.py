@@ -165,7 +165,7 @@ class OutputPublisher:
             producer.init_transactions(TIMEOUT_S)
         except KafkaException as exc:
             what = f"cannot start publishing to output topic {self.output.topic!r}"
-            raise _unreached(what, exc) from exc
+            raise bookmark.unreached(what, exc) from exc
         return producer
 
     def close(self) -> None:
@@ -183,7 +183,7 @@ class OutputPublisher:
             metadata = client.list_topics(timeout=TIMEOUT_S)
         except KafkaException as exc:
             kafka_admin.serve_callbacks(client)
-            raise _unreached("cannot reach the Kafka broker for the output", exc) from exc
+            raise bookmark.unreached("cannot reach the Kafka broker for the output", exc) from exc
         found = metadata.topics.get(topic)
         try:
             if found is None or found.error is not None or not found.partitions:
@@ -392,13 +392,6 @@ class OutputPublisher:
             f"could not publish state version {version} of {app} to {topic!r} (nothing of "
             f"it is visible; the next run publishes it): {exc}"
         ) from exc
-
-
-def _unreached(what: str, exc: KafkaException) -> OutputError | KafkaUnavailableError:
-    """``what`` failed: Kafka did not answer (a continuous run waits for it), or an
-    error of the output's own."""
-    error = kafka_admin.kafka_error(what, exc)
-    return error if isinstance(error, KafkaUnavailableError) else OutputError(str(error))
 
 
 # Producers left with a call in flight stay referenced for the life of the

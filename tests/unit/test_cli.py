@@ -262,3 +262,17 @@ def test_a_port_that_would_be_ignored_is_refused(  # type: ignore[no-untyped-def
     monkeypatch.setattr(cli, "_storage_check", work)
     assert cli.main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_port_for_a_data_dir_that_holds_a_cluster_is_refused(  # type: ignore[no-untyped-def]
+    monkeypatch, capsys
+) -> None:
+    from jobs import broker, cli
+
+    def work(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("the cluster started without its --port")
+
+    monkeypatch.setattr(broker, "start_cluster", work)
+    monkeypatch.setattr(broker, "cluster_status", lambda *_args: {1: None, 2: None, 3: None})
+    assert cli.main(["broker", "start", "--port", "19500"]) == 2
+    assert "--port starts one node" in capsys.readouterr().err

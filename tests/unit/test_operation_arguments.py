@@ -66,7 +66,7 @@ def no_work(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[list[st
         ([*REWIND, "--shift-by", "\u00b2"], "--shift-by must be an integer"),
         ([*REWIND, "--shift-by", "1" * 30], "--shift-by"),
         ([*REWIND, "--by-duration", "P99999999999D"], "--by-duration"),
-        ([*REWIND, "--by-duration", "PT1H\n"], "--by-duration must look like PnDTnHnMnS"),
+        ([*REWIND, "--by-duration", "PT1H30"], "--by-duration must look like PnDTnHnMnS"),
         # a plan id that could not be saved, found before the plan is made
         ([*REWIND, "--to-latest", "--dry-run", "--save-plan", "../x"], "a plan id looks like"),
         ([*REWIND, "--to-latest", "--dry-run", "--save-plan", ""], "a plan id looks like"),

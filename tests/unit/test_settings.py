@@ -36,7 +36,8 @@ BAD: dict[str, list[str]] = {
         "local-cluster[1,1,0]",
     ],
     # Spark's driver needs 450 MiB of heap: less is refused when the session starts
-    "PLATFORM_SPARK_DRIVER_MEMORY": ["", "lots", "-1g", "2 g", "2q", "1k", "1b", "100m", "400"],
+    # and -Xmx2048 is bytes to the JVM, -Xmx2gb is refused by it
+    "PLATFORM_SPARK_DRIVER_MEMORY": ["", "lots", "-1g", "2 g", "2q", "1k", "100m", "2048", "2gb"],
     "PLATFORM_SPARK_CDS": ["of", "yes please"],
     "PLATFORM_SPARK_JAVA_OPTIONS": ["TieredStopAtLevel=1", "-Dx='unclosed"],
     "PLATFORM_JARS_DIR": ["", str(REPO_ROOT / "README.md")],
@@ -154,11 +155,11 @@ def test_the_command_line_says_it_in_one_error_line(
         ("PLATFORM_SPARK_MASTER", "k8s://https://10.0.0.1:443"),
         ("PLATFORM_SPARK_DRIVER_MEMORY", "512m"),
         ("PLATFORM_SPARK_DRIVER_MEMORY", "2G"),
-        ("PLATFORM_SPARK_DRIVER_MEMORY", "2048"),
         ("PLATFORM_SPARK_DRIVER_MEMORY", "1t"),
         ("PLATFORM_SPARK_MASTER", "local-cluster[2,1,1024]"),
         ("PLATFORM_PUSHGATEWAY_URL", "http://10.0.0.7:9091"),
         ("PLATFORM_PUSHGATEWAY_URL", "http://push-gw.monitoring.svc"),
+        ("PLATFORM_PUSHGATEWAY_URL", "http://push-gw.example.com.:9091"),
         ("PLATFORM_SPARK_CDS", "off"),
         ("PLATFORM_SPARK_CDS", "on"),
         ("PLATFORM_SPARK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=256m"),

@@ -231,3 +231,22 @@ def test_after_a_fence_the_next_read_is_the_newest_cut_not_the_deleted_logs_batc
     offsets, topic_ids = reading_from(layout, 2, last_batch(layout), [])
     assert offsets == {("clicks", 0): 40}
     assert topic_ids == {"clicks": "new"}
+
+
+def test_a_log_that_ends_below_the_committed_offset_is_reported_when_ids_cannot_be_read(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Describing the topics (their ids) failed; the offsets still say the log was cut."""
+    from jobs import kafka_admin, status
+    from jobs.errors import SourceError
+
+    def no_ids(*_args: object) -> dict[str, str]:
+        raise SourceError("cannot describe topics ['clicks']: timed out")
+
+    monkeypatch.setattr(kafka_admin, "topic_partitions", lambda *_a: {"clicks": [0]})
+    monkeypatch.setattr(kafka_admin, "watermarks", lambda *_a: {("clicks", 0): (0, 50)})
+    monkeypatch.setattr(kafka_admin, "topic_ids", no_ids)
+    problems: list[str] = []
+    status._lags(PIPELINE, settings, {("clicks", 0): 100}, problems, {"clicks": "id"})
+    assert any("cannot describe topics" in p for p in problems)
+    assert any("below the committed offset 100" in p for p in problems), problems
