@@ -20,10 +20,11 @@ else's: that is never guessed at.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from jobs import kafka_admin
 from jobs.errors import KafkaUnavailableError, OutputError
@@ -61,6 +62,7 @@ def group_consumer(config: dict[str, Any], application_id: str) -> Consumer:
             "group.id": group_id(application_id),
             "enable.auto.commit": False,
             "isolation.level": "read_committed",
+            "enable.partition.eof": True,  # a partition's end is an event (a recovery's read)
         }
     )
 
@@ -135,15 +137,10 @@ def _last_record_headers(consumer: Consumer, topic: str, partition: int) -> dict
     while high > low:
         start = max(low, high - back)
         consumer.assign([TopicPartition(topic, partition, start)])
-        last = None
-        while consumer.position([tp])[0].offset < high:
-            messages = consumer.consume(1000, 1.0)
-            if not messages:
-                break  # the rest are aborted records or markers
-            for message in messages:
-                if message.error() is None:
-                    last = message
-        consumer.unassign()
+        try:
+            last = _newest_until_the_end(consumer, topic, partition)
+        finally:
+            consumer.unassign()
         if last is not None:
             found: dict[str, bytes] = {}
             for header in last.headers() or []:
@@ -154,6 +151,28 @@ def _last_record_headers(consumer: Consumer, topic: str, partition: int) -> dict
             return None
         back *= 2
     return None
+
+
+def _newest_until_the_end(consumer: Consumer, topic: str, partition: int) -> Any:
+    """The newest committed record from the assigned position to the partition's end.
+    Only Kafka's end-of-partition event ends the read (``enable.partition.eof``):
+    a fetch that returns nothing may be a leader moving, and aborted records and
+    transaction markers are never returned at all."""
+    deadline = time.monotonic() + TIMEOUT_S
+    last = None
+    while True:
+        for message in consumer.consume(1000, 1.0):
+            error = message.error()
+            if error is None:
+                last = message
+            elif error.code() == KafkaError._PARTITION_EOF:
+                return last
+            else:
+                raise unreached(f"cannot read {topic}[{partition}]", KafkaException(error))
+        if time.monotonic() > deadline:
+            raise KafkaUnavailableError(
+                f"cannot read {topic}[{partition}] to its end within {TIMEOUT_S:.0f} s"
+            )
 
 
 def repair(application_id: str) -> str:

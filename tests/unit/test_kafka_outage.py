@@ -225,3 +225,53 @@ def test_a_topic_the_broker_answers_for_with_an_error_is_said_as_it_is(
     with pytest.raises(Exception, match=message) as raised:
         topic_partitions(Admin(), ["t"])  # type: ignore[arg-type]
     assert type(raised.value).__name__ == kind
+
+
+def test_a_stalled_read_of_the_output_is_not_taken_for_an_empty_one() -> None:
+    """Recovering an expired output bookmark reads each partition's newest committed
+    record. A fetch that returns nothing (a leader moving, a slow first connection)
+    is not the end of the partition: only Kafka's end-of-partition event is, and
+    taking a stall for it would republish versions already in the topic."""
+    from types import SimpleNamespace
+
+    from confluent_kafka import KafkaError
+
+    from jobs.output import bookmark
+
+    def record(version: int) -> object:
+        headers = [
+            ("platform.application", b"app"),
+            ("platform.state_version", str(version).encode()),
+        ]
+        return SimpleNamespace(error=lambda: None, headers=lambda: headers)
+
+    end = SimpleNamespace(error=lambda: KafkaError(KafkaError._PARTITION_EOF), headers=lambda: None)
+
+    class Consumer:
+        def __init__(self) -> None:
+            # a stall first, then the partition's records, then its end
+            self.answers: list[list[object]] = [[], [], [record(6), record(7)], [end]]
+            self.offset = 0
+
+        def list_topics(self, topic: str, timeout: float) -> object:
+            return SimpleNamespace(topics={topic: SimpleNamespace(partitions={0: None})})
+
+        def get_watermark_offsets(self, _tp: object, _timeout: float) -> tuple[int, int]:
+            return (0, 2)
+
+        def assign(self, _parts: object) -> None:
+            pass
+
+        def unassign(self) -> None:
+            pass
+
+        def position(self, parts: list[object]) -> list[object]:
+            return [SimpleNamespace(offset=self.offset)]
+
+        def consume(self, _count: int, _timeout: float) -> list[object]:
+            answer = self.answers.pop(0) if self.answers else []
+            self.offset += sum(1 for m in answer if m is not end)
+            return answer
+
+    mark = bookmark.recover(Consumer(), "app", "out")  # type: ignore[arg-type]
+    assert mark is not None and mark.next_version == 8
