@@ -69,13 +69,7 @@ def group_consumer(config: dict[str, Any], application_id: str) -> Consumer:
 
 def read(consumer: Consumer, application_id: str, topic: str) -> Bookmark | None:
     """The committed bookmark, else the one the records show, else None (empty)."""
-    what = f"cannot read the output bookmark of {topic!r}"
-    try:
-        found = consumer.committed([TopicPartition(topic, 0)], TIMEOUT_S)[0]
-    except KafkaException as exc:
-        raise unreached(what, exc) from exc
-    if found.error is not None:
-        raise unreached(what, KafkaException(found.error))
+    found = _committed(consumer, topic)
     if found.offset < 0:
         return recover(consumer, application_id, topic)
     try:
@@ -91,6 +85,25 @@ def read(consumer: Consumer, application_id: str, topic: str) -> Bookmark | None
         partitions=meta.get("partitions"),
         records=meta.get("records"),
     )
+
+
+def _committed(consumer: Consumer, topic: str) -> TopicPartition:
+    """The bookmark's committed offset. A group coordinator that is loading or moved
+    (a new cluster's first group, a failover) answers "not now": asked again until
+    ``TIMEOUT_S``, as Kafka's Java consumer does."""
+    deadline = time.monotonic() + TIMEOUT_S
+    while True:
+        try:
+            found: TopicPartition = consumer.committed([TopicPartition(topic, 0)], TIMEOUT_S)[0]
+            if found.error is None:
+                return found
+            exc = KafkaException(found.error)
+        except KafkaException as raised:
+            exc = raised
+        failure = unreached(f"cannot read the output bookmark of {topic!r}", exc)
+        if isinstance(failure, OutputError) or time.monotonic() > deadline:
+            raise failure from exc
+        time.sleep(0.5)
 
 
 def unreached(what: str, exc: KafkaException) -> OutputError | KafkaUnavailableError:

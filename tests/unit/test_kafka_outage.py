@@ -182,19 +182,48 @@ def test_the_wait_needs_a_leader_for_every_partition_and_ends_at_its_deadline() 
     ("code", "kind"),
     [("NOT_COORDINATOR", "KafkaUnavailableError"), ("GROUP_AUTHORIZATION_FAILED", "OutputError")],
 )
-def test_an_output_bookmark_read_while_the_coordinator_moves_waits(code: str, kind: str) -> None:
-    """A continuous run waits out a group coordinator that moved; a refusal stops it."""
+def test_an_output_bookmark_read_while_the_coordinator_moves_waits(
+    code: str, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A coordinator that moved is asked again, then waited out by a continuous run;
+    a refusal stops at once."""
     from confluent_kafka import KafkaError, KafkaException
 
     from jobs.output import bookmark
 
+    monkeypatch.setattr(bookmark, "TIMEOUT_S", 1.0)
+    asked: list[int] = []
+
     class Consumer:
         def committed(self, *_args: object) -> None:
+            asked.append(1)
             raise KafkaException(KafkaError(getattr(KafkaError, code)))
 
     with pytest.raises(Exception) as raised:
         bookmark.read(Consumer(), "app", "out")  # type: ignore[arg-type]
     assert type(raised.value).__name__ == kind
+    assert (len(asked) > 1) == (kind == "KafkaUnavailableError")
+
+
+def test_a_coordinator_that_is_loading_is_asked_again() -> None:
+    """A new cluster's first group: NOT_COORDINATOR, then the committed offset."""
+    from types import SimpleNamespace
+
+    from confluent_kafka import KafkaError, KafkaException
+
+    from jobs.output import bookmark
+
+    loading = KafkaError.COORDINATOR_LOAD_IN_PROGRESS
+    answers = [KafkaError(KafkaError.NOT_COORDINATOR), KafkaError(loading)]
+
+    class Consumer:
+        def committed(self, *_args: object) -> list[object]:
+            if answers:
+                raise KafkaException(answers.pop(0))
+            return [SimpleNamespace(error=None, offset=5, metadata="{}")]
+
+    mark = bookmark.read(Consumer(), "app", "out")  # type: ignore[arg-type]
+    assert mark is not None and mark.next_version == 5
 
 
 @pytest.mark.parametrize(
