@@ -431,7 +431,7 @@ def _run(args: argparse.Namespace, settings: Settings, pipeline: object) -> int:
 def _operation(args: argparse.Namespace, settings: Settings, pipeline: object) -> int:
     from jobs.operations.restart import plan_rebuild, plan_rewind
     from jobs.operations.runner import check_reason
-    from jobs.operations.targets import TargetKind, TargetSpec
+    from jobs.operations.targets import REWIND_FLAGS, TargetSpec
     from jobs.pipeline.model import Pipeline
 
     assert isinstance(pipeline, Pipeline)
@@ -445,18 +445,10 @@ def _operation(args: argparse.Namespace, settings: Settings, pipeline: object) -
         )
     if args.plan is not None:
         return _plan_or_apply(args, settings, pipeline, _saved_only)
-    kinds: dict[str, TargetKind] = {
-        "to_earliest": "earliest",
-        "to_latest": "latest",
-        "to_offset": "offset",
-        "to_datetime": "datetime",
-        "by_duration": "duration",
-        "shift_by": "shift",
-    }
     # argparse sets exactly one (a required group); "" is a value left blank
-    chosen = next(k for k in kinds if getattr(args, k) not in (None, False))
-    value = getattr(args, chosen)
-    spec = TargetSpec(kinds[chosen], None if value is True else str(value))
+    given = {kind: getattr(args, flag[2:].replace("-", "_")) for kind, flag in REWIND_FLAGS.items()}
+    kind, value = next((k, v) for k, v in given.items() if v not in (None, False))
+    spec = TargetSpec(kind, None if value is True else str(value))
     topics = None
     if args.topics is not None:
         topics = [t.strip() for t in args.topics.split(",")]
@@ -598,9 +590,10 @@ def _broker(args: argparse.Namespace) -> int:
     if args.nodes not in (1, 3):
         raise ConfigError(f"--nodes must be 1 or 3, got {args.nodes}")
     nodes = broker.cluster_status(data_dir)
-    if args.action == "start" and (args.nodes == 3 or nodes) and args.port is not None:
+    starts_a_cluster = args.action == "start" and (args.nodes == 3 or bool(nodes))
+    if starts_a_cluster and args.port is not None:
         raise ConfigError("--port starts one node; a cluster takes free loopback ports")
-    if args.action == "start" and (args.nodes == 3 or nodes):
+    if starts_a_cluster:
         cluster = broker.start_cluster(data_dir, max(args.nodes, len(nodes)))
         for n, info in cluster.nodes.items():
             print(f"node {n} running: {info.bootstrap_servers} (pid {info.pid})")

@@ -144,12 +144,10 @@ def topic_partitions(
     for topic in wanted:
         meta = metadata.topics.get(topic)
         error = meta.error if meta is not None else None
-        if meta is None or (error is not None and error.code() in NO_TOPIC_CODES):
-            raise SourceError(f"topic {topic!r} does not exist on the broker")
-        if error is not None:  # refused (authorization), or no leader yet
-            what = f"cannot read the metadata of topic {topic!r}"
-            raise kafka_error(what, KafkaException(error))
-        if not meta.partitions:
+        if error is not None and error.code() not in NO_TOPIC_CODES:
+            # refused (authorization), or no leader yet: not a missing topic
+            raise kafka_error(f"cannot read the metadata of topic {topic!r}", KafkaException(error))
+        if meta is None or error is not None or not meta.partitions:
             raise SourceError(f"topic {topic!r} does not exist on the broker")
         result[topic] = sorted(meta.partitions)
     return result
