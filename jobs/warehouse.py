@@ -675,6 +675,14 @@ def _s3_environment() -> tuple[tuple[str, str], ...]:
     return tuple((name, os.environ[name]) for name in AWS_VARIABLES if name in os.environ)
 
 
+# The AWS variables that are credentials, and the S3A settings that hold them.
+S3A_CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "fs.s3a.access.key",
+    "AWS_SECRET_ACCESS_KEY": "fs.s3a.secret.key",
+    "AWS_SESSION_TOKEN": "fs.s3a.session.token",
+}
+
+
 def s3a_settings(environ: Mapping[str, str]) -> dict[str, str]:
     """Spark's S3A (hadoop-aws) configured from the same AWS variables as the
     platform's own client: the endpoint (path-style, TLS as its scheme says), the
@@ -691,11 +699,7 @@ def s3a_settings(environ: Mapping[str, str]) -> dict[str, str]:
     region = environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION")
     if region:
         found["fs.s3a.endpoint.region"] = region
-    for variable, key in (
-        ("AWS_ACCESS_KEY_ID", "fs.s3a.access.key"),
-        ("AWS_SECRET_ACCESS_KEY", "fs.s3a.secret.key"),
-        ("AWS_SESSION_TOKEN", "fs.s3a.session.token"),
-    ):
+    for variable, key in S3A_CREDENTIALS.items():
         if environ.get(variable):
             found[key] = environ[variable]
     if environ.get("AWS_SESSION_TOKEN"):

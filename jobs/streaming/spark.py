@@ -23,7 +23,7 @@ from jobs.package import package_zip
 from jobs.settings import REPO_ROOT, Settings
 from jobs.streaming import batch_clock
 from jobs.streaming.jvm import Lifetime, driver_java_options, note_a_complete_run
-from jobs.warehouse import aws_environment, s3a_settings
+from jobs.warehouse import S3A_CREDENTIALS, aws_environment, s3a_settings
 
 # Spark's own Kafka source (from the jars ``make setup`` resolved).
 KAFKA_PROVIDER = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
@@ -72,6 +72,11 @@ EXECUTOR_MODULES = (
     "jobs.streaming.changelog_files",
     "jobs.streaming.seed",
     "obstore",  # their staged files reach a warehouse on S3 through it
+)
+# Settings that hold a credential: never on a command line (``start_driver_jvm``).
+CREDENTIAL_SETTINGS = frozenset(
+    [f"spark.hadoop.{key}" for key in S3A_CREDENTIALS.values()]
+    + [f"spark.executorEnv.{name}" for name in S3A_CREDENTIALS]
 )
 log = logging.getLogger(__name__)
 # The session of the process that embeds the platform (``hosted_by``), if any,
@@ -132,42 +137,40 @@ def get_spark(
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     archive = package_zip()
     jars = ",".join(str(jar) for jar in spark_jars())
-    builder = SparkSession.builder
+    options: dict[str, str] = {}
     if not submitted:
         # Under spark-submit the driver's classpath is fixed already: --jars gives them.
-        builder = builder.master(master).config("spark.jars", jars)
+        options["spark.master"] = master
+        options["spark.jars"] = jars
         # Also on the driver's own class path: its JVM loads Delta's classes (used at
         # session start) from there, so the class-data-sharing archive holds them.
-        builder = builder.config(
-            "spark.driver.extraClassPath", os.pathsep.join(str(jar) for jar in spark_jars())
-        )
-    conf = {**DELTA_CONF, **CHECKPOINT_FILES, **sql_settings.PINNED, **storage_conf(master)}
-    for key, value in conf.items():
-        builder = builder.config(key, value)
-    spark = (
-        builder.appName(app_name)
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
-        .config(
-            "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled",
-            "true",
-        )
+        options["spark.driver.extraClassPath"] = os.pathsep.join(str(j) for j in spark_jars())
+    options |= {**DELTA_CONF, **CHECKPOINT_FILES, **sql_settings.PINNED, **storage_conf(master)}
+    options |= {
+        "spark.app.name": app_name,
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
+        "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
         # Saves a state lookup per update (measured ~10%); only a metric needs it.
-        .config("spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows", "false")
+        "spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows": "false",
         # A query's stop() waits this long for its batch in flight, not forever: a
         # fenced stream must let go of the application even if a batch hangs.
-        .config("spark.sql.streaming.stopTimeout", str(STOP_TIMEOUT_MS))
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .config("spark.python.worker.reuse", "true")
+        "spark.sql.streaming.stopTimeout": str(STOP_TIMEOUT_MS),
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.python.worker.reuse": "true",
         # On, PySpark records the Python call site of every DataFrame call in the JVM
         # (five round trips each): a third of the calls that build a query, 0.3 s of
         # each run. It names platform code only: users write no DataFrame code.
-        .config("spark.python.sql.dataFrameDebugging.enabled", "false")
-        .config("spark.driver.memory", driver_memory)
-        .config("spark.driver.extraJavaOptions", driver_java_options(lifetime))
-        .getOrCreate()
-    )
+        "spark.python.sql.dataFrameDebugging.enabled": "false",
+        "spark.driver.memory": driver_memory,
+        "spark.driver.extraJavaOptions": driver_java_options(lifetime),
+    }
+    start_driver_jvm(options)
+    builder = SparkSession.builder
+    for key, value in options.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     if submitted:
         check_jars(spark)
@@ -175,6 +178,25 @@ def get_spark(
     if not master.startswith("local"):
         check_executors(spark, os.environ["PYSPARK_PYTHON"])
     return spark
+
+
+def start_driver_jvm(options: dict[str, str]) -> None:
+    """Start the driver's JVM with every setting but the store's credentials.
+
+    PySpark starts its JVM with ``spark-submit --conf k=v`` for each setting it has
+    then, and any local user reads a process's arguments (``ps``). The credentials
+    (``CREDENTIAL_SETTINGS``) reach the JVM when the session is made, over PySpark's
+    authenticated gateway, and the executors over Spark's RPC. Does nothing when the
+    JVM runs already (under ``spark-submit``, or a second session)."""
+    from pyspark import SparkConf, SparkContext
+
+    if SparkContext._gateway is not None:
+        return
+    launch = SparkConf(loadDefaults=False)
+    for key, value in options.items():
+        if key not in CREDENTIAL_SETTINGS:
+            launch.set(key, value)
+    SparkContext._ensure_initialized(conf=launch)
 
 
 def storage_conf(master: str) -> dict[str, str]:
