@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 
 REWIND_TARGETS = ["to-earliest", "to-latest", "to-offset", "to-datetime", "by-duration", "shift-by"]
 BACKFILL_STARTS = ["from-earliest", "from-datetime", "from-offset"]
+# The XCom the plan's digest goes to apply in (shown for approval, checked at apply).
+PLAN_DIGEST = "plan_digest"
 
 
 def _reason(params: dict[str, Any]) -> list[str]:
@@ -79,7 +81,8 @@ def plan_markdown(saved_plan: SavedPlan) -> str:
         f"**{plan.operation} of `{plan.application_id}`**: {md(plan.reason)}",
         "",
         f"Plan `{saved_plan.plan_id}`, made {md(saved_plan.created_at)} by "
-        f"{md(saved_plan.created_by)}; epoch {plan.epoch_before} -> {plan.epoch_after}.",
+        f"{md(saved_plan.created_by)}; epoch {plan.epoch_before} -> {plan.epoch_after}. "
+        f"Digest (SHA-256), checked when it is applied: `{saved_plan.digest}`.",
         "",
         "| partition | current | target |",
         "|---|---:|---:|",
@@ -140,7 +143,10 @@ def describe_plan(**context: Any) -> str:
     app = context["params"]["pipeline"]
     layout = AppLayout(settings.warehouse, app)
     operation = context["dag"].dag_id.removeprefix("maintenance_")
-    return plan_markdown(saved_plans.load(layout, run_plan_id(context), operation))
+    saved = saved_plans.load(layout, run_plan_id(context), operation)
+    # What the person approves is what ``apply`` applies: it is given this digest.
+    context["ti"].xcom_push(key=PLAN_DIGEST, value=saved.digest)
+    return plan_markdown(saved)
 
 
 def operation_dag(
@@ -202,6 +208,8 @@ def operation_dag(
             arguments_from_context=lambda context: [
                 "--plan",
                 run_plan_id(context),
+                "--plan-digest",
+                str(context["ti"].xcom_pull(task_ids="describe_plan", key=PLAN_DIGEST)),
                 "--reason",
                 str(context["params"]["reason"]),
             ],

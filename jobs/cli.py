@@ -75,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="reprocess: state goes back and input replays; skip: state kept, input jumps",
     )
     _operation_args(rewind, saves_plans=True)
+    _digest_arg(rewind)
 
     rebuild = commands.add_parser(
         "rebuild", help="restore Spark's state from Delta (or recompute it) in a new epoch"
@@ -85,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rebuild.add_argument("--plan", metavar="ID", help="apply exactly a plan a --dry-run saved")
     _operation_args(rebuild, saves_plans=True)
+    _digest_arg(rebuild)
 
     backfill = commands.add_parser(
         "backfill", help="recompute with the current pipeline version and publish atomically"
@@ -100,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--preview", action="store_true", help="write and print the corrections, publish nothing"
     )
     backfill.add_argument("--save-plan", metavar="ID", help="the id a preview saves its plan as")
+    _digest_arg(backfill)
     backfill.add_argument(
         "--source",
         choices=["kafka", "archive"],
@@ -224,6 +227,15 @@ def _operation_args(parser: argparse.ArgumentParser, saves_plans: bool = False) 
         parser.add_argument("--save-plan", metavar="ID", help="the id a dry run saves its plan as")
 
 
+def _digest_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--plan-digest",
+        metavar="SHA256",
+        help="with --plan: apply it only if it is exactly the plan reviewed (the digest its "
+        "dry run printed)",
+    )
+
+
 def _port(given: int | None, default: int) -> int:
     """``--port``, or the command's default when it is not given (0 is not "not given")."""
     port = default if given is None else given
@@ -283,6 +295,12 @@ def main(argv: list[str] | None = None) -> int:
             from jobs.operations.saved_plans import check_id
 
             check_id(args.save_plan)  # before the plan is made, not when it is saved
+        if getattr(args, "plan_digest", None) is not None:
+            from jobs.operations.saved_plans import check_digest
+
+            if args.plan is None:
+                raise ConfigError("--plan-digest checks the plan --plan applies: give both")
+            check_digest(args.plan_digest)
         settings = _settings(args)
         if args.command == "serve":
             from jobs.driver_training import check
@@ -473,7 +491,14 @@ def _plan_or_apply(
             raise ConfigError("--plan applies a saved plan: leave out --dry-run")
         dry_run_operation(pipeline, settings, make_plan, save_as=args.save_plan)
     else:
-        run_operation(pipeline, settings, make_plan, plan_id=args.plan, operation=args.command)
+        run_operation(
+            pipeline,
+            settings,
+            make_plan,
+            plan_id=args.plan,
+            operation=args.command,
+            plan_digest=args.plan_digest,
+        )
     return 0
 
 
@@ -517,6 +542,7 @@ def _backfill(args: argparse.Namespace, settings: Settings, pipeline: object) ->
             args.source,
             args.preview,
             plan_id=args.plan,
+            plan_digest=args.plan_digest,
             save_as=args.save_plan,
             dimensions_from=args.dimensions,
         )

@@ -776,6 +776,7 @@ def run_backfill(
     plan_id: str | None = None,
     save_as: str | None = None,
     dimensions_from: str = "recorded",
+    plan_digest: str | None = None,
 ) -> Plan:
     """Plan; with ``preview_only`` recompute and report (``runner.dry_run_operation``);
     else fence, recompute, publish and restart (``runner.run_operation``)."""
@@ -818,6 +819,13 @@ def run_backfill(
 
     if not preview_only:
         return run_operation(
-            pipeline, settings, make_plan, echo, apply=apply, plan_id=plan_id, operation="backfill"
+            pipeline,
+            settings,
+            make_plan,
+            echo,
+            apply=apply,
+            plan_id=plan_id,
+            operation="backfill",
+            plan_digest=plan_digest,
         )
     return dry_run_operation(pipeline, settings, make_plan, echo, inspect=show, save_as=save_as)

@@ -60,10 +60,13 @@ def dry_run_operation(
     tables.ensure_tables(layout, resolved, plan.republishes)
     extra = inspect(plan) if inspect is not None else None
     saved_plans.record_dry_run(layout, pipeline, plan, extra, save_as)
+    assert plan.plan_id is not None
+    digest = saved_plans.load(layout, plan.plan_id, plan.operation).digest
     echo(f"plan: {plan.plan_id}")
+    echo(f"plan digest: {digest}")
     echo(
         "dry run: nothing was changed (the plan is recorded in the ledger); apply exactly "
-        f"it with --plan {plan.plan_id}"
+        f"it with --plan {plan.plan_id} --plan-digest {digest}"
     )
     return plan
 
@@ -76,15 +79,19 @@ def run_operation(
     apply: Callable[[Plan], dict[str, Any]] | None = None,
     plan_id: str | None = None,
     operation: str = "",
+    plan_digest: str | None = None,
 ) -> Plan:
     """Plan (pure) -> print -> fence a running stream, take the application, apply
     the cut -> publish the corrections.
 
     ``apply`` replaces the plain apply (a backfill publishes before it restarts).
     ``plan_id`` applies exactly a plan a dry run saved (``dry_run_operation``), or
-    refuses when the application moved since."""
+    refuses when the application moved since; ``plan_digest`` (what was reviewed)
+    refuses any other plan saved under that id."""
     layout = AppLayout(settings.warehouse, pipeline.application_id)
-    reviewed = None if plan_id is None else saved_plans.load(layout, plan_id, operation)
+    reviewed = (
+        None if plan_id is None else saved_plans.load(layout, plan_id, operation, plan_digest)
+    )
     applied = reviewed is not None and _already_applied(layout, reviewed, echo)
     busy = holder(layout)
     if applied and busy is not None and reviewed is not None:

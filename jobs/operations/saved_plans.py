@@ -7,6 +7,12 @@ it refuses, in one line saying what changed, when any of these moved since: the
 offsets and versions in it would no longer be what was reviewed (maintenance
 commits to the state table change no row and do not count). Plans live in
 ``<warehouse>/<application>/_plans/<id>.json``.
+
+A plan is created put-if-absent (``Location.create``) and never replaced: every
+attempt of an Airflow run saves under the run's id, and a paused first attempt
+that wakes must not replace the plan a person approved. Its digest (the SHA-256
+of the stored bytes) is shown for review and, given at apply (``--plan-digest``),
+checked against what is loaded.
 """
 
 from __future__ import annotations
@@ -41,9 +47,13 @@ from jobs.ledger import (
 from jobs.operations.plan import Plan
 from jobs.output.changes import commit_infos
 from jobs.pipeline.model import Pipeline
-from jobs.warehouse import Location
+from jobs.warehouse import AlreadyExistsError, Location
 
 PLAN_ID = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{8}$")
+# A plan's SHA-256, whole or its first 12 hex digits or more (what a reviewer copies).
+DIGEST = re.compile(r"[0-9a-f]{12,64}")
+# What makes a second save under an id the same plan (not its time or author).
+SAME_PLAN = ("plan", "position", "extra")
 
 
 @dataclass(frozen=True)
@@ -83,6 +93,7 @@ class SavedPlan:
     created_at: str
     created_by: str
     extra: dict[str, Any]  # a backfill's preview
+    digest: str  # SHA-256 of the stored file: what was reviewed
 
 
 def position(layout: AppLayout, version: int) -> Position:
@@ -135,15 +146,45 @@ def save(
         "extra": extra or {},
     }
     text = json.dumps(data, indent=2, sort_keys=True, default=str)
-    (plans_dir(layout) / f"{plan_id}.json").write_text(text)  # whole or absent
+    target = plans_dir(layout) / f"{plan_id}.json"
+    try:
+        target.create(text.encode())  # whole or absent, and never replaced
+    except AlreadyExistsError:
+        # A retried dry run (an Airflow attempt) that made the same plan keeps the
+        # saved one; anything else under that id is refused, whoever wrote first.
+        try:
+            found = json.loads(target.read_bytes())
+        except ValueError:
+            found = {}
+        mine = json.loads(text)  # as stored: tuples are lists
+        if not isinstance(found, dict) or any(found.get(k) != mine[k] for k in SAME_PLAN):
+            raise ConfigError(
+                f"plan {plan_id} of {layout.application_id} is saved already with another "
+                f"content (made {found.get('created_at', '?')} by {found.get('created_by', '?')})"
+                ": a saved plan is never replaced; save this one under a new id (a new DAG run, "
+                "or --dry-run without --save-plan)"
+            ) from None
     return plan_id
 
 
-def load(layout: AppLayout, plan_id: str, operation: str) -> SavedPlan:
+def check_digest(digest: str) -> str:
+    if not DIGEST.fullmatch(digest):
+        raise ConfigError(
+            "a plan digest is the SHA-256 a dry run printed (12 to 64 lowercase hex digits), "
+            f"got {digest!r}"
+        )
+    return digest
+
+
+def load(layout: AppLayout, plan_id: str, operation: str, digest: str | None = None) -> SavedPlan:
+    """The saved plan ``plan_id``; with ``digest`` (what was reviewed), only if the
+    stored plan is exactly that one."""
     check_id(plan_id)
+    if digest is not None:
+        check_digest(digest)
     path = plans_dir(layout) / f"{plan_id}.json"
     try:
-        text = path.read_text()
+        stored = path.read_bytes()
     except FileNotFoundError:
         known = sorted(
             p.name.removesuffix(".json")
@@ -154,8 +195,15 @@ def load(layout: AppLayout, plan_id: str, operation: str) -> SavedPlan:
             f"no saved plan {plan_id} for {layout.application_id} (newest: "
             f"{', '.join(known) or 'none'}); make one with --dry-run"
         ) from None
+    found = hashlib.sha256(stored).hexdigest()
+    if digest is not None and not found.startswith(digest):
+        raise ConfigError(
+            f"saved plan {plan_id} of {layout.application_id} has digest {found}, which is not "
+            f"the plan that was reviewed ({digest}): nothing applied; review it again with "
+            "--dry-run"
+        )
     try:
-        data = json.loads(text)
+        data = json.loads(stored)
         plan = Plan.from_dict(data["plan"])
         raw = data["position"]
         last = raw["last_batch"]
@@ -179,6 +227,7 @@ def load(layout: AppLayout, plan_id: str, operation: str) -> SavedPlan:
         str(data.get("created_at", "")),
         str(data.get("created_by", "")),
         dict(data.get("extra") or {}),
+        found,
     )
 
 

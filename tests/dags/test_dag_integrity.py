@@ -153,9 +153,11 @@ def test_the_approval_shows_the_plan_in_markdown() -> None:
             "2026-11-23T10:15:00Z",
             "ana",
             {"preview": preview},
+            "ab" * 32,
         )  # type: ignore[arg-type]
     )
     assert "| clicks[0] | 900 | 400 |" in text and "| clicks[1] | 850 | 420 |" in text
+    assert f"checked when it is applied: `{'ab' * 32}`" in text
     assert "records to replay: **930**" in text
     assert "published state table: restore to version 7" in text
     assert "2 keys changed, 0 added, 1 removed" in text
@@ -239,7 +241,9 @@ def test_values_from_records_cannot_write_markdown_into_the_approval() -> None:
     }
     plan = dataclasses.replace(a_plan(), reason="fix <b>it</b> [now](x)")
     text = plan_markdown(
-        SavedPlan("20261123T101500Z-1a2b3c4d", plan, None, "t", "`ana`", {"preview": preview})  # type: ignore[arg-type]
+        SavedPlan(  # type: ignore[arg-type]
+            "20261123T101500Z-1a2b3c4d", plan, None, "t", "`ana`", {"preview": preview}, "0" * 64
+        )
     )
     row = next(line for line in text.splitlines() if "evil" in line)
     # One table row of three cells: no pipe, bracket, angle bracket, star or

@@ -4,6 +4,7 @@ from plain Python over the produced events."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import re
@@ -262,8 +263,18 @@ def test_a_reviewed_plan_is_applied_exactly_or_refused(
     assert moved in refused.stderr
     assert audits(settings, "rewind")[-1]["details"]["dry_run"]  # nothing was applied
 
-    reviewed = dry_run()
-    applied = cli(path, settings, "rewind", "--plan", reviewed, "--reason", "replay", spark=spark)
+    dry = rewind_dry_run(path, settings, spec, spark)
+    reviewed, digest = re.findall(r"^plan(?: digest)?: (\S+)$", dry.stdout, re.MULTILINE)
+    stored = Path(settings.warehouse, "user_clicks", "_plans", f"{reviewed}.json").read_bytes()
+    assert digest == hashlib.sha256(stored).hexdigest()  # what the reviewer is shown
+    why = ("--reason", "replay")
+    other = cli(
+        path, settings, "rewind", "--plan", reviewed, "--plan-digest", "0" * 64, *why, spark=spark
+    )
+    assert other.returncode == 2 and "is not the plan that was reviewed" in other.stderr
+    applied = cli(
+        path, settings, "rewind", "--plan", reviewed, "--plan-digest", digest, *why, spark=spark
+    )
     assert applied.returncode == 0, applied.stderr
     assert f"applying plan {reviewed}" in applied.stdout
     done = audits(settings, "rewind")[-1]["details"]

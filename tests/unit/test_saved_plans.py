@@ -4,6 +4,7 @@ application moved (real Delta tables; no broker)."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,8 @@ from jobs.ledger import MAINTAIN, STARTED, Boundary
 from jobs.operations import saved_plans
 from jobs.operations.plan import Plan
 from tests.output_tables import StateWriter, clicks_pipeline
+
+PLAN = "20261207T101500Z-1a2b3c4d"
 
 
 def a_plan() -> Plan:
@@ -192,3 +195,42 @@ def test_another_operations_dead_attempt_still_moves_a_plan(tmp_path: Path) -> N
     )
     with pytest.raises(ConfigError, match="the epoch moved from 0 to 1"):
         saved_plans.check_unmoved(layout, pipeline.version, reviewed)
+
+
+def test_a_saved_plan_is_never_replaced(tmp_path: Path) -> None:
+    """A zombie first attempt of an Airflow run (the same plan id in every attempt)
+    must not replace the plan a person approved: a plan is created put-if-absent."""
+    writer = StateWriter(tmp_path, clicks_pipeline())
+    approved = saved_plans.save(writer.layout, writer.pipeline, a_plan(), plan_id=PLAN)
+    other = dataclasses.replace(a_plan(), reason="something else", target_offsets={})
+    with pytest.raises(ConfigError, match=f"plan {PLAN} .* saved already with another content"):
+        saved_plans.save(writer.layout, writer.pipeline, other, plan_id=PLAN)
+    assert saved_plans.load(writer.layout, approved, "rewind").plan.reason == "replay"
+
+
+def test_a_retried_dry_run_of_the_same_plan_keeps_the_saved_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writer = StateWriter(tmp_path, clicks_pipeline())
+    at = saved_plans.Position(epoch=2, last_batch=(2, 5), pipeline_version=1, state_version=7)
+    monkeypatch.setattr(saved_plans, "position", lambda *_: at)
+    saved_plans.save(writer.layout, writer.pipeline, a_plan(), plan_id=PLAN)
+    first = saved_plans.load(writer.layout, PLAN, "rewind")
+    assert first.position.last_batch is not None  # a tuple, stored as a list
+    saved_plans.save(writer.layout, writer.pipeline, a_plan(), plan_id=PLAN)
+    assert saved_plans.load(writer.layout, PLAN, "rewind") == first
+
+
+def test_the_digest_shown_for_approval_is_checked_at_apply(tmp_path: Path) -> None:
+    writer = StateWriter(tmp_path, clicks_pipeline())
+    saved_plans.save(writer.layout, writer.pipeline, a_plan(), plan_id=PLAN)
+    stored = (saved_plans.plans_dir(writer.layout) / f"{PLAN}.json").read_bytes()
+    digest = hashlib.sha256(stored).hexdigest()  # what a reviewer is shown
+    loaded = saved_plans.load(writer.layout, PLAN, "rewind", digest=digest)
+    assert loaded.digest == digest
+    assert saved_plans.load(writer.layout, PLAN, "rewind", digest=digest[:12]).digest == digest
+    with pytest.raises(ConfigError, match="is not the plan that was reviewed"):
+        saved_plans.load(writer.layout, PLAN, "rewind", digest="0" * 64)
+    for bad in ("", "xyz", "0" * 65, "abc"):
+        with pytest.raises(ConfigError, match="a plan digest is"):
+            saved_plans.load(writer.layout, PLAN, "rewind", digest=bad)
