@@ -73,6 +73,14 @@ class FencedError(PlatformError):
     """A writer of an older epoch tried to commit after the epoch was bumped."""
 
 
+class LeaseError(PlatformError):
+    """The application's lease is held by another, or this holder lost it."""
+
+
+class LeaseLostError(LeaseError):
+    """This holder may not commit any more: its lease expired or was taken over."""
+
+
 class ConsistencyError(PlatformError):
     """A batch's bookkeeping does not add up; nothing of it was published."""
 

@@ -39,10 +39,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from jobs.errors import PlatformError
+from jobs.errors import LeaseError, LeaseLostError
 from jobs.warehouse import AlreadyExistsError, ChangedError, Location, Stat, StorageError
 
 log = logging.getLogger(__name__)
+__all__ = ["Lease", "LeaseError", "LeaseLostError", "holding", "take"]
 
 LEASE = "_lease"
 DEFAULT_TTL_S = 30.0
@@ -53,14 +54,6 @@ MIN_TTL_S, MAX_TTL_S = 1.0, 600.0
 # that started just before.
 SAFE_FRACTION = 0.75
 RENEWALS_PER_TTL = 4
-
-
-class LeaseError(PlatformError):
-    """The application's lease is held by another, or this holder lost it."""
-
-
-class LeaseLostError(LeaseError):
-    """This holder may not commit any more: its lease expired or was taken over."""
 
 
 def _clock() -> float:

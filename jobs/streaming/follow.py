@@ -1,6 +1,8 @@
 """Following a running query to its end: its input done (available-now), a stop
-asked (SIGTERM/SIGINT), or an operation that moved the application on (a fence,
-seen in the ledger even while the stream is idle). Spark's drops of late records
+asked (SIGTERM/SIGINT), the application's hold lost (a lease taken over while this
+driver was paused or cut off: checked at every poll, so the query stops before it
+plans another batch, idle or not), or an operation that moved the application on
+(a fence, seen in the ledger even while the stream is idle). Spark's drops of late records
 are checked for every batch the query ran, also when it failed."""
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ import time
 from pyspark.sql.streaming.query import StreamingQuery
 
 from jobs.delta.layout import AppLayout
-from jobs.errors import ConsistencyError, FencedError
+from jobs.errors import ConsistencyError, FencedError, LeaseError
 from jobs.ledger import current_epoch
+from jobs.lock import Holding
 from jobs.streaming.batch import BatchCommitter
 
 log = logging.getLogger(__name__)
@@ -27,11 +30,13 @@ def follow(
     layout: AppLayout,
     epoch: int,
     stop: threading.Event,
+    held: Holding,
 ) -> None:
-    """Wait for the query to end: its input done (available-now), ``stop`` set, or
-    an operation that moved the application on (a fence). Spark's drops of late
-    records are checked for every batch it ran, also when the query failed: the
-    restart's new query has no progress of them."""
+    """Wait for the query to end: its input done (available-now), ``stop`` set, the
+    hold on the application lost (``held.check`` raises: the query is stopped and
+    that error raised), or an operation that moved the application on (a fence).
+    Spark's drops of late records are checked for every batch it ran, also when the
+    query failed: the restart's new query has no progress of them."""
     finished = False
     try:
         checked = time.monotonic()
@@ -40,7 +45,13 @@ def follow(
         while not running.awaitTermination(POLL_S):  # type: ignore[arg-type]
             if stop.is_set():
                 _stop(running)
-            elif time.monotonic() - checked > FENCE_CHECK_S:
+                continue
+            try:
+                held.check()  # no request: this holder's own clock and renewals
+            except LeaseError:
+                _stop(running)
+                raise
+            if time.monotonic() - checked > FENCE_CHECK_S:
                 checked = time.monotonic()
                 if current_epoch(layout) > epoch:  # an idle stream would never commit
                     _stop(running)

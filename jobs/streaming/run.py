@@ -271,7 +271,7 @@ def _stream(
             absorb_seed(writer(hold=True), checkpoint)
         query_settings(spark, short=scheduled)
         running = writer(hold=False).trigger(**trigger).start()
-        follow(running, committer, layout, epoch, run.stop)
+        follow(running, committer, layout, epoch, run.stop, held)
         finished = True
     finally:
         committer.close(finished)

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from jobs import kafka_admin
+from jobs import kafka_admin, lease
 from jobs.settings import REPO_ROOT
 from jobs.storage_server import StorageInfo
 from jobs.warehouse import Location
-from tests.conftest import pipeline_file, produce
+from tests.conftest import pipeline_file, produce, recent_clicks
 from tests.live import (
     LiveProducer,
     assert_exact_clicks,
@@ -69,9 +69,9 @@ def test_a_store_frozen_past_the_lease_loses_and_doubles_nothing(
             _, err = stream.communicate(timeout=120)
         print("stopped by its lease" if stopped_by_lease else "went on after the freeze")
         if stopped_by_lease:
-            assert stream.returncode == 1, err[-2000:]
+            assert stream.returncode == 2, err[-2000:]
             last = err.strip().splitlines()[-1]
-            assert last.startswith("error: LeaseLostError: the lease on user_clicks"), last
+            assert last.startswith("error: the lease on application user_clicks"), last
             assert "commits nothing more" in last
         else:
             assert stream.returncode == 0, err[-2000:]
@@ -95,6 +95,40 @@ def test_a_store_frozen_past_the_lease_loses_and_doubles_nothing(
     highs = {p: high for (_t, p), (_low, high) in marks.items()}
     assert_ledger_tiles(ledger_batches(s3_warehouse), topic, highs)  # type: ignore[arg-type]
     assert_exact_clicks(s3_warehouse, producer.values)  # type: ignore[arg-type]
+
+
+def test_a_stream_whose_lease_was_taken_over_stops_before_another_batch(
+    s3_warehouse: Location,
+    broker,  # type: ignore[no-untyped-def]
+    kafka_config: dict[str, str],
+    new_topic,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Another machine took the lease over (as after a pause of this driver): the idle
+    stream, which has no batch to be refused, stops with the lease's one line (exit 2)
+    and commits nothing more."""
+    monkeypatch.setenv("PLATFORM_LEASE_SECONDS", str(LEASE_S))
+    topic = new_topic(1)
+    path = pipeline_file(tmp_path, "user_clicks", topic)
+    produce(kafka_config, topic, recent_clicks(20, 1))
+    stream = start_stream(path, broker.bootstrap_servers, s3_warehouse)  # type: ignore[arg-type]
+    try:
+        wait_for_batches(s3_warehouse, 0)  # type: ignore[arg-type]
+        committed = len(ledger_batches(s3_warehouse))  # type: ignore[arg-type]
+        held = s3_warehouse / "user_clicks" / lease.LEASE
+        taker = {**lease.holder_record("takeover", "other machine"), "generation": 99}
+        held.write_bytes(json.dumps({**taker, "renewed_s": time.time(), "ttl_s": 600}).encode())
+        _, err = stream.communicate(timeout=8 * LEASE_S)
+    finally:
+        kill(stream)
+    assert stream.returncode == 2, err[-3000:]
+    lines = err.strip().splitlines()
+    assert lines[-1].startswith("error: the lease on application user_clicks was taken over")
+    assert not any("Traceback" in line or "CONCURRENT_STREAM" in line for line in lines), err
+    produce(kafka_config, topic, recent_clicks(5, 2))
+    time.sleep(2 * LEASE_S)
+    assert len(ledger_batches(s3_warehouse)) == committed  # type: ignore[arg-type]
 
 
 def test_a_throttling_store_is_retried_not_fatal(
