@@ -31,12 +31,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
-from deltalake import CommitProperties, DeltaTable
+from deltalake import DeltaTable
 
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout, file_location
 from jobs.delta.log import commit_infos
-from jobs.delta.writer import bump_epoch, fenced_properties
+from jobs.delta.writer import OperationFence, bump_epoch
 from jobs.errors import ConfigError, ConsistencyError, SourceError
 from jobs.faults import maybe_crash
 from jobs.kafka_admin import TopicsNow
@@ -389,7 +389,7 @@ def remove_orphans(
     layout: AppLayout,
     fenced: list[Location],
     new_epoch: int,
-    props: CommitProperties,
+    fence: OperationFence,
     unfinished: list[int] | None = None,
 ) -> dict[str, int]:
     """Rows that batches wrote without their ledger row (fenced or crashed between
@@ -414,7 +414,7 @@ def remove_orphans(
         if name in (tables.LEDGER, "state"):
             continue
         table = DeltaTable(str(path))
-        metrics = table.delete(orphan, commit_properties=props)
+        metrics = table.delete(orphan, commit_properties=fence.on(table))
         count = int(metrics.get("num_deleted_rows", 0) or 0)
         if count:
             removed[name] = count
@@ -699,14 +699,14 @@ def apply_cut(
     if seed is not None:
         write_seed(seed, seed_file(layout, cut.epoch))
     write_cut(layout, cut)
-    props = fenced_properties(
+    fence = OperationFence(
         pipeline.application_id,
         cut.epoch,
         cut.origin,
         {"reason": reason, "pipeline_version": str(pipeline.version)},
     )
     bump_epoch(paths, pipeline.application_id, cut.epoch, reason, first_rows=audit)
-    orphans = remove_orphans(layout, paths, cut.epoch, props, unfinished)
+    orphans = remove_orphans(layout, paths, cut.epoch, fence, unfinished)
     maybe_crash("after_fence")
     state = state.resolved()
     result: dict[str, Any] = {
@@ -716,24 +716,25 @@ def apply_cut(
     }
     if state.behind is not None:
         result["state_undone_to_version"] = state.behind
-    result.update(_change_state(layout.table("state"), state, props))
+    result.update(_change_state(layout.table("state"), state, fence))
     return result
 
 
-def _change_state(path: Location, state: StateChange, props: CommitProperties) -> dict[str, Any]:
+def _change_state(path: Location, state: StateChange, fence: OperationFence) -> dict[str, Any]:
     """The state action in one fenced commit (a PUBLISH: after undoing what is
     beyond the ledger). Returns what it did and the state's version after it."""
     result: dict[str, Any] = {}
+    table = DeltaTable(str(path))
     if state.action is StateAction.RESTORE:
         assert state.restore_to is not None
-        DeltaTable(str(path)).restore(state.restore_to, commit_properties=props)
+        table.restore(state.restore_to, commit_properties=fence.on(table))
         result["restored_version"] = state.restore_to
     elif state.action is StateAction.EMPTY:
-        DeltaTable(str(path)).delete(commit_properties=props)
+        table.delete(commit_properties=fence.on(table))
     elif state.action is StateAction.PUBLISH:
         assert state.publish is not None
         if state.behind is not None:
-            DeltaTable(str(path)).restore(state.behind, commit_properties=props)
+            table.restore(state.behind, commit_properties=fence.on(table))
         result.update(state.publish())
     result["state_version"] = DeltaTable(str(path)).version()
     return result

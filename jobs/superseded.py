@@ -28,7 +28,7 @@ from deltalake import DeltaTable
 
 from jobs.cut import current_log_history
 from jobs.delta.layout import AppLayout
-from jobs.delta.writer import fenced_properties
+from jobs.delta.writer import OperationFence
 from jobs.ledger import current_ledger
 from jobs.lineage import History, Intervals
 
@@ -53,8 +53,9 @@ def remove_superseded_dead_letters(layout: AppLayout) -> int:
         clauses += _judged_again(current_log_history(layout, ledger_now), recent)
     if not clauses:
         return 0
-    props = fenced_properties(layout.application_id, ledger_now.epoch, "supersede_dead_letters")
-    metrics = DeltaTable(str(path)).delete(" OR ".join(clauses), commit_properties=props)
+    fence = OperationFence(layout.application_id, ledger_now.epoch, "supersede_dead_letters")
+    table = DeltaTable(str(path))
+    metrics = table.delete(" OR ".join(clauses), commit_properties=fence.on(table))
     count = int(metrics.get("num_deleted_rows", 0) or 0)
     if count:
         log.info("removed %d dead letters a repair judged again", count)

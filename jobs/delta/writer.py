@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -319,22 +319,42 @@ def bump_epoch(
             raise ConsistencyError(f"could not bump the epoch of {path}: too many conflicts")
 
 
-def fenced_properties(
-    application_id: str, epoch: int, operation: str, tags: dict[str, str] | None = None
-) -> CommitProperties:
-    """Commit properties of an operation's own commits in its (new) epoch, tagged
-    with the operation (and its reason and versions) in the commit info. Made just
-    before the commit: refused once this process lost its hold on the application."""
-    check_hold()
-    return CommitProperties(
-        app_transactions=[Transaction(fence_txn_id(application_id), epoch)],
-        custom_metadata={
-            "application_id": application_id,
-            "platform_operation": operation,
-            "epoch": str(epoch),
-            **(tags or {}),
-        },
-    )
+@dataclass(frozen=True)
+class OperationFence:
+    """An operation's commits in its (new) epoch, tagged with the operation (and
+    its reason and versions) in the commit info.
+
+    ``on(table)`` gives the properties of one commit made on ``table``'s snapshot,
+    and refuses (``FencedError``) when that snapshot's fence is past this epoch: a
+    newer holder bumped it while this one was paused. A bump that lands after the
+    read fails the commit itself (both carry the ``<app>/fence`` transaction, which
+    delta-rs' conflict check covers). So the store, not a check before it, refuses a
+    stale operation's write, and the fence never goes back: a commit carrying an
+    older epoch's fence would set it back."""
+
+    application_id: str
+    epoch: int
+    operation: str
+    tags: Mapping[str, str] = field(default_factory=dict)
+
+    def on(self, table: DeltaTable) -> CommitProperties:
+        check_hold()
+        current = table_epoch(table, self.application_id)
+        if current > self.epoch:
+            raise FencedError(
+                f"application {self.application_id} moved to epoch {current}; this "
+                f"{self.operation} (epoch {self.epoch}) commits nothing more to "
+                f"{Location.parse(table.table_uri).name}"
+            )
+        return CommitProperties(
+            app_transactions=[Transaction(fence_txn_id(self.application_id), self.epoch)],
+            custom_metadata={
+                "application_id": self.application_id,
+                "platform_operation": self.operation,
+                "epoch": str(self.epoch),
+                **self.tags,
+            },
+        )
 
 
 def find_commit_version(

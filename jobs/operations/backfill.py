@@ -30,7 +30,7 @@ from typing import Any
 import numpy
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import CommitProperties, DeltaTable, write_deltalake
+from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -48,7 +48,7 @@ from jobs.cut import (
 from jobs.delta import layout as tables
 from jobs.delta.cdf import AFTER, rows_of, version_changes
 from jobs.delta.layout import AppLayout
-from jobs.delta.writer import fenced_properties
+from jobs.delta.writer import OperationFence
 from jobs.errors import ConfigError
 from jobs.faults import maybe_crash
 from jobs.kafka_source import offsets as kafka_offsets
@@ -556,7 +556,7 @@ def publish(
     epoch = plan.epoch_after
     now = int(time.time() * 1_000_000)
     state_rows = _stamped(corrected, epoch, "updated_at", now)
-    props = fenced_properties(
+    fence = OperationFence(
         pipeline.application_id,
         epoch,
         "backfill",
@@ -567,11 +567,12 @@ def publish(
         },
     )
     if letters is not None and letters.num_rows:
+        dead_letter = DeltaTable(str(layout.table("dead_letter")))
         write_deltalake(
-            str(layout.table("dead_letter")),
+            dead_letter,
             _stamped(letters, epoch, "commit_time", now).cast(tables.DEAD_LETTER_SCHEMA),
             mode="append",
-            commit_properties=props,
+            commit_properties=fence.on(dead_letter),
         )
     state_path = layout.table("state")
     before_version = DeltaTable(str(state_path)).version()
@@ -581,21 +582,20 @@ def publish(
         # columns even when there are none: a crash before the swap leaves the
         # state redefined, and the backfill run again does both.
         changelog = changelog_rows(resolved, corrected, epoch, now)
-        append_new_definition(layout.table("changelog"), changelog, props)
+        append_new_definition(layout.table("changelog"), changelog, fence)
         maybe_crash("during_operation")
-        metrics = swap_state(resolved, state_path, state_rows, props)
+        metrics = swap_state(resolved, state_path, state_rows, fence)
         state_version = DeltaTable(str(state_path)).version()
     else:
-        metrics = merge_state(pipeline, state_path, state_rows, props)
+        metrics = merge_state(pipeline, state_path, state_rows, fence)
         maybe_crash("during_operation")
         state_version = DeltaTable(str(state_path)).version()
         corrections = version_changes(layout.table("state"), state_version)
         after = rows_of(corrections, AFTER, list(resolved.aggregate_schema.names))
         changelog = changelog_rows(resolved, after, epoch, now)
         if changelog.num_rows:
-            write_deltalake(
-                str(layout.table("changelog")), changelog, mode="append", commit_properties=props
-            )
+            target = DeltaTable(str(layout.table("changelog")))
+            write_deltalake(target, changelog, mode="append", commit_properties=fence.on(target))
     return {
         "state_version_before": before_version,
         "state_version": state_version,
@@ -626,26 +626,33 @@ def changelog_rows(resolved: Resolved, rows: pa.Table, epoch: int, now: int) -> 
     return _stamped(kept, epoch, "commit_time", now).cast(resolved.changelog_schema)
 
 
-def append_new_definition(path: Location, rows: pa.Table, props: CommitProperties) -> None:
+def append_new_definition(path: Location, rows: pa.Table, fence: OperationFence) -> None:
     """Append with the new definition's columns merged into the changelog's. A
     column the old files lack is nullable in the table: files without it stay
     readable and compactable."""
-    existing = {f.name for f in DeltaTable(str(path)).schema().fields}
+    table = DeltaTable(str(path))
+    existing = {f.name for f in table.schema().fields}
     schema = pa.schema([f if f.name in existing else f.with_nullable(True) for f in rows.schema])
     write_deltalake(
-        str(path), rows.cast(schema), mode="append", schema_mode="merge", commit_properties=props
+        table,
+        rows.cast(schema),
+        mode="append",
+        schema_mode="merge",
+        commit_properties=fence.on(table),
     )
 
 
 def merge_state(
-    pipeline: Pipeline, path: Location, rows: pa.Table, props: CommitProperties
+    pipeline: Pipeline, path: Location, rows: pa.Table, fence: OperationFence
 ) -> dict[str, Any]:
     """The same definition: one MERGE that touches only the rows that change."""
     keys = " AND ".join(f"t.`{k}` = s.`{k}`" for k in pipeline.state_keys)
     changed = " OR ".join(f"NOT (t.`{v}` <=> s.`{v}`)" for v in pipeline.value_columns)
+    table = DeltaTable(str(path))
     return dict(
-        DeltaTable(str(path))
-        .merge(rows, keys, source_alias="s", target_alias="t", commit_properties=props)
+        table.merge(
+            rows, keys, source_alias="s", target_alias="t", commit_properties=fence.on(table)
+        )
         .when_matched_update_all(predicate=changed)
         .when_not_matched_insert_all()
         .when_not_matched_by_source_delete()
@@ -654,7 +661,7 @@ def merge_state(
 
 
 def swap_state(
-    resolved: Resolved, path: Location, rows: pa.Table, props: CommitProperties
+    resolved: Resolved, path: Location, rows: pa.Table, fence: OperationFence
 ) -> dict[str, Any]:
     """A new definition (columns added, removed or retyped): the whole table,
     schema and rows, replaced in one commit. A reader sees the old table or the
@@ -668,7 +675,7 @@ def swap_state(
         mode="overwrite",
         schema_mode="overwrite",
         configuration=configuration,
-        commit_properties=props,
+        commit_properties=fence.on(table),
     )
     return {
         "num_target_rows_updated": 0,

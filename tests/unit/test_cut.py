@@ -23,7 +23,7 @@ from jobs.cut import (
 )
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
-from jobs.delta.writer import bump_epoch, fenced_properties
+from jobs.delta.writer import OperationFence, bump_epoch
 from jobs.errors import ConsistencyError, SourceError
 from jobs.ledger import batch_boundaries, unfinished_epochs, unfinished_operation
 from jobs.settings import REPO_ROOT
@@ -148,12 +148,12 @@ def test_attempts_that_died_one_after_another_are_undone_together(tmp_path: Path
         bump_epoch([where.table(tables.LEDGER), state], APP, epoch, "why", rows)
 
     def write(epoch: int, value: int) -> None:
-        props = fenced_properties(APP, epoch, "backfill")
+        table = DeltaTable(str(state))
         write_deltalake(
-            str(state),
+            table,
             pa.table({"k": ["a"], "v": [value]}),
             mode="overwrite",
-            commit_properties=props,
+            commit_properties=OperationFence(APP, epoch, "backfill").on(table),
         )
 
     assert unfinished_epochs(where) == [] and unfinished_state_version(where, []) is None

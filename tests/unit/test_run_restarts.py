@@ -17,6 +17,7 @@ from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
 from jobs.delta.writer import bump_epoch
 from jobs.errors import ConsistencyError, FencedError, KafkaUnavailableError
+from jobs.lock import _Flocked
 from jobs.pipeline.parser import load_pipeline
 from jobs.settings import REPO_ROOT
 from jobs.streaming import outage, run
@@ -121,6 +122,6 @@ def test_late_drops_of_a_query_that_failed_are_still_caught(layout: AppLayout) -
     runs as the failed query ends, and the next run refuses until the repair."""
     check = committer(layout)
     with pytest.raises(ConsistencyError, match="dropped 2 late row"):
-        follow(FailedQuery(), check, layout, 0, outage.threading.Event())  # type: ignore[arg-type]
+        follow(FailedQuery(), check, layout, 0, outage.threading.Event(), _Flocked())  # type: ignore[arg-type]
     with pytest.raises(ConsistencyError, match="dropped 2 late row"):
         refuse_unrepaired_drops(layout)

@@ -141,7 +141,7 @@ def test_a_reviewed_plan_whose_apply_died_after_its_fence_completes_on_a_retry(
     tmp_path: Path,
 ) -> None:
     from jobs.cut import fenced_tables
-    from jobs.delta.writer import bump_epoch, fenced_properties
+    from jobs.delta.writer import OperationFence, bump_epoch
 
     writer = StateWriter(tmp_path, clicks_pipeline())
     first = writer.batch({"a": 1})
@@ -164,8 +164,9 @@ def test_a_reviewed_plan_whose_apply_died_after_its_fence_completes_on_a_retry(
             "replay",
             first_rows=audit_row(pipeline, "rewind", epoch, started),
         )
-        props = fenced_properties(pipeline.application_id, epoch, "rewind", {"reason": "x"})
-        DeltaTable(str(writer.path)).restore(first, commit_properties=props)
+        fence = OperationFence(pipeline.application_id, epoch, "rewind", {"reason": "x"})
+        table = DeltaTable(str(writer.path))
+        table.restore(first, commit_properties=fence.on(table))
 
     dies_after_its_fence(1, reviewed.plan)
     retry = saved_plans.check_unmoved(layout, pipeline.version, reviewed)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 import yaml
-from deltalake import CommitProperties, DeltaTable, write_deltalake
+from deltalake import DeltaTable, write_deltalake
 
 from jobs import resolution
 from jobs.delta.layout import AppLayout, column_problems, ensure_tables, state_redefined
@@ -97,6 +97,7 @@ def test_a_changelog_column_new_rows_cannot_leave_empty_is_refused(tmp_path: Pat
 
 
 def test_a_key_added_to_the_changelog_stays_nullable_and_compactable(tmp_path: Path) -> None:
+    from jobs.delta.writer import OperationFence
     from jobs.operations.backfill import append_new_definition
 
     layout = AppLayout(tmp_path, "inventory")
@@ -112,7 +113,7 @@ def test_a_key_added_to_the_changelog_stays_nullable_and_compactable(tmp_path: P
     two_keys["keys"] = ["sku", "kind"]
     v2 = parse_pipeline(two_keys, "v2")
     rows = pa.Table.from_pylist([{**row, "kind": "sale"}], schema=v2.changelog_schema)
-    append_new_definition(changelog, rows, CommitProperties())
+    append_new_definition(changelog, rows, OperationFence("app", 0, "backfill"))
     table = DeltaTable(str(changelog))
     assert {f.name: f.nullable for f in table.schema().fields}["kind"]
     table.optimize.compact()  # old files lack the column: it must be nullable

@@ -13,9 +13,9 @@ from jobs.delta.layout import AppLayout
 from jobs.delta.writer import (
     _HOLD_CHECK,
     BatchWriter,
+    OperationFence,
     bump_epoch,
     commits_checked_by,
-    fenced_properties,
 )
 from jobs.lease import LeaseLostError
 from jobs.lock import application_lock
@@ -47,11 +47,11 @@ def test_an_operations_commits_check_the_hold_of_its_thread(tmp_path: Path) -> N
         with pytest.raises(LeaseLostError):
             bump_epoch([table], "app", 1, "test")
         with pytest.raises(LeaseLostError):
-            fenced_properties("app", 1, "rewind")
+            OperationFence("app", 1, "rewind").on(DeltaTable(str(table)))
         with pytest.raises(LeaseLostError):
             BatchWriter("app", 0).append(table, 0, pa.table({"n": [1]}))
     assert DeltaTable(str(table)).version() == 0
-    fenced_properties("app", 1, "rewind")
+    OperationFence("app", 1, "rewind").on(DeltaTable(str(table)))
     bump_epoch([table], "app", 1, "test")
     assert DeltaTable(str(table)).version() == 1
 
