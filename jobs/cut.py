@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -708,7 +708,10 @@ def apply_cut(
     bump_epoch(paths, pipeline.application_id, cut.epoch, reason, first_rows=audit)
     orphans = remove_orphans(layout, paths, cut.epoch, fence, unfinished)
     maybe_crash("after_fence")
-    state = state.resolved()
+    # What ``state`` holds beyond the ledger, judged now that every table is fenced:
+    # before the bump reached ``state``, a stream paused past its lease could still
+    # merge a batch there (its ledger row then refused).
+    state = replace(state, behind=state_behind(layout)).resolved()
     result: dict[str, Any] = {
         "seeded_rows": cut.seed_rows or 0,
         "state_action": state.action.value,

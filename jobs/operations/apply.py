@@ -27,7 +27,6 @@ from jobs.cut import (
     latest_cut,
     read_cut,
     recorded_definition,
-    state_behind,
 )
 from jobs.delta.layout import AppLayout
 from jobs.errors import ConfigError
@@ -54,7 +53,8 @@ def apply_plan(
     previous = read_cut(layout, plan.epoch_before)
     kept = {} if previous is None else dict(previous.topic_ids)
     kept = {t: i for t, i in kept.items() if t not in plan.reset_topics}
-    state = StateChange(plan.state_action, plan.restore_version, state_behind(layout), publish)
+    # What is beyond the ledger is judged by apply_cut, once every table is fenced.
+    state = StateChange(plan.state_action, plan.restore_version, publish=publish)
     unfinished, floor = unfinished_epochs(layout), watermark_floor(layout, plan)
     details, *offsets = plan.audit(dry_run=False)
     # What the cut needs, read and checked: nothing is written before it.
