@@ -16,11 +16,12 @@ offsets; rebuild, rewind and backfill plan theirs (``jobs/operations``) and
 4. apply the cut's state action to the published ``state`` table.
 
     <warehouse>/<app>/_checkpoints/epoch=<n>.json          the cut
-    <warehouse>/<app>/_checkpoints/epoch=<n>.seed.parquet  the state snapshot, if any
+    <warehouse>/<app>/_checkpoints/epoch=<n>.seed-<sha256>.parquet  the state snapshot, if any
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from collections.abc import Callable, Mapping
@@ -37,7 +38,7 @@ from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout, file_location
 from jobs.delta.log import commit_infos
 from jobs.delta.writer import OperationFence, bump_epoch
-from jobs.errors import ConfigError, ConsistencyError, SourceError
+from jobs.errors import ConfigError, ConsistencyError, FencedError, SourceError
 from jobs.faults import maybe_crash
 from jobs.kafka_admin import TopicsNow
 from jobs.kafka_source import offsets as kafka_offsets
@@ -55,9 +56,11 @@ from jobs.ledger import (
 from jobs.lineage import Boundary, History, Pin, origin
 from jobs.pipeline.checks import definition_changes, only_rekeying, state_shape_changes
 from jobs.pipeline.model import Pipeline
-from jobs.warehouse import Location
+from jobs.warehouse import AlreadyExistsError, ChangedError, Landing, Location
 
 log = logging.getLogger(__name__)
+# Hex digits of a seed's SHA-256 in its name: unique among one epoch's attempts.
+SEED_DIGEST_CHARS = 32
 Offsets = kafka_offsets.Offsets
 
 
@@ -97,6 +100,9 @@ class Cut:
     state_shape: dict[str, Any] | None = None
     # The pipeline version and definition the epoch began with (``Pipeline.definition``).
     definition: dict[str, Any] | None = None
+    # The seed's content (``write_seed``: its file is named by it); None: a seed
+    # written before seeds were named by content, or no seed.
+    seed_digest: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -109,8 +115,12 @@ def cut_file(layout: AppLayout, epoch: int) -> Location:
     return layout.checkpoints / f"epoch={epoch}.json"
 
 
-def seed_file(layout: AppLayout, epoch: int) -> Location:
-    return layout.checkpoints / f"epoch={epoch}.seed.parquet"
+def seed_file(layout: AppLayout, epoch: int, digest: str | None = None) -> Location:
+    """Epoch ``epoch``'s seed of content ``digest`` (what its cut records), or the
+    one name seeds had before they were named by content."""
+    if digest is None:
+        return layout.checkpoints / f"epoch={epoch}.seed.parquet"
+    return layout.checkpoints / f"epoch={epoch}.seed-{digest}.parquet"
 
 
 def read_cut(layout: AppLayout, epoch: int) -> Cut | None:
@@ -130,6 +140,7 @@ def read_cut(layout: AppLayout, epoch: int) -> Cut | None:
             topic_ids={str(k): str(v) for k, v in dict(data.get("topic_ids") or {}).items()},
             state_shape=None if data.get("state_shape") is None else dict(data["state_shape"]),
             definition=None if data.get("definition") is None else dict(data["definition"]),
+            seed_digest=None if data.get("seed_digest") is None else str(data["seed_digest"]),
         )
         cut.offsets()  # validates the shape
     except (OSError, ValueError, KeyError, TypeError, AttributeError, ConfigError) as exc:
@@ -293,8 +304,7 @@ def epoch_start(layout: AppLayout, pipeline: Pipeline, topics: TopicsNow) -> Cut
         state_shape=pipeline.state_shape,
         definition=recorded_definition(pipeline),
     )
-    write_cut(layout, first)
-    return first
+    return claim_first_cut(layout, first)
 
 
 def _highest_version(layout: AppLayout) -> int:
@@ -304,9 +314,68 @@ def _highest_version(layout: AppLayout) -> int:
     return int(max(v for v in rows["pipeline_version"].to_pylist() if v is not None))
 
 
+def claim_first_cut(layout: AppLayout, first: Cut) -> Cut:
+    """The application's first cut: ``first`` if no run wrote one before (created
+    put-if-absent), else that one, so that every run of epoch 0 starts alike (a
+    ``latest`` start resolves to other offsets each time)."""
+    try:
+        cut_file(layout, first.epoch).create(first.to_json().encode())
+    except AlreadyExistsError:
+        found = read_cut(layout, first.epoch)
+        assert found is not None
+        return found
+    return first
+
+
 def write_cut(layout: AppLayout, cut: Cut) -> None:
-    # Whole: a crash leaves either no file or a whole one.
-    cut_file(layout, cut.epoch).write_text(cut.to_json())
+    """Write ``cut`` as its epoch's, whole, put-if-absent. Another attempt's cut of
+    that epoch is replaced only while no attempt has fenced the epoch (it died, or
+    is paused, before its bump), and only if it is still the version read: once the
+    epoch began, its cut never changes. ``FencedError``: this attempt was overtaken.
+    An attempt whose cut is replaced after all and whose bump wins stops after it
+    (``check_cut_kept``)."""
+    target = cut_file(layout, cut.epoch)
+    data = cut.to_json().encode()
+    try:
+        target.create(data)
+        return
+    except AlreadyExistsError:
+        pass
+    found = target.stat()
+    if found is not None and target.read_bytes() == data:
+        return  # this cut already: a retry of the same attempt
+    if current_epoch(layout) >= cut.epoch:
+        raise FencedError(
+            f"epoch {cut.epoch} of {layout.application_id} began with another cut ({target}): "
+            "this attempt was overtaken (paused, or its hold lost) and writes nothing"
+        )
+    if not target.is_s3 or found is None or found.etag is None:
+        target.write_bytes(data)  # a local warehouse is held with flock: that writer is gone
+        return
+    try:
+        target.update(data, found.etag)
+    except ChangedError:
+        raise FencedError(
+            f"another attempt wrote epoch {cut.epoch}'s cut of {layout.application_id} "
+            "meanwhile: this one writes nothing"
+        ) from None
+
+
+def check_cut_kept(layout: AppLayout, cut: Cut) -> None:
+    """After the bump: the epoch's cut is still the one this attempt wrote. Else
+    another attempt replaced it while this one was paused between its check and its
+    bump: the epoch is this attempt's, its start is not; it stops (the operation run
+    again completes the epoch in the next one)."""
+    try:
+        stored = cut_file(layout, cut.epoch).read_bytes()
+    except FileNotFoundError:
+        stored = b""
+    if stored != cut.to_json().encode():
+        raise FencedError(
+            f"epoch {cut.epoch} of {layout.application_id} is fenced by this attempt, but its "
+            "cut is not the one it wrote (another attempt replaced it while this one was "
+            "paused): it stops here; run the operation again to complete the epoch"
+        )
 
 
 def starting_offsets(
@@ -697,7 +766,7 @@ def apply_cut(
     check_same_topics(kept_topic_ids, cut.topic_ids)
     paths = fenced_tables(layout, pipeline)
     if seed is not None:
-        write_seed(seed, seed_file(layout, cut.epoch))
+        cut = replace(cut, seed_digest=write_seed(seed, layout, cut.epoch))
     write_cut(layout, cut)
     fence = OperationFence(
         pipeline.application_id,
@@ -706,6 +775,7 @@ def apply_cut(
         {"reason": reason, "pipeline_version": str(pipeline.version)},
     )
     bump_epoch(paths, pipeline.application_id, cut.epoch, reason, first_rows=audit)
+    check_cut_kept(layout, cut)
     orphans = remove_orphans(layout, paths, cut.epoch, fence, unfinished)
     maybe_crash("after_fence")
     # What ``state`` holds beyond the ledger, judged now that every table is fenced:
@@ -743,13 +813,22 @@ def _change_state(path: Location, state: StateChange, fence: OperationFence) -> 
     return result
 
 
-def write_seed(rows: pa.Table, path: Location) -> None:
-    landing = path.landing()  # a crash leaves no half-written seed
+def write_seed(rows: pa.Table, layout: AppLayout, epoch: int) -> str:
+    """Write epoch ``epoch``'s seed, whole, under a name made of its content; returns
+    that digest (the cut records it). Two attempts of one epoch never share a name,
+    so one never replaces the seed another's cut names."""
+    landing = seed_file(layout, epoch).landing()  # a crash leaves no half-written seed
     try:
         pq.write_table(rows, landing.path)
-        landing.land()
+        digest = hashlib.sha256()
+        with open(landing.path, "rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+        named = digest.hexdigest()[:SEED_DIGEST_CHARS]
+        Landing(seed_file(layout, epoch, named), landing.path).land()
     finally:
         landing.discard()
+    return named
 
 
 def same_ids(recorded: Mapping[str, str], now: Mapping[str, str]) -> set[str]:

@@ -67,3 +67,11 @@ def append(layout: AppLayout, rows: list[dict[str, Any]]) -> None:
         for row in rows
     ]
     write_deltalake(str(path), pa.Table.from_pylist(full, tables.LEDGER_SCHEMA), mode="append")
+
+
+def record_cut(layout: AppLayout, cut: Any) -> None:
+    """Set an epoch's cut as a test's scene needs it (replacing one: the platform's
+    ``write_cut`` never replaces the cut of a begun epoch)."""
+    from jobs.cut import cut_file
+
+    cut_file(layout, cut.epoch).write_text(cut.to_json())

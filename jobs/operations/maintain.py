@@ -35,7 +35,7 @@ from deltalake.exceptions import CommitFailedError
 
 from jobs import kafka_admin
 from jobs.audit import append_audit, audit_row
-from jobs.cut import live_boundaries, log_floor, seed_file
+from jobs.cut import live_boundaries, log_floor
 from jobs.delta import layout as tables
 from jobs.delta.files import stale_staged_files
 from jobs.delta.layout import AppLayout
@@ -253,11 +253,13 @@ def stale_paths(layout: AppLayout, epoch: int, names: list[str]) -> list[Locatio
     a new epoch starts from its cut); staged data files of batches that can no
     longer commit (``jobs/delta/files.py``); and the raw staging folder that
     versions before tasks staged raw files in the table left behind."""
-    found = [
+    found = [layout.checkpoint(older) for older in range(epoch)]
+    found = [path for path in found if path.exists()]
+    # Seeds, whatever their content's name: every attempt's of every older epoch.
+    found += [
         path
-        for older in range(epoch)
-        for path in (layout.checkpoint(older), seed_file(layout, older))
-        if path.exists()
+        for path, _stat in layout.checkpoints.files()
+        if any(path.name.startswith(f"epoch={older}.seed") for older in range(epoch))
     ]
     ledger = layout.table(tables.LEDGER)
     last = (

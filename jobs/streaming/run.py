@@ -212,7 +212,7 @@ def _stream(
     # Only used while the epoch's checkpoint has no batch yet (Spark ignores it after).
     start = start_of(cut, topics.marks, not offset_log.offset_batches(checkpoint), topics.ids)
     starting = plan.to_json_dict(start)
-    seed_path = seed_file(layout, epoch) if cut.seed_rows is not None else None
+    seed_path = seed_file(layout, epoch, cut.seed_digest) if cut.seed_rows is not None else None
     name = f"{pipeline.application_id}_epoch{epoch}"
     spark.conf.set("spark.sql.shuffle.partitions", str(pipeline.shuffle_partitions))
     replays = table_versions.replay_ranges(spark, resolved, layout, cut.offsets())

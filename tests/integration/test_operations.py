@@ -140,7 +140,7 @@ def assert_the_seed_check_sees_a_difference(spark, pipeline, checkpoint: Path, t
     from jobs.streaming.seed import verify_seeded_state
 
     resolved = resolve(spark, pipeline)
-    seed = checkpoint.parent / "epoch=1.seed.parquet"
+    (seed,) = checkpoint.parent.glob("epoch=1.seed-*.parquet")  # named by its content
     rows = pq.read_table(seed)
     kept = Location.local_path(checkpoint)
     assert verify_seeded_state(spark, resolved, kept, Location.local_path(seed)) == rows.num_rows

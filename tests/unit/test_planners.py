@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.cut import Cut, StateAction, write_cut
+from jobs.cut import Cut, StateAction
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
 from jobs.errors import ConfigError, SourceError
@@ -33,7 +33,7 @@ def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, marks):  # type: i
     """Epoch 0 read clicks[0] from offset 0 in three batches ending at 300, 600 and
     900 (state versions 1, 2, 3); the broker holds offsets 0..1000."""
     layout = AppLayout(tmp_path, PIPELINE.application_id)
-    write_cut(layout, Cut(0, {"clicks": {"0": 0}}, "pipeline"))
+    ledger.record_cut(layout, Cut(0, {"clicks": {"0": 0}}, "pipeline"))
     ledger.append(
         layout,
         [
@@ -116,7 +116,9 @@ def test_the_new_epochs_watermark_floor_follows_the_state_it_starts_from(setting
 
 def test_rewind_skip_back_is_allowed_only_for_a_topic_with_a_new_id(settings, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     layout = AppLayout(settings.warehouse, PIPELINE.application_id)
-    write_cut(layout, Cut(0, {"clicks": {"0": 0}}, "pipeline", topic_ids={"clicks": "old-id"}))
+    ledger.record_cut(
+        layout, Cut(0, {"clicks": {"0": 0}}, "pipeline", topic_ids={"clicks": "old-id"})
+    )
     ids = {"clicks": "old-id"}
     monkeypatch.setattr(restart.kafka_admin, "topic_ids", lambda *_a: dict(ids))
     with pytest.raises(ConfigError, match="only moves forward"):
@@ -158,10 +160,10 @@ def test_a_rewind_never_restores_a_state_an_earlier_rewind_discarded(settings) -
 
 def test_a_rewind_never_picks_a_boundary_in_a_deleted_topics_log(settings, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     layout = AppLayout(settings.warehouse, PIPELINE.application_id)
-    write_cut(layout, Cut(0, {"clicks": {"0": 0}}, "pipeline", topic_ids={"clicks": "old"}))
+    ledger.record_cut(layout, Cut(0, {"clicks": {"0": 0}}, "pipeline", topic_ids={"clicks": "old"}))
     # The topic was recreated; a skip rewind pointed epoch 1 at the new log's start.
     bump(settings, 1)
-    write_cut(layout, Cut(1, {"clicks": {"0": 0}}, "rewind", topic_ids={"clicks": "new"}))
+    ledger.record_cut(layout, Cut(1, {"clicks": {"0": 0}}, "rewind", topic_ids={"clicks": "new"}))
     keep = {"state_action": "keep", "boundary": {"epoch": 0, "batch_id": 2}}
     append_rows(
         settings, [ledger.operation_done(1, "rewind", keep, 3), ledger.batch_row(1, 0, 0, 500, 4)]
@@ -180,7 +182,7 @@ def test_a_rebuild_after_a_completed_backfill_continues_from_the_backfills_cut(s
     # batch ran since. Then the recovery DAG's rebuild fenced the new stream (epoch 2).
     layout = AppLayout(settings.warehouse, PIPELINE.application_id)
     bump(settings, 1)
-    write_cut(layout, Cut(1, {"clicks": {"0": 1000}}, "backfill", watermark_ms=2500))
+    ledger.record_cut(layout, Cut(1, {"clicks": {"0": 1000}}, "backfill", watermark_ms=2500))
     publish = {"state_action": "publish", "boundary": {"epoch": 0, "batch_id": 2}}
     append_rows(settings, [ledger.operation_done(1, "backfill", publish, 5)])
     bump(settings, 2)
@@ -210,7 +212,7 @@ def test_a_rewind_after_a_skip_never_replays_what_the_skip_skipped(settings) -> 
     # A skip moved epoch 1 from 900 to 950 (state kept: version 3); no batch since.
     layout = AppLayout(settings.warehouse, PIPELINE.application_id)
     bump(settings, 1)
-    write_cut(layout, Cut(1, {"clicks": {"0": 950}}, "rewind", watermark_ms=2000))
+    ledger.record_cut(layout, Cut(1, {"clicks": {"0": 950}}, "rewind", watermark_ms=2000))
     keep = {"state_action": "keep", "boundary": {"epoch": 0, "batch_id": 2}}
     append_rows(settings, [ledger.operation_done(1, "rewind", keep, 3)])
     spec = TargetSpec("offset", "960")
@@ -225,7 +227,7 @@ def test_a_backfill_after_a_backfill_keeps_the_stream_watermark(settings, monkey
     # judgments of batches 1 and 2 (watermark 2000): a second one continues from 2000.
     layout = AppLayout(settings.warehouse, PIPELINE.application_id)
     bump(settings, 1)
-    write_cut(layout, Cut(1, {"clicks": {"0": 900}}, "backfill", watermark_ms=2000))
+    ledger.record_cut(layout, Cut(1, {"clicks": {"0": 900}}, "backfill", watermark_ms=2000))
     publish = {"state_action": "publish", "boundary": {"epoch": 0, "batch_id": 0}}
     append_rows(settings, [ledger.operation_done(1, "backfill", publish, 5)])
     from jobs.operations import backfill
@@ -250,7 +252,7 @@ def test_a_rewind_to_before_a_skip_says_its_replay_judges_the_skipped_range(sett
     # A skip moved epoch 1 from 900 to 950 (state kept: version 3), a batch read on.
     layout = AppLayout(settings.warehouse, PIPELINE.application_id)
     bump(settings, 1)
-    write_cut(layout, Cut(1, {"clicks": {"0": 950}}, "rewind", watermark_ms=2000))
+    ledger.record_cut(layout, Cut(1, {"clicks": {"0": 950}}, "rewind", watermark_ms=2000))
     keep = {
         "state_action": "keep",
         "boundary": {"epoch": 0, "batch_id": 2},

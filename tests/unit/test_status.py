@@ -159,7 +159,7 @@ def test_a_hopping_checkpoint_keyed_by_window_start_names_a_seeded_rebuild(
     their last pane: ``status`` names the rebuild the recovery DAG applies."""
     import yaml
 
-    from jobs.cut import Cut, write_cut
+    from jobs.cut import Cut
 
     data = yaml.safe_load((REPO_ROOT / "include" / "pipelines" / "user_clicks.yaml").read_text())
     data["window"] = {"type": "hopping", "size": "2 minutes", "slide": "1 minute"}
@@ -168,14 +168,16 @@ def test_a_hopping_checkpoint_keyed_by_window_start_names_a_seeded_rebuild(
     where = AppLayout(tmp_path, hopping.application_id)
     ensure_tables(where, resolution.of(hopping))
     old_shape = {k: v for k, v in hopping.state_shape.items() if k != "window_key"}
-    write_cut(where, Cut(0, {"clicks": {"0": 0}}, "pipeline", state_shape=old_shape))
+    ledger.record_cut(where, Cut(0, {"clicks": {"0": 0}}, "pipeline", state_shape=old_shape))
     ledger.append(where, [ledger.batch_row(0, 0, 0, 100, 0)])
     spark_logs(where, range(1), range(1))
     settings = dataclasses.replace(load_settings(), warehouse=tmp_path)
     found = application_status(hopping, settings, with_broker=False)
     assert found.repair == "rebuild"
     assert any("last pane" in p for p in found.problems)
-    write_cut(where, Cut(0, {"clicks": {"0": 0}}, "pipeline", state_shape=hopping.state_shape))
+    ledger.record_cut(
+        where, Cut(0, {"clicks": {"0": 0}}, "pipeline", state_shape=hopping.state_shape)
+    )
     assert application_status(hopping, settings, with_broker=False).repair is None
 
 
@@ -215,7 +217,7 @@ def test_after_a_fence_the_next_read_is_the_newest_cut_not_the_deleted_logs_batc
     """A skip moved the application onto a recreated topic's new log (epoch 1, no
     batch since); a recovery DAG's fence began epoch 2, which has no cut. The next
     run reads from the skip's cut, not from the last batch's end in the deleted log."""
-    from jobs.cut import Cut, write_cut
+    from jobs.cut import Cut
     from jobs.delta.writer import bump_epoch
     from jobs.ledger import last_batch
     from jobs.status import reading_from
@@ -223,7 +225,7 @@ def test_after_a_fence_the_next_read_is_the_newest_cut_not_the_deleted_logs_batc
     ledger.append(layout, [ledger.batch_row(0, 0, 0, 900, 1)])
     for epoch in (1, 2):
         bump_epoch([layout.table("_ledger")], PIPELINE.application_id, epoch, "test")
-    write_cut(layout, Cut(1, {"clicks": {"0": 40}}, "rewind", topic_ids={"clicks": "new"}))
+    ledger.record_cut(layout, Cut(1, {"clicks": {"0": 40}}, "rewind", topic_ids={"clicks": "new"}))
     keep = {"state_action": "keep", "boundary": {"epoch": 0, "batch_id": 0}}
     ledger.append(layout, [ledger.operation_done(1, "rewind", keep, 2)])
     fence = {"reason": "recovery", "for": "rebuild"}
