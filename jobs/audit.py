@@ -6,15 +6,21 @@ import getpass
 import json
 import os
 import time
+import uuid
 from typing import Any
 
 import pyarrow as pa
-from deltalake import write_deltalake
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake.exceptions import CommitFailedError
 
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
-from jobs.delta.writer import check_hold
+from jobs.delta.writer import MAX_ATTEMPTS, OperationFence, check_hold, own_commit
+from jobs.errors import ConsistencyError
 from jobs.pipeline.model import Pipeline
+
+# The commit info key of an audit row's own id (``append_audit``).
+AUDIT_ID = "audit_id"
 
 
 def who() -> str:
@@ -53,9 +59,43 @@ def audit_row(
     return pa.Table.from_pylist([row], tables.LEDGER_SCHEMA)
 
 
-def append_audit(layout: AppLayout, row: pa.Table) -> None:
-    """A blind append (no fence): audits of dry runs must not disturb a running stream.
-    A holder that lost its hold on the application records nothing more."""
+def append_audit(layout: AppLayout, row: pa.Table, fenced: bool = False) -> None:
+    """Append an audit row, at most once: every audit commit carries the
+    ``<app>/audit`` transaction and an id of its own, so that a commit whose answer
+    was lost and that is tried again conflicts (delta-rs' check of app transactions)
+    and finds its first commit, instead of appending the row twice. Audits of dry
+    runs carry no fence: they must not disturb a running stream. An operation's own
+    rows (``fenced``) carry the fence of the row's epoch and are refused
+    (``FencedError``) once another holder moved the application past it. A holder
+    that lost its hold on the application records nothing more."""
     check_hold()
-    tables.upgrade_ledger(layout.table(tables.LEDGER))
-    write_deltalake(str(layout.table(tables.LEDGER)), row, mode="append")
+    path = layout.table(tables.LEDGER)
+    tables.upgrade_ledger(path)
+    epoch = int(row.column("epoch")[0].as_py())
+    audit_id = uuid.uuid4().hex
+    for _attempt in range(MAX_ATTEMPTS):
+        table = DeltaTable(str(path))
+        read = table.version()
+        if fenced:
+            props = OperationFence(layout.application_id, epoch, "audit").on(table)
+            txns = list(props.app_transactions or [])
+        else:
+            txns = []
+        txns.append(Transaction(audit_txn_id(layout.application_id), epoch))
+        props = CommitProperties(
+            app_transactions=txns,
+            custom_metadata={"application_id": layout.application_id, AUDIT_ID: audit_id},
+        )
+        try:
+            write_deltalake(table, row, mode="append", commit_properties=props)
+            return
+        except CommitFailedError:
+            if own_commit(path, read, AUDIT_ID, audit_id):
+                return  # this row's own commit, whose answer was lost
+    raise ConsistencyError(
+        f"could not append an audit row to {path} after {MAX_ATTEMPTS} concurrent conflicts"
+    )
+
+
+def audit_txn_id(application_id: str) -> str:
+    return f"{application_id}/audit"

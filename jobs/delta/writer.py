@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -37,6 +38,8 @@ from jobs.warehouse import Location
 log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 5
 TableOperation = Callable[[DeltaTable, CommitProperties], None]
+# The commit info key of an epoch bump's own id (``bump_epoch``).
+BUMP_ID = "bump_id"
 # The check the holder of an application runs before each of its commits, installed
 # by ``jobs/lock.py`` while it holds the application: a holder whose lease on object
 # storage lapsed (frozen, cut off) commits nothing. A run's batches, committed on
@@ -289,14 +292,19 @@ def bump_epoch(
     first table's bump commit; the others are empty commits. A table already at a
     newer epoch is an error.
     """
+    bump_id = uuid.uuid4().hex  # tells this bump's commits from another holder's
     for i, path in enumerate(paths):
+        read: int | None = None
         for _attempt in range(MAX_ATTEMPTS):
             table = DeltaTable(str(path))
             current = table_epoch(table, application_id)
             if current >= new_epoch:
+                if read is not None and own_commit(path, read, BUMP_ID, bump_id):
+                    break  # this bump's own commit, whose answer was lost
                 raise FencedError(
                     f"{path.name} of {application_id} is at epoch {current}, not below {new_epoch}"
                 )
+            read = table.version()
             check_hold()
             rows = first_rows if i == 0 and first_rows is not None else None
             if rows is None:
@@ -308,6 +316,7 @@ def bump_epoch(
                     "platform_operation": "epoch_bump",
                     "epoch": str(new_epoch),
                     "reason": reason,
+                    BUMP_ID: bump_id,
                 },
             )
             try:
@@ -317,6 +326,11 @@ def bump_epoch(
             break
         else:
             raise ConsistencyError(f"could not bump the epoch of {path}: too many conflicts")
+
+
+def own_commit(path: Location, after: int, key: str, value: str) -> bool:
+    """A commit after version ``after`` whose commit info has ``key`` = ``value``."""
+    return any(info.get(key) == value for info in commit_infos(path, after + 1).values())
 
 
 @dataclass(frozen=True)

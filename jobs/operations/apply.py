@@ -76,7 +76,7 @@ def apply_plan(
     )
     result = apply_cut(layout, pipeline, cut, kept, reason, audit, seed, unfinished, state)
     done = {**details, "phase": "done", "result": result}
-    append_audit(layout, audit_row(pipeline, plan.operation, new, done, *offsets))
+    append_audit(layout, audit_row(pipeline, plan.operation, new, done, *offsets), fenced=True)
     # Kafka's own tools show the application's lag from where the new epoch starts.
     monitoring_group.commit_once(config, pipeline.application_id, cut.starting_offsets)
     return result

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -105,3 +106,27 @@ def test_a_zombie_bump_of_an_older_epoch_is_refused(tmp_path: Path) -> None:
     with pytest.raises(FencedError):
         bump_epoch([path], APP, 2, "a zombie's bump")
     assert table_epoch(DeltaTable(str(path)), APP) == 3
+
+
+def test_a_bump_whose_answer_was_lost_is_the_operations_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bump's commit was applied and its answer lost; the retry, on the snapshot
+    it read, conflicts: the operation finds its own bump, not another holder's (it
+    was refused as fenced by itself)."""
+    from jobs.delta import writer
+
+    path = a_table(tmp_path)
+    real = writer.write_deltalake
+
+    def reply_lost_then_retried(table: Any, *args: Any, **kwargs: Any) -> None:
+        read = table.version()
+        real(table, *args, **kwargs)
+        real(DeltaTable(table.table_uri, version=read), *args, **kwargs)
+
+    monkeypatch.setattr(writer, "write_deltalake", reply_lost_then_retried)
+    bump_epoch([path], APP, 2, "this operation")
+    monkeypatch.undo()
+    assert table_epoch(DeltaTable(str(path)), APP) == 2
+    with pytest.raises(FencedError):  # another holder's bump stays refused
+        bump_epoch([path], APP, 2, "a second taker of epoch 2")

@@ -9,6 +9,7 @@ import json
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +23,8 @@ from jobs.warehouse import AlreadyExistsError, ChangedError, Stat
 class FakeStore:
     objects: dict[str, tuple[bytes, str]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    clock: Callable[[], float] = time.time  # the store's own clock
+    times: dict[str, float] = field(default_factory=dict)  # each object's, by that clock
 
 
 @dataclass
@@ -43,7 +46,15 @@ class FakeLocation:
     def stat(self) -> Stat | None:
         with self.store.lock:
             found = self.store.objects.get(self.key)
-        return None if found is None else Stat(len(found[0]), time.time(), found[1])
+        if found is None:
+            return None
+        return Stat(len(found[0]), self.store.times[self.key], found[1])
+
+    def store_time(self) -> float:
+        return self.store.clock()
+
+    def _written(self) -> None:
+        self.store.times[self.key] = self.store.clock()
 
     def read_bytes(self) -> bytes:
         with self.store.lock:
@@ -57,9 +68,10 @@ class FakeLocation:
             if self.key in self.store.objects:
                 raise AlreadyExistsError(self.key)
             self.store.objects[self.key] = (data, uuid.uuid4().hex)
+            self._written()
         if self.lose_create_answer:  # written, but the answer never came back
             raise AlreadyExistsError(self.key)
-        return Stat(len(data), time.time(), self.store.objects[self.key][1])
+        return Stat(len(data), self.store.times[self.key], self.store.objects[self.key][1])
 
     def update(self, data: bytes, etag: str) -> Stat:
         with self.store.lock:
@@ -67,11 +79,13 @@ class FakeLocation:
             if found is None or found[1] != etag:
                 raise ChangedError(self.key)
             self.store.objects[self.key] = (data, uuid.uuid4().hex)
-            return Stat(len(data), time.time(), self.store.objects[self.key][1])
+            self._written()
+            return Stat(len(data), self.store.times[self.key], self.store.objects[self.key][1])
 
     def put_raw(self, data: bytes) -> None:
         with self.store.lock:
             self.store.objects[self.key] = (data, uuid.uuid4().hex)
+            self._written()
 
 
 def _record(**fields: Any) -> bytes:
@@ -188,22 +202,26 @@ def test_a_lease_its_holder_stopped_renewing_holds_nothing_for_a_pre_check(
     where: FakeLocation,
 ) -> None:
     """``current`` is what commands check before they start (and what status
-    shows): a holder that was killed must not block them for ever. A record renewed
-    within its time to live (by its writer's clock) holds; one past it, or released,
-    or one whose times cannot be read, does not (``take`` then proves it on this
-    machine's clock before taking it)."""
-    now = time.time()
-    where.put_raw(_record(generation=3, renewed_s=now - 0.5, ttl_s=2))
+    shows): a holder that was killed must not block them for ever. A record the
+    store stored within its time to live (bounded) holds, whatever the times in it
+    say; one older by the store's clock, or released, does not (``take`` then proves
+    it on this machine's clock before taking it)."""
+    now = [1_000_000.0]
+    where.store.clock = lambda: now[0]
+    for raw in (
+        _record(generation=3, renewed_s=0, ttl_s=2),
+        _record(generation=3, renewed_s="soon", ttl_s=2),
+        b"not json",  # a record that cannot be read: its holder is unknown, not absent
+    ):
+        where.put_raw(raw)
+        now[0] += 1.0
+        assert lease.current(where) is not None, raw  # type: ignore[arg-type]
+        now[0] += lease.DEFAULT_TTL_S + 2
+        assert lease.current(where) is None, raw  # type: ignore[arg-type]
+    where.put_raw(_record(generation=3, ttl_s=1e12))  # bounded
+    now[0] += lease.MAX_TTL_S - 10
     assert lease.current(where) is not None  # type: ignore[arg-type]
-    where.put_raw(_record(generation=3, renewed_s=now - 5, ttl_s=2))
-    assert lease.current(where) is None  # type: ignore[arg-type]
-    where.put_raw(_record(generation=3, renewed_s=now, ttl_s=2, released=True))
-    assert lease.current(where) is None  # type: ignore[arg-type]
-    where.put_raw(_record(generation=3, renewed_s="soon", ttl_s=2))
-    assert lease.current(where) is None  # type: ignore[arg-type]
-    where.put_raw(_record(generation=3, renewed_s=now - 1, ttl_s=1e12))  # bounded
-    assert lease.current(where) is not None  # type: ignore[arg-type]
-    where.put_raw(_record(generation=3, renewed_s=now - 2 * lease.MAX_TTL_S, ttl_s=1e12))
+    now[0] += 20
     assert lease.current(where) is None  # type: ignore[arg-type]
 
 
@@ -244,3 +262,43 @@ def test_a_lease_another_holder_took_is_not_adopted(where: FakeLocation) -> None
         held.check()
     held.release()
     assert json.loads(where.read_bytes())["holder"] == "other"
+
+
+def test_a_takeover_whose_answer_was_lost_is_ours(where: FakeLocation) -> None:
+    """The takeover's PUT was applied, its answer lost, and the client's retry found
+    another version (its own): the taker holds the lease; it is not 'busy' (which
+    left the lease orphaned for two lease times)."""
+    where.put_raw(_record(generation=4, renewed_s=time.time() - 60, ttl_s=1))
+    real_update = where.update
+
+    def applied_then_refused(data: bytes, etag: str) -> Stat:
+        real_update(data, etag)
+        raise ChangedError(where.key)  # the retry of the PUT: 412, the version is new
+
+    where.update = applied_then_refused  # type: ignore[method-assign]
+    held = _take(where)
+    where.update = real_update  # type: ignore[method-assign]
+    try:
+        assert held.generation == 5
+        assert json.loads(where.read_bytes())["holder"] == held.holder["holder"]
+        held.check()
+        held.renew()  # from the version its lost write made
+    finally:
+        held.release()
+    assert json.loads(where.read_bytes())["released"] is True
+
+
+def test_whether_a_lease_is_held_rests_on_the_stores_clock_alone(where: FakeLocation) -> None:
+    """A pre-check (``current``) judges a record's age by the store's clock (the
+    object's time against the store's now), never by the time its writer's clock put
+    in it: a holder whose clock runs ahead or behind is held while it renews."""
+    store_now = [1_000_000.0]
+    where.store.clock = lambda: store_now[0]
+    for skew in (-3600.0, -2.0, 0.0, 2.0, 3600.0):  # the writer's clock against ours
+        where.put_raw(_record(generation=3, renewed_s=time.time() + skew, ttl_s=2))
+        store_now[0] += 1.5  # within its time to live, on the store's clock
+        assert lease.current(where) is not None, skew  # type: ignore[arg-type]
+    store_now[0] += 5  # no renewal for longer than its time to live
+    assert lease.current(where) is None  # type: ignore[arg-type]
+    where.put_raw(_record(generation=3, renewed_s=time.time(), ttl_s=2, released=True))
+    assert lease.current(where) is None  # type: ignore[arg-type]
