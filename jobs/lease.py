@@ -54,6 +54,8 @@ MIN_TTL_S, MAX_TTL_S = 1.0, 600.0
 # that started just before.
 SAFE_FRACTION = 0.75
 RENEWALS_PER_TTL = 4
+# S3 gives an object's time to the second: two of them differ by up to this much more.
+STORE_TIME_GRAIN_S = 1.0
 
 
 def _clock() -> float:
@@ -228,15 +230,20 @@ def holder_record(purpose: str, user: str) -> dict[str, Any]:
 
 
 def current(location: Location) -> dict[str, Any] | None:
-    """The lease's holder now (its record), or None when it holds nothing: it is
-    released, or its writer's own times say it was not renewed within its time to
-    live (a killed holder), or it does not say. What commands check before they
-    start and ``status`` shows; ``take`` proves an expiry on this machine's clock
-    before it takes a lease over."""
+    """The lease's holder now (its record; ``{"purpose": "unknown"}`` when it cannot
+    be read), or None when it holds nothing: it is released, or the store has kept it
+    unrenewed for longer than its time to live (a killed holder). What commands check
+    before they start and ``status`` shows. The age is the store's alone (the
+    object's time against the store's now, ``Location.store_time``): never a time
+    another machine's clock wrote into the record. ``take`` proves an expiry on this
+    machine's clock before it takes a lease over."""
     record, stat = _read(location)
-    if stat is None or _unrenewed_for(record) is not None:
+    if stat is None or record.get("released"):
         return None
-    return record
+    age = location.store_time() - stat.modified_s
+    if age < _their_ttl(record) + STORE_TIME_GRAIN_S:
+        return record or {"purpose": "unknown"}
+    return None
 
 
 def subject(location: Location) -> str:
@@ -307,9 +314,13 @@ def take(location: Location, purpose: str, user: str, ttl_s: float = DEFAULT_TTL
     try:
         taken = location.update(_encode({**record, "generation": generation}, ttl_s), stat.etag)
     except ChangedError:
-        raise LeaseError(
-            f"{subject(location)} is busy: another holder took its lease first"
-        ) from None
+        found, now = _read(location)
+        if now is None or now.etag is None or found.get("holder") != record["holder"]:
+            raise LeaseError(
+                f"{subject(location)} is busy: another holder took its lease first"
+            ) from None
+        # Our takeover went through although its answer was lost (a retried PUT).
+        taken = now
     return _held(location, record, ttl_s, taken, generation, started)
 
 

@@ -62,6 +62,9 @@ KEY_PART = re.compile(r"(?!\.{1,2}\Z)[^\x00-\x1f\x7f/%#?\\]+")
 # warehouse's names are data: spaces, '#', '%', Unicode).
 LOCAL_PART = re.compile(r"(?!\.{1,2}\Z)[^\x00/]+")
 RETRY_TIMEOUT = timedelta(minutes=3)
+# The object whose time tells the store's clock (``Location.store_time``), beside
+# the one whose age is judged.
+CLOCK_PROBE = "_clock"
 
 
 class StorageError(PlatformError):
@@ -233,6 +236,14 @@ class Location:
         otherwise (someone else wrote it, or it is gone)."""
         return _backend(self).update(self, data, etag)
 
+    def store_time(self) -> float:
+        """The store's clock now, in seconds since the epoch: what its objects' times
+        (``Stat.modified_s``) compare with. On S3, the time the store gives the probe
+        object ``_clock`` it is made to write beside this one; on a local disk, this
+        machine's clock. A decision on an object's age takes both times from one
+        clock."""
+        return _backend(self).store_time(self)
+
     def open_reader(self) -> BinaryIO:
         """The file for reading, seekable (a Parquet footer is read from its end)."""
         return _backend(self).open_reader(self)
@@ -352,6 +363,10 @@ class _LocalFiles:
             f"{loc}: a conditional replacement needs an object store (a local warehouse is "
             "held with flock instead)"
         )
+
+    @staticmethod
+    def store_time(loc: Location) -> float:
+        return _now_s()
 
     @staticmethod
     def open_reader(loc: Location) -> BinaryIO:
@@ -496,6 +511,17 @@ class _S3Objects:
         except (PreconditionError, NotFoundError, FileNotFoundError, Exists, FileExistsError):
             raise ChangedError(f"{loc} is no longer version {etag}") from None
         return Stat(len(data), _now_s(), done["e_tag"])
+
+    def store_time(self, loc: Location) -> float:
+        # One object, rewritten (no empty folder left behind on stores that keep
+        # one): a HEAD that sees another prober's later PUT still reads the store's
+        # clock.
+        probe = loc.parent / CLOCK_PROBE
+        self.write(probe, b"")
+        found = self.stat(probe)
+        if found is None:
+            raise StorageError(f"{probe}: the store lost an object it had just written")
+        return found.modified_s
 
     def open_reader(self, loc: Location) -> BinaryIO:
         import obstore

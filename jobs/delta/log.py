@@ -88,7 +88,12 @@ def keep_loadable_from(
         DeltaTable(uri, version=floor).create_checkpoint()
     # Last: readers start from the newest checkpoint (_last_checkpoint names it).
     DeltaTable(uri).create_checkpoint()
-    cutoff = (time.time() if now_s is None else now_s) - grace_s
+    if now_s is None:
+        # The store's clock, which the entries' times are on: _last_checkpoint was
+        # written just now (never this machine's clock against the store's).
+        written = (table / "_delta_log" / "_last_checkpoint").stat()
+        now_s = time.time() if written is None else written.modified_s
+    cutoff = now_s - grace_s
     entries = [
         (int(found.group(1)), found.group(2), path, stat.modified_s)
         for path, stat in (table / "_delta_log").files()

@@ -98,3 +98,15 @@ def test_folder_markers_that_spark_writes_are_not_files(s3_warehouse: Location) 
     assert [c.name for c in (s3_warehouse / "cp" / "offsets").iterdir()] == ["0"]
     assert [c.name for c, _ in (s3_warehouse / "cp" / "offsets").files()] == ["0"]
     assert [c.name for c in (s3_warehouse / "cp").all_files()] == ["0"]
+
+
+def test_the_stores_clock_is_what_its_objects_times_compare_with(root: Location) -> None:
+    written = root / "app" / "_lease"
+    written.write_bytes(b"{}")
+    found = written.stat()
+    assert found is not None
+    now = written.store_time()
+    assert found.modified_s - 1 <= now <= found.modified_s + 5  # one clock, to the second
+    assert abs(now - time.time()) < 5  # the store runs on this machine here
+    probes = ["_clock"] if root.is_s3 else []  # one object, rewritten by every probe
+    assert [c.name for c in (root / "app").iterdir()] == [*probes, "_lease"]

@@ -134,3 +134,20 @@ def test_commit_infos_are_exact_by_version_when_commits_land_meanwhile(
         4: "4",
     }
     assert find_commit_version(tmp_path, "a", 0, 3, limit=10) == 3
+
+
+def test_what_is_settled_is_judged_on_the_stores_clock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The entries' times are the store's; this machine's clock runs two hours
+    ahead of it: nothing written a moment ago is settled (a reader that loaded the
+    table a moment ago still finds what it started from)."""
+    from jobs.delta import log
+
+    table = tmp_path / "t"
+    commits(table, 6)
+    DeltaTable(str(table), version=2).create_checkpoint()
+    ahead = time.time() + 7200
+    monkeypatch.setattr(log.time, "time", lambda: ahead)
+    assert keep_loadable_from(Location.local_path(table), 4, grace_s=3600) == 0
+    assert log_versions(table)[0] == 0
