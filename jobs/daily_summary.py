@@ -127,7 +127,8 @@ def summarize(
     from delta.tables import DeltaTable
 
     # One writer at a time (Delta-spark's log stores are single-writer).
-    with table_lock(target, f"summarize --pipeline {app}"):
+    with table_lock(target, f"summarize --pipeline {app}") as held:
+        held.check()
         table = (
             DeltaTable.createIfNotExists(spark)
             .location(target.spark_uri)
@@ -142,7 +143,10 @@ def summarize(
             .whenNotMatchedInsertAll()
             .whenNotMatchedBySourceDelete(gone)  # a touched day with no state row left
         )
-        # Delta's exactly-once marker of this MERGE (the pair is reset after each write).
+        # Delta's exactly-once marker of this MERGE (the pair is reset after each write):
+        # also what refuses a summarizer woken after a newer one summarized a later
+        # state version (Delta skips a version at or below the recorded one).
+        held.check()
         spark.conf.set(TXN_APP_ID, txn_app_id(pipeline))
         spark.conf.set(TXN_VERSION, str(current))
         try:

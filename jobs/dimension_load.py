@@ -20,12 +20,12 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, DataFrameWriter, SparkSession
 from pyspark.sql import functions as F
 
 from jobs import sql_text
-from jobs.errors import ConfigError
-from jobs.lock import table_lock
+from jobs.errors import ConfigError, LeaseLostError
+from jobs.lock import Holding, table_lock
 from jobs.pipeline.model import APPLICATION_ID, DIMENSIONS_DIR, WAREHOUSE
 from jobs.pipeline.parser import _Reader, definition_file, load_each, parse_columns
 from jobs.settings import load_settings, size_text
@@ -123,8 +123,9 @@ def refresh(spark: SparkSession, dimension: Dimension, warehouse: Location) -> R
     rows = read_checked(spark, dimension, source)
     try:
         # One loader at a time (Delta-spark's log stores are single-writer).
-        with table_lock(dimension.table(warehouse), f"dimension --dimension {dimension.name}"):
-            return _commit(spark, dimension, warehouse, rows.drop(CORRUPT), rows.count())
+        table = dimension.table(warehouse)
+        with table_lock(table, f"dimension --dimension {dimension.name}") as held:
+            return _commit(spark, dimension, warehouse, rows.drop(CORRUPT), rows.count(), held)
     finally:
         # Spark matches a cache by plan: the next read of the same file must not hit it.
         rows.unpersist()
@@ -193,13 +194,19 @@ def _checked(rows: DataFrame, dimension: Dimension, where: str) -> DataFrame:
 
 
 def _commit(
-    spark: SparkSession, dimension: Dimension, warehouse: Location, data: DataFrame, count: int
+    spark: SparkSession,
+    dimension: Dimension,
+    warehouse: Location,
+    data: DataFrame,
+    count: int,
+    held: Holding,
 ) -> Refreshed:
     where = f"dimension {dimension.name}: {dimension.source_file(warehouse)}"
     table = dimension.table(warehouse)
     target = "delta.`" + table.spark_uri.replace("`", "``") + "`"
     if not (table / "_delta_log").is_dir():
-        data.write.format("delta").save(table.spark_uri)
+        held.check()
+        fenced(data.write.format("delta"), dimension, held).save(table.spark_uri)
         return Refreshed(0, count, True)
     current = spark.read.format("delta").load(table.spark_uri)
     changed_types = [
@@ -222,10 +229,30 @@ def _commit(
     if same_columns and not differ(current.select(*data.columns), data):
         log.info("%s: unchanged (version %d)", dimension.name, version)
         return Refreshed(version, count, False)
-    data.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(
-        table.spark_uri
+    held.check()
+    writer = data.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+    fenced(writer, dimension, held).save(table.spark_uri)
+    after = newest_version(spark, target)
+    if after == version:
+        # Delta skipped the write: a newer loader's commit carries a higher token.
+        raise LeaseLostError(
+            f"{where}: a newer load of {table} committed while this one was paused (its "
+            f"lease generation {held.generation} is past): this one wrote nothing"
+        )
+    return Refreshed(after, count, True)
+
+
+def fenced(writer: DataFrameWriter, dimension: Dimension, held: Holding) -> DataFrameWriter:
+    """The load's commit carries the hold's fencing token (a lease's generation) as
+    a Delta transaction: Delta skips a write whose token is at or below the one the
+    table recorded, in the snapshot the commit is made on (a newer loader's commit
+    between the two fails this one: a concurrent transaction), so a loader woken
+    after a takeover writes nothing. A flock (a local warehouse) needs none."""
+    if held.generation is None:
+        return writer
+    return writer.option("txnAppId", f"dimension:{dimension.name}").option(
+        "txnVersion", str(held.generation)
     )
-    return Refreshed(newest_version(spark, target), count, True)
 
 
 def newest_version(spark: SparkSession, target: str) -> int:

@@ -54,12 +54,20 @@ def _read_info(handle: Any) -> dict[str, Any]:
 
 
 class Holding(Protocol):
+    @property
+    def generation(self) -> int | None:
+        """The fencing token (a lease's generation; None for a flock, which no other
+        holder can take while this one lives): a commit that carries it is refused
+        by the store once a newer holder committed with a higher one."""
+
     def check(self) -> None:
         """Raise when this holder may no longer commit."""
 
 
 class _Flocked:
     """A ``flock`` is held until this process ends or lets it go."""
+
+    generation: int | None = None
 
     def check(self) -> None:
         return None

@@ -47,6 +47,12 @@ CHECKPOINT_FILES = {
         "platform.streaming.AbortableCheckpointFileManager"
     )
 }
+# Delta-spark's commits on S3 (a dimension, a daily summary): each log entry created
+# put-if-absent by the store, not probed and then PUT (include/jvm/sources).
+LOG_STORES = {
+    f"spark.delta.logStore.{scheme}.impl": "platform.streaming.ConditionalS3LogStore"
+    for scheme in ("s3a", "s3")
+}
 # How a query's RocksDB stores end (``query_settings``). Spark uploads a snapshot
 # of a store only in a maintenance pass (every 60 s), which a query that stops after
 # a batch or two never sees: it left changelog files only, and every later run
@@ -145,7 +151,8 @@ def get_spark(
         # Also on the driver's own class path: its JVM loads Delta's classes (used at
         # session start) from there, so the class-data-sharing archive holds them.
         options["spark.driver.extraClassPath"] = os.pathsep.join(str(j) for j in spark_jars())
-    options |= {**DELTA_CONF, **CHECKPOINT_FILES, **sql_settings.PINNED, **storage_conf(master)}
+    options |= {**DELTA_CONF, **CHECKPOINT_FILES, **LOG_STORES, **sql_settings.PINNED}
+    options |= storage_conf(master)
     options |= {
         "spark.app.name": app_name,
         "spark.ui.enabled": "false",
