@@ -88,15 +88,16 @@ def keep_loadable_from(
         DeltaTable(uri, version=floor).create_checkpoint()
     # Last: readers start from the newest checkpoint (_last_checkpoint names it).
     DeltaTable(uri).create_checkpoint()
+    listed = (table / "_delta_log").files()
     if now_s is None:
-        # The store's clock, which the entries' times are on: _last_checkpoint was
-        # written just now (never this machine's clock against the store's).
-        written = (table / "_delta_log" / "_last_checkpoint").stat()
-        now_s = time.time() if written is None else written.modified_s
+        # The store's clock, which the entries' times are on (never this machine's
+        # clock against the store's): the newest object it holds in the log, written
+        # a moment ago (a checkpoint above), is at most its now.
+        now_s = max((stat.modified_s for _path, stat in listed), default=time.time())
     cutoff = now_s - grace_s
     entries = [
         (int(found.group(1)), found.group(2), path, stat.modified_s)
-        for path, stat in (table / "_delta_log").files()
+        for path, stat in listed
         if (found := ENTRY.fullmatch(path.name))
     ]
     settled = [

@@ -40,7 +40,7 @@ from jobs.delta import layout as tables
 from jobs.delta.files import stale_staged_files
 from jobs.delta.layout import AppLayout
 from jobs.delta.log import TABLE_CONFIGURATION, keep_loadable_from
-from jobs.delta.writer import MAX_ATTEMPTS, check_hold, committed_batch
+from jobs.delta.writer import MAX_ATTEMPTS, OperationFence, check_hold, committed_batch
 from jobs.errors import ConsistencyError, LockedError, OutputError, PlatformError
 from jobs.ledger import (
     DONE,
@@ -333,16 +333,9 @@ def apply_maintenance(
     )
     # After the promise: an operation that starts from here on plans with it.
     refuse_to_maintain(pipeline, layout)  # what started (or died) while we planned
-    props = CommitProperties(
-        custom_metadata={
-            "application_id": pipeline.application_id,
-            "platform_operation": MAINTAIN,
-            "reason": plan.reason,
-        }
-    )
     result: dict[str, Any] = {}
     for name in plan.table_files:
-        result[name] = maintain_table(layout.table(name), plan, name == "state", props)
+        result[name] = maintain_table(layout.table(name), plan, name == "state")
         echo(f"  {name}: {result[name]}")
     deleted = 0
     for stale in map(Location, plan.stale):
@@ -361,12 +354,22 @@ def apply_maintenance(
     return result
 
 
-def maintain_table(
-    path: Location, plan: MaintenancePlan, is_state: bool, props: CommitProperties
-) -> dict[str, int]:
+def maintain_table(path: Location, plan: MaintenancePlan, is_state: bool) -> dict[str, int]:
     """Compact, vacuum (keeping the plan's versions of ``state``), then drop the log
-    entries below the oldest version that must stay loadable."""
+    entries below the oldest version that must stay loadable. Each commit carries
+    the fence of the epoch the plan was made in, checked in the snapshot it commits
+    on (``OperationFence``): an operation that moved the application on since makes
+    this maintain commit nothing more (its plan may no longer hold)."""
     uri = str(path)
+    fence = OperationFence(plan.application_id, plan.epoch, MAINTAIN, {"reason": plan.reason})
+
+    def fenced(commit: Callable[[DeltaTable, CommitProperties], Any]) -> Callable[[], Any]:
+        def on_a_new_snapshot() -> Any:
+            table = DeltaTable(uri)
+            return commit(table, fence.on(table))
+
+        return on_a_new_snapshot
+
     # Only ``state`` is read at old versions (a rewind's seed); the other tables
     # stay loadable from the version they had when this began (a writer that loaded
     # one a moment ago still finds the entries it needs).
@@ -379,7 +382,8 @@ def maintain_table(
     if is_state and plan.floor_version is not None:
         floor = min(floor, plan.floor_version)
     compacted = _retrying(
-        f"compact {path.name}", lambda: DeltaTable(uri).optimize.compact(commit_properties=props)
+        f"compact {path.name}",
+        fenced(lambda table, props: table.optimize.compact(commit_properties=props)),
     )
     keep = list(plan.keep_versions) if is_state and plan.keep_versions else None
     retention = plan.retention_hours
@@ -387,13 +391,15 @@ def maintain_table(
         retention = max(retention, plan.output_retention_hours)
     removed = _retrying(
         f"vacuum {path.name}",
-        lambda: DeltaTable(uri).vacuum(
-            retention_hours=retention,
-            dry_run=False,
-            enforce_retention_duration=False,
-            keep_versions=keep,
-            full=True,
-            commit_properties=props,
+        fenced(
+            lambda table, props: table.vacuum(
+                retention_hours=retention,
+                dry_run=False,
+                enforce_retention_duration=False,
+                keep_versions=keep,
+                full=True,
+                commit_properties=props,
+            )
         ),
     )
     configured = DeltaTable(uri).metadata().configuration
@@ -401,7 +407,11 @@ def maintain_table(
     if outdated:  # a table made before the platform set these (jobs/delta/log.py)
         _retrying(
             f"log settings of {path.name}",
-            lambda: DeltaTable(uri).alter.set_table_properties(outdated, commit_properties=props),
+            fenced(
+                lambda table, props: table.alter.set_table_properties(
+                    outdated, commit_properties=props
+                )
+            ),
         )
     log_entries = keep_loadable_from(path, floor, plan.reader_grace_hours * 3600)
     return {

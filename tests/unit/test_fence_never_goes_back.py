@@ -130,3 +130,28 @@ def test_a_bump_whose_answer_was_lost_is_the_operations_own(
     assert table_epoch(DeltaTable(str(path)), APP) == 2
     with pytest.raises(FencedError):  # another holder's bump stays refused
         bump_epoch([path], APP, 2, "a second taker of epoch 2")
+
+
+def test_maintenance_planned_before_an_operations_bump_commits_nothing(tmp_path: Path) -> None:
+    """``maintain`` takes no lease (it runs beside a live stream): its compaction,
+    vacuum and settings commits carry the fence of the epoch it planned in, checked
+    in their own snapshot, so a maintain that planned before an operation's bump
+    commits nothing after it."""
+    from jobs.operations.maintain import MaintenancePlan, maintain_table
+
+    path = a_table(tmp_path)
+    plan = MaintenancePlan(APP, 1, "hourly", 0, 3600, None, 168, (), {}, 0)
+    bump_epoch([path], APP, 2, "an operation, while maintain was paused")
+    before = DeltaTable(str(path)).version()
+    with pytest.raises(FencedError, match="moved to epoch 2"):
+        maintain_table(path, plan, False)
+    assert DeltaTable(str(path)).version() == before
+    assert table_epoch(DeltaTable(str(path)), APP) == 2
+    maintain_table(path, dataclasses_replace(plan, epoch=2), False)  # its own epoch: done
+    assert table_epoch(DeltaTable(str(path)), APP) == 2
+
+
+def dataclasses_replace(plan: Any, **changes: Any) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(plan, **changes)
