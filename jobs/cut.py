@@ -774,6 +774,7 @@ def apply_cut(
         cut.origin,
         {"reason": reason, "pipeline_version": str(pipeline.version)},
     )
+    maybe_crash("before_bump")
     bump_epoch(paths, pipeline.application_id, cut.epoch, reason, first_rows=audit)
     check_cut_kept(layout, cut)
     orphans = remove_orphans(layout, paths, cut.epoch, fence, unfinished)

@@ -1,9 +1,13 @@
-"""Fault injection for crash tests: ``PLATFORM_FAULT=<point>[@<batch_id>]``.
+"""Fault injection for crash and pause tests: ``PLATFORM_FAULT=<point>[@<batch_id>]``
+and ``PLATFORM_PAUSE=<point>[@<batch_id>]``.
 
 At the named point the driver's whole process group (driver, JVM, Python
-workers) is killed with SIGKILL, as a machine failure would. Python workers run
-in process groups of their own, so the driver records its group in the
-environment they inherit (``arm``). Unset in production: a no-op.
+workers) is killed with SIGKILL, as a machine failure would (``PLATFORM_FAULT``),
+or stopped with SIGSTOP, as a long GC pause, a suspended VM or a debugger would
+(``PLATFORM_PAUSE``, once per process: the test resumes it with SIGCONT, typically
+after another holder took the application over). Python workers run in process
+groups of their own, so the driver records its group in the environment they
+inherit (``arm``). Unset in production: a no-op.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import signal
 from jobs.errors import refused
 
 ENV = "PLATFORM_FAULT"
+PAUSE_ENV = "PLATFORM_PAUSE"
 GROUP_ENV = "PLATFORM_FAULT_PGID"
 POINTS = (
     "after_dead_letter",
@@ -24,34 +29,43 @@ POINTS = (
     "during_output",  # the output transaction's records sent, not committed
     "after_output",  # the output transaction committed
     "during_operation",  # a backfill's first table written, not its second
+    "before_bump",  # an operation's seed and cut written, the epoch not bumped yet
     "after_fence",  # an operation's cut written (the stream fenced), its state untouched
 )
+_paused: set[str] = set()
 
 
-def spec() -> tuple[str, int | None] | None:
-    """The fault to inject: (point, batch id or None: the first batch that gets
-    there), or None. ``ConfigError``: not a point and batch id (checked by
+def spec(variable: str = ENV) -> tuple[str, int | None] | None:
+    """The fault ``variable`` asks for: (point, batch id or None: the first batch
+    that gets there), or None. ``ConfigError``: not a point and batch id (checked by
     ``load_settings``, so a run never fails on it half-way)."""
-    raw = os.environ.get(ENV, "")
+    raw = os.environ.get(variable, "")
     if not raw:
         return None
     point, at_sign, at = raw.partition("@")
     if point not in POINTS or (at_sign and not (at.isascii() and at.isdigit())):
-        raise refused(ENV, f"POINT or POINT@BATCH_ID, a POINT of {', '.join(POINTS)}", raw)
+        raise refused(variable, f"POINT or POINT@BATCH_ID, a POINT of {', '.join(POINTS)}", raw)
     return point, int(at) if at_sign else None
 
 
 def arm() -> None:
     """Called by the driver before Spark starts, so workers can kill the driver too."""
-    if os.environ.get(ENV):
+    if os.environ.get(ENV) or os.environ.get(PAUSE_ENV):
         os.environ[GROUP_ENV] = str(os.getpgrp())
 
 
 def maybe_crash(point: str, batch_id: int | None = None) -> None:
-    fault = spec()
-    if fault is None or fault[0] != point:
-        return
-    if fault[1] is not None and batch_id is not None and fault[1] != batch_id:
-        return
-    group = int(os.environ.get(GROUP_ENV, os.getpgrp()))
-    os.killpg(group, signal.SIGKILL)
+    """At ``point`` (of batch ``batch_id``): kill the driver's process group, or stop
+    it, as the environment asks."""
+    for variable, signal_number in ((ENV, signal.SIGKILL), (PAUSE_ENV, signal.SIGSTOP)):
+        fault = spec(variable)
+        if fault is None or fault[0] != point:
+            continue
+        if fault[1] is not None and batch_id is not None and fault[1] != batch_id:
+            continue
+        if signal_number == signal.SIGSTOP:
+            if point in _paused:
+                continue
+            _paused.add(point)
+        group = int(os.environ.get(GROUP_ENV, os.getpgrp()))
+        os.killpg(group, signal_number)

@@ -124,6 +124,7 @@ ENV_NAMES = tuple(
         "DIMENSION_MAX_BYTES",
         "OUTAGE_WAIT_SECONDS",
         "FAULT",
+        "PAUSE",
         "TRIGGERED_BY",
     )
 )
@@ -184,6 +185,7 @@ def load_settings() -> Settings:
     jars_dir()
     configured_driver_token()
     faults.spec()
+    faults.spec(faults.PAUSE_ENV)
     kafka_client = {
         key[len(KAFKA_CLIENT_ENV_PREFIX) :].lower().replace("_", "."): value
         for key, value in os.environ.items()

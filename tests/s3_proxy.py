@@ -1,5 +1,7 @@
 """A proxy in front of the real S3 server, on loopback: it counts the requests by
-kind (``kinds``: LIST, GET, HEAD, PUT, DELETE, ...) and, as a faulty store,
+kind (``kinds``: LIST, GET, HEAD, PUT, DELETE, ...), records every write with the
+store's answer (``writes``: one proxy per machine tells whose they are) and, as a
+faulty store,
 answers every ``every``-th one with ``503 SlowDown`` (what AWS S3 sends a client
 that goes too fast) and delays the others by ``delay_s``. Requests are passed on
 with their own ``Host`` header, so their signatures stay valid."""
@@ -35,6 +37,8 @@ class StoreProxy:
         # where a run's requests go.
         self.shapes: Counter[str] = Counter()
         self.counts_path: str | None = None  # answered with the counts, not passed on
+        # Every write passed on, with the store's answer: (time, method, path, status).
+        self.writes: list[tuple[float, str, str, int]] = []
         self._lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
@@ -112,6 +116,9 @@ class StoreProxy:
                 backend.request(self.command, self.path, body=body, headers=headers)
                 answer = backend.getresponse()
                 data = answer.read()
+                if self.command in ("PUT", "POST", "DELETE"):
+                    with store._lock:
+                        store.writes.append((time.time(), self.command, self.path, answer.status))
                 self.send_response(answer.status, answer.reason)
                 for key, value in answer.getheaders():
                     if key.lower() not in HOP_BY_HOP and key.lower() != "content-length":

@@ -302,7 +302,9 @@ def bump_epoch(
                 if read is not None and own_commit(path, read, BUMP_ID, bump_id):
                     break  # this bump's own commit, whose answer was lost
                 raise FencedError(
-                    f"{path.name} of {application_id} is at epoch {current}, not below {new_epoch}"
+                    f"application {application_id} moved to epoch {current} ({path.name}) "
+                    f"before this bump to epoch {new_epoch}: another holder overtook it, and "
+                    "it commits nothing"
                 )
             read = table.version()
             check_hold()

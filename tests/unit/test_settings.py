@@ -82,6 +82,7 @@ BAD: dict[str, list[str]] = {
     "PLATFORM_OUTAGE_WAIT_SECONDS": ["x", "-5", "604801", "1.5"],
     "PLATFORM_DRIVER_TRAIN_EVENTS": ["x", "-1", "50000001", "1e6", "1,000"],
     "PLATFORM_FAULT": ["after_changelog@x", "after_changelog@-1", "no_such_point", "@3"],
+    "PLATFORM_PAUSE": ["before_bump@x", "nowhere", "@1"],
 }
 # Any value is a good one: a command (the executors' Python) or a name.
 FREE_TEXT = {"PLATFORM_SPARK_PYTHON", "PLATFORM_TRIGGERED_BY"}
@@ -174,6 +175,8 @@ def test_the_command_line_says_it_in_one_error_line(
         ("PLATFORM_PUSHGATEWAY_URL", "https://[::1]:9091/"),
         ("PLATFORM_FAULT", "after_changelog"),
         ("PLATFORM_FAULT", "after_changelog@3"),
+        ("PLATFORM_PAUSE", "before_bump"),
+        ("PLATFORM_PAUSE", "after_state@2"),
         # What Kafka's clients and the java launcher take (a review found them refused).
         ("PLATFORM_BOOTSTRAP_SERVERS", "kafka_1:9092,kafka_2:9092"),
         ("PLATFORM_BOOTSTRAP_SERVERS", "k:9092,"),

@@ -1,0 +1,54 @@
+"""An operation paused with SIGSTOP at each named point past its lease, while another
+machine takes the application over and completes it, writes nothing once resumed
+and stops with one error line; the results stay exact (tests/pause_harness.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import jobs_args, pipeline_file, recent_clicks
+from tests.pause_harness import (
+    BAD,
+    OPERATION_POINTS,
+    assert_no_write_after,
+    assert_stopped_by_its_lease,
+    check_exact,
+    end,
+    paused_machine,
+    produce_all,
+    resume_and_end,
+    run_here,
+    stopped,
+)
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def machine(s3_server, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    with paused_machine(s3_server, tmp_path, monkeypatch) as found:
+        yield found
+
+
+@pytest.mark.parametrize("point", OPERATION_POINTS)
+def test_an_operation_paused_past_its_lease_writes_nothing_once_another_took_over(  # type: ignore[no-untyped-def]
+    point: str, spark, machine, broker, kafka_config, new_topic, s3_warehouse, tmp_path
+) -> None:
+    topic = new_topic(2)
+    values = produce_all(kafka_config, topic, recent_clicks(600, 3) + BAD)
+    path = pipeline_file(tmp_path, "user_clicks", topic, max_offsets_per_trigger=300)
+    run = jobs_args(path, broker.bootstrap_servers, s3_warehouse, "run", "--quiet")
+    rebuild = jobs_args(path, broker.bootstrap_servers, s3_warehouse, "rebuild", "--reason", "p")
+    run_here(spark, run)
+    paused = machine.start(rebuild, point)
+    try:
+        stopped(paused)
+        run_here(spark, rebuild)  # completes the paused one's epoch, if it fenced
+        values += produce_all(kafka_config, topic, recent_clicks(300, 4))  # for the next
+        woke, err = resume_and_end(paused)
+    finally:
+        end(paused)
+    assert_stopped_by_its_lease(paused, err)
+    assert_no_write_after(machine.proxy, woke)
+    run_here(spark, run)
+    check_exact(s3_warehouse, topic, kafka_config, values)
