@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from typing import Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -72,6 +73,11 @@ def batch_txn_id(application_id: str, epoch: int) -> str:
 
 def fence_txn_id(application_id: str) -> str:
     return f"{application_id}/fence"
+
+
+def maintenance_fence_txn_id(application_id: str) -> str:
+    """What every bump sets beside the fence, and ``maintain``'s commits carry."""
+    return f"{application_id}/maintenance-fence"
 
 
 def table_epoch(table: DeltaTable, application_id: str) -> int:
@@ -312,7 +318,10 @@ def bump_epoch(
             if rows is None:
                 rows = pa.Table.from_batches([], schema=pa.schema(table.schema().to_arrow()))
             props = CommitProperties(
-                app_transactions=[Transaction(fence_txn_id(application_id), new_epoch)],
+                app_transactions=[
+                    Transaction(fence_txn_id(application_id), new_epoch),
+                    Transaction(maintenance_fence_txn_id(application_id), new_epoch),
+                ],
                 custom_metadata={
                     "application_id": application_id,
                     "platform_operation": "epoch_bump",
@@ -352,6 +361,10 @@ class OperationFence:
     epoch: int
     operation: str
     tags: Mapping[str, str] = field(default_factory=dict)
+    # The transaction the commit carries: the fence itself, or (``maintain``, which
+    # must not conflict with a running stream's batches) the maintenance fence that
+    # every bump also sets: a bump then still fails the commit, a batch does not.
+    carries: Literal["fence", "maintenance"] = "fence"
 
     def on(self, table: DeltaTable) -> CommitProperties:
         check_hold()
@@ -362,8 +375,13 @@ class OperationFence:
                 f"{self.operation} (epoch {self.epoch}) commits nothing more to "
                 f"{Location.parse(table.table_uri).name}"
             )
+        carried = (
+            fence_txn_id(self.application_id)
+            if self.carries == "fence"
+            else maintenance_fence_txn_id(self.application_id)
+        )
         return CommitProperties(
-            app_transactions=[Transaction(fence_txn_id(self.application_id), self.epoch)],
+            app_transactions=[Transaction(carried, self.epoch)],
             custom_metadata={
                 "application_id": self.application_id,
                 "platform_operation": self.operation,

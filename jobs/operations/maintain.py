@@ -361,7 +361,9 @@ def maintain_table(path: Location, plan: MaintenancePlan, is_state: bool) -> dic
     on (``OperationFence``): an operation that moved the application on since makes
     this maintain commit nothing more (its plan may no longer hold)."""
     uri = str(path)
-    fence = OperationFence(plan.application_id, plan.epoch, MAINTAIN, {"reason": plan.reason})
+    fence = OperationFence(
+        plan.application_id, plan.epoch, MAINTAIN, {"reason": plan.reason}, "maintenance"
+    )
 
     def fenced(commit: Callable[[DeltaTable, CommitProperties], Any]) -> Callable[[], Any]:
         def on_a_new_snapshot() -> Any:

@@ -61,7 +61,10 @@ def dry_run_operation(
     extra = inspect(plan) if inspect is not None else None
     saved_plans.record_dry_run(layout, pipeline, plan, extra, save_as)
     assert plan.plan_id is not None
-    digest = saved_plans.load(layout, plan.plan_id, plan.operation).digest
+    saved = saved_plans.load(layout, plan.plan_id, plan.operation)
+    if saved.plan != plan:  # a retried dry run: the first attempt's plan is kept
+        echo(f"plan {plan.plan_id} was saved already; it is kept:\n{saved.plan.describe()}")
+    digest = saved.digest
     echo(f"plan: {plan.plan_id}")
     echo(f"plan digest: {digest}")
     echo(

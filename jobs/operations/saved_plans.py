@@ -10,7 +10,8 @@ commits to the state table change no row and do not count). Plans live in
 
 A plan is created put-if-absent (``Location.create``) and never replaced: every
 attempt of an Airflow run saves under the run's id, and a paused first attempt
-that wakes must not replace the plan a person approved. Its digest (the SHA-256
+that wakes must not replace the plan a person approved (a later attempt keeps the
+plan the first saved, and prints that one). Its digest (the SHA-256
 of the stored bytes) is shown for review and, given at apply (``--plan-digest``),
 checked against what is loaded.
 """
@@ -52,8 +53,6 @@ from jobs.warehouse import AlreadyExistsError, Location
 PLAN_ID = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{8}$")
 # A plan's SHA-256, whole or its first 12 hex digits or more (what a reviewer copies).
 DIGEST = re.compile(r"[0-9a-f]{12,64}")
-# What makes a second save under an id the same plan (not its time or author).
-SAME_PLAN = ("plan", "position", "extra")
 
 
 @dataclass(frozen=True)
@@ -150,19 +149,20 @@ def save(
     try:
         target.create(text.encode())  # whole or absent, and never replaced
     except AlreadyExistsError:
-        # A retried dry run (an Airflow attempt) that made the same plan keeps the
-        # saved one; anything else under that id is refused, whoever wrote first.
+        # A retried dry run (an Airflow attempt: every attempt of a run saves under its
+        # id) keeps what the first saved, which is what a reviewer sees; anything but
+        # the same operation of the same application under that id is refused.
         try:
             found = json.loads(target.read_bytes())
-        except ValueError:
-            found = {}
-        mine = json.loads(text)  # as stored: tuples are lists
-        if not isinstance(found, dict) or any(found.get(k) != mine[k] for k in SAME_PLAN):
+            kept = Plan.from_dict(found["plan"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(f"saved plan {target} is damaged: {exc}") from exc
+        if (kept.operation, kept.application_id) != (plan.operation, plan.application_id):
             raise ConfigError(
-                f"plan {plan_id} of {layout.application_id} is saved already with another "
-                f"content (made {found.get('created_at', '?')} by {found.get('created_by', '?')})"
-                ": a saved plan is never replaced; save this one under a new id (a new DAG run, "
-                "or --dry-run without --save-plan)"
+                f"plan {plan_id} of {layout.application_id} is saved already and is a "
+                f"{kept.operation} of {kept.application_id} (made {found.get('created_at', '?')} "
+                f"by {found.get('created_by', '?')}): a saved plan is never replaced; save this "
+                "one under a new id (a new DAG run, or --dry-run without --save-plan)"
             ) from None
     return plan_id
 

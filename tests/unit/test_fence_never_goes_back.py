@@ -155,3 +155,30 @@ def dataclasses_replace(plan: Any, **changes: Any) -> Any:
     import dataclasses
 
     return dataclasses.replace(plan, **changes)
+
+
+def test_maintenance_beside_a_running_stream_does_not_conflict_with_its_batches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch commits between maintain's read and its commit, at every attempt (a
+    stream committing every few seconds, a compaction taking longer): maintain's
+    fence must not conflict with the batches' (only with a bump), or it never
+    commits, and the stream's batches lose to it in turn."""
+    from jobs.delta.writer import BatchWriter
+    from jobs.operations.maintain import MaintenancePlan, maintain_table
+
+    path = a_table(tmp_path)
+    bump_epoch([path], APP, 2, "the stream's epoch")
+    stream = BatchWriter(APP, 2)
+    batches = iter(range(100))
+    checked = OperationFence.on
+
+    def a_batch_commits_meanwhile(self: OperationFence, table: DeltaTable):  # type: ignore[no-untyped-def]
+        props = checked(self, table)
+        stream.append(path, next(batches), ROWS)
+        return props
+
+    monkeypatch.setattr(OperationFence, "on", a_batch_commits_meanwhile)
+    plan = MaintenancePlan(APP, 2, "hourly", 0, 3600, None, 168, (), {}, 0)
+    maintain_table(path, plan, False)
+    assert next(batches) <= 6  # one batch per maintain commit, none retried

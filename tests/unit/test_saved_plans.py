@@ -200,26 +200,19 @@ def test_another_operations_dead_attempt_still_moves_a_plan(tmp_path: Path) -> N
 
 def test_a_saved_plan_is_never_replaced(tmp_path: Path) -> None:
     """A zombie first attempt of an Airflow run (the same plan id in every attempt)
-    must not replace the plan a person approved: a plan is created put-if-absent."""
+    must not replace the plan a person approved: a plan is created put-if-absent.
+    Another operation under a saved id is refused; the same operation again (a
+    retried task, made when the stream had moved on) keeps the saved plan."""
     writer = StateWriter(tmp_path, clicks_pipeline())
     approved = saved_plans.save(writer.layout, writer.pipeline, a_plan(), plan_id=PLAN)
+    stored = (saved_plans.plans_dir(writer.layout) / f"{PLAN}.json").read_bytes()
     other = dataclasses.replace(a_plan(), reason="something else", target_offsets={})
-    with pytest.raises(ConfigError, match=f"plan {PLAN} .* saved already with another content"):
-        saved_plans.save(writer.layout, writer.pipeline, other, plan_id=PLAN)
+    saved_plans.save(writer.layout, writer.pipeline, other, plan_id=PLAN)  # kept the first
+    assert (saved_plans.plans_dir(writer.layout) / f"{PLAN}.json").read_bytes() == stored
     assert saved_plans.load(writer.layout, approved, "rewind").plan.reason == "replay"
-
-
-def test_a_retried_dry_run_of_the_same_plan_keeps_the_saved_one(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    writer = StateWriter(tmp_path, clicks_pipeline())
-    at = saved_plans.Position(epoch=2, last_batch=(2, 5), pipeline_version=1, state_version=7)
-    monkeypatch.setattr(saved_plans, "position", lambda *_: at)
-    saved_plans.save(writer.layout, writer.pipeline, a_plan(), plan_id=PLAN)
-    first = saved_plans.load(writer.layout, PLAN, "rewind")
-    assert first.position.last_batch is not None  # a tuple, stored as a list
-    saved_plans.save(writer.layout, writer.pipeline, a_plan(), plan_id=PLAN)
-    assert saved_plans.load(writer.layout, PLAN, "rewind") == first
+    rebuild = dataclasses.replace(a_plan(), operation="rebuild")
+    with pytest.raises(ConfigError, match=f"plan {PLAN} .* is a rewind"):
+        saved_plans.save(writer.layout, writer.pipeline, rebuild, plan_id=PLAN)
 
 
 def test_the_digest_shown_for_approval_is_checked_at_apply(tmp_path: Path) -> None:
