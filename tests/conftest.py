@@ -371,9 +371,18 @@ def start_stream(
 def wait_out_a_killed_lease(warehouse: Path | Location) -> None:
     """On object storage a killed holder's lease holds until it expires (the next
     command is refused as busy until then, and takes it over after watching it
-    unrenewed for its time to live); locally its flock went with it."""
+    unrenewed for its time to live); locally its flock went with it. Its age is the
+    store's, whose times are whole seconds (``lease.STORE_TIME_GRAIN_S``)."""
     if Location.parse(str(warehouse)).is_s3:
-        time.sleep(lease_seconds() + 0.5)
+        time.sleep(lease_expiry_s())
+
+
+def lease_expiry_s() -> float:
+    """How long after a holder is killed its lease reads as free (its time to live,
+    the store's one-second grain, and a margin)."""
+    from jobs.lease import STORE_TIME_GRAIN_S
+
+    return lease_seconds() + STORE_TIME_GRAIN_S + 0.5
 
 
 def run_with_fault(

@@ -9,8 +9,8 @@ its own), and the tables must be exactly what plain Python computes from the
 records produced: every click counted once, every bad record one dead letter, the
 ledger's offset ranges tiling every partition.
 
-Each point runs in CI (stream points and operation points); a seeded random one
-joins them, its seed printed on failure (``PLATFORM_PAUSE_SEED`` replays it)."""
+Every operation point runs in CI; the stream points are chosen by seeds, a fixed
+list and one new per run, printed on failure (``PLATFORM_PAUSE_SEED`` replays it)."""
 
 from __future__ import annotations
 
@@ -44,6 +44,9 @@ BAD = [b"not json", b'{"user_id": 7, "timestamp": 1}']
 # driver's state files hold the same state), and lease writes the store refuses.
 IN_FLIGHT = re.compile(r"/state/")
 STREAM_POINTS = ["after_changelog@1", "after_state@1", "after_ledger@1"]
+# The seeds every run pauses a stream with (each a point and a batch), and one new
+# per run (``SEED``; ``PLATFORM_PAUSE_SEED`` replays it).
+FIXED_SEEDS = [0, 17]
 OPERATION_POINTS = ["before_bump", "after_fence"]
 SEED = int(os.environ.get("PLATFORM_PAUSE_SEED") or random.SystemRandom().randrange(10**6))
 
@@ -154,8 +157,9 @@ def check_exact(
     assert_exact_clicks(warehouse, values)  # type: ignore[arg-type]
 
 
-def random_point() -> str:
-    rng = random.Random(SEED)
+def random_point(seed: int) -> str:
+    """A stream pause point and the batch it pauses at, chosen by ``seed``."""
+    rng = random.Random(seed)
     point = rng.choice(STREAM_POINTS).split("@")[0]
     return f"{point}@{rng.randrange(3)}"
 

@@ -18,8 +18,14 @@ import pytest
 from deltalake import DeltaTable
 
 from include import local_spark
-from jobs.settings import lease_seconds
-from tests.conftest import QUICK_JIT, pipeline_file, produce, run_jobs, run_with_fault
+from tests.conftest import (
+    QUICK_JIT,
+    lease_expiry_s,
+    pipeline_file,
+    produce,
+    run_jobs,
+    run_with_fault,
+)
 from tests.conftest import recent_clicks as clicks
 from tests.expected import clicks_per_window, state_as_counter
 
@@ -60,7 +66,7 @@ def test_user_clicks_on_a_standalone_cluster(  # type: ignore[no-untyped-def]
     # restored from Delta in a new epoch (the next run reads the seed on the
     # executors), and that run also picks up what the killed one left undone.
     assert run_with_fault(pipeline, servers, warehouse, "after_changelog@1", env=env) == -9
-    time.sleep(lease_seconds() + 0.5)  # its lease expires (it was killed), then is taken over
+    time.sleep(lease_expiry_s())  # its lease expires (it was killed), then is taken over
     rebuilt = run_jobs(pipeline, settings, "rebuild", "--reason", "cluster test", env=env)
     assert rebuilt.returncode == 0, rebuilt.stderr[-3000:]
     second = clicks(900, 5)

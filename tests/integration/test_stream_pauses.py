@@ -9,6 +9,7 @@ import pytest
 from tests.conftest import jobs_args, pipeline_file, recent_clicks
 from tests.pause_harness import (
     BAD,
+    FIXED_SEEDS,
     SEED,
     STREAM_POINTS,
     assert_no_write_after,
@@ -32,13 +33,15 @@ def machine(s3_server, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
         yield found
 
 
-@pytest.mark.parametrize("point", [*STREAM_POINTS, "random"])
+# "new": this run's own seed (chosen in the worker that runs it: the test's id is the
+# same in every worker, as pytest-xdist requires).
+@pytest.mark.parametrize("seed", [*FIXED_SEEDS, "new"])
 def test_a_stream_paused_past_its_lease_writes_nothing_once_another_took_over(  # type: ignore[no-untyped-def]
-    point: str, spark, machine, broker, kafka_config, new_topic, s3_warehouse, tmp_path
+    seed: int | str, spark, machine, broker, kafka_config, new_topic, s3_warehouse, tmp_path
 ) -> None:
-    if point == "random":
-        point = random_point()
-        print(f"PLATFORM_PAUSE_SEED={SEED}: {point}")
+    seed = SEED if seed == "new" else int(seed)
+    point = random_point(seed)
+    print(f"PLATFORM_PAUSE_SEED={seed}: PLATFORM_PAUSE={point}")
     topic = new_topic(2)
     values = produce_all(kafka_config, topic, recent_clicks(900, 1) + BAD)
     path = pipeline_file(tmp_path, "user_clicks", topic, max_offsets_per_trigger=300)
@@ -57,5 +60,6 @@ def test_a_stream_paused_past_its_lease_writes_nothing_once_another_took_over(  
     check_exact(s3_warehouse, topic, kafka_config, values)
 
 
-def test_the_random_point_is_a_stream_point() -> None:
-    assert random_point().split("@")[0] in {p.split("@")[0] for p in STREAM_POINTS}
+def test_the_fixed_seeds_pause_at_every_stream_point() -> None:
+    points = {random_point(seed).split("@")[0] for seed in FIXED_SEEDS}
+    assert len(points) == len(FIXED_SEEDS) and points <= {p.split("@")[0] for p in STREAM_POINTS}
