@@ -75,3 +75,16 @@ def record_cut(layout: AppLayout, cut: Any) -> None:
     from jobs.cut import cut_file
 
     cut_file(layout, cut.epoch).write_text(cut.to_json())
+
+
+def rebuild_cut(pipeline: Any, epoch: int = 1, offset: int = 4) -> Any:
+    """The cut a rebuild of ``pipeline`` (one partition of ``clicks``) makes for ``epoch``."""
+    from jobs.cut import Cut, recorded_definition
+
+    return Cut(
+        epoch=epoch,
+        starting_offsets={"clicks": {"0": offset}},
+        origin="rebuild",
+        state_shape=pipeline.state_shape,
+        definition=recorded_definition(pipeline),
+    )

@@ -26,7 +26,6 @@ from jobs.cut import (
     claim_first_cut,
     cut_file,
     read_cut,
-    recorded_definition,
     seed_file,
     write_cut,
     write_seed,
@@ -85,13 +84,7 @@ def test_a_cut_replaced_under_the_bump_stops_the_operation_after_it(
         bump(paths, *args, **kwargs)
 
     monkeypatch.setattr(cuts, "bump_epoch", replaced_while_paused)
-    cut = Cut(
-        epoch=1,
-        starting_offsets={"clicks": {"0": 4}},
-        origin="rebuild",
-        state_shape=pipeline.state_shape,
-        definition=recorded_definition(pipeline),
-    )
+    cut = ledger_rows.rebuild_cut(pipeline)
     state_before = DeltaTable(str(writer.path)).version()
     audit = audit_row(pipeline, "rebuild", 1, {"phase": "started", "reason": "test"})
     with pytest.raises(FencedError, match="another attempt replaced it"):

@@ -14,7 +14,7 @@ from deltalake import DeltaTable
 
 from jobs import cut as cuts
 from jobs.audit import audit_row
-from jobs.cut import Cut, StateAction, StateChange, apply_cut, recorded_definition
+from jobs.cut import StateAction, StateChange, apply_cut
 from tests import ledger_rows
 from tests.output_tables import StateWriter, clicks_pipeline, state_rows
 
@@ -39,13 +39,7 @@ def test_a_zombie_batch_merged_before_the_bump_reaches_state_is_undone(
         bump(paths[1:], *args, **{k: v for k, v in kwargs.items() if k != "first_rows"})
 
     monkeypatch.setattr(cuts, "bump_epoch", zombie_wakes_during_the_bump)
-    cut = Cut(
-        epoch=1,
-        starting_offsets={"clicks": {"0": 4}},
-        origin="rebuild",
-        state_shape=pipeline.state_shape,
-        definition=recorded_definition(pipeline),
-    )
+    cut = ledger_rows.rebuild_cut(pipeline)
     audit = audit_row(pipeline, "rebuild", 1, {"phase": "started", "reason": "test"})
     done = apply_cut(
         layout, pipeline, cut, {}, "test", audit, None, [], StateChange(StateAction.KEEP)
