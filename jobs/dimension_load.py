@@ -20,6 +20,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from deltalake import DeltaTable as RsDeltaTable
 from pyspark.sql import DataFrame, DataFrameWriter, SparkSession
 from pyspark.sql import functions as F
 
@@ -125,6 +126,7 @@ def refresh(spark: SparkSession, dimension: Dimension, warehouse: Location) -> R
         # One loader at a time (Delta-spark's log stores are single-writer).
         table = dimension.table(warehouse)
         with table_lock(table, f"dimension --dimension {dimension.name}") as held:
+            fence_ahead_of_table(held, dimension, table)
             return _commit(spark, dimension, warehouse, rows.drop(CORRUPT), rows.count(), held)
     finally:
         # Spark matches a cache by plan: the next read of the same file must not hit it.
@@ -250,9 +252,44 @@ def fenced(writer: DataFrameWriter, dimension: Dimension, held: Holding) -> Data
     after a takeover writes nothing. A flock (a local warehouse) needs none."""
     if held.generation is None:
         return writer
-    return writer.option("txnAppId", f"dimension:{dimension.name}").option(
+    return writer.option("txnAppId", txn_app_id(dimension)).option(
         "txnVersion", str(held.generation)
     )
+
+
+def txn_app_id(dimension: Dimension) -> str:
+    return f"dimension:{dimension.name}"
+
+
+def recorded_generation(dimension: Dimension, table: Location) -> int | None:
+    """The lease generation the table's last load carried (its Delta transaction),
+    or None (no table yet, or loaded on a local disk, which carries none)."""
+    if not RsDeltaTable.is_deltatable(str(table)):
+        return None
+    version = RsDeltaTable(str(table)).transaction_version(txn_app_id(dimension))
+    return None if version is None else int(version)
+
+
+def fence_ahead_of_table(held: Holding, dimension: Dimension, table: Location) -> None:
+    """Put the hold's token past the one the table recorded, before the load.
+
+    A lease object deleted by hand (or lost) begins again at generation 1, below
+    what the table recorded: Delta would skip every later load, each reported as a
+    newer one. The holder advances its lease past the table's token, ``If-Match``
+    on the version it holds (``Lease.advance_past``): a stale holder, whose lease
+    another took over (and loaded with), is refused, and writes nothing."""
+    if held.generation is None:
+        return  # a flock: no token, nothing recorded to be past
+    recorded = recorded_generation(dimension, table)
+    if recorded is None or held.generation > recorded:
+        return
+    try:
+        held.advance_past(recorded)
+    except LeaseLostError as exc:
+        raise LeaseLostError(
+            f"dimension {dimension.name}: a newer load of {table} committed (lease "
+            f"generation {recorded}) and {exc}"
+        ) from None
 
 
 def newest_version(spark: SparkSession, target: str) -> int:

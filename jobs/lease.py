@@ -16,6 +16,9 @@ time to live and a generation:
   time only decides whether a taker refuses at once (it looks fresh) or watches.
 * **release**: replace it (``If-Match``) with a released record, which the next
   taker takes over at once.
+* **advance**: a holder whose generation is not past the token a table recorded
+  (the object was deleted or lost, so generations began again at 1) replaces it
+  (``If-Match``) with a generation past that token: ``advance_past``.
 
 A holder stops committing before its lease could expire: ``check`` refuses once
 ``ttl * SAFE_FRACTION`` has passed on its clock (one that counts a suspend too) since its last
@@ -87,6 +90,9 @@ class Lease:
     _lost: str | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    # One write of the record at a time (a renewal, an advance): each goes on from
+    # the version and generation the one before left.
+    _writing: threading.Lock = field(default_factory=threading.Lock)
     _renewer: threading.Thread | None = None
 
     def check(self) -> None:
@@ -106,31 +112,83 @@ class Lease:
 
     def renew(self) -> None:
         """Replace the lease with a fresh record if it is still ours."""
-        started = _clock()
-        with self._lock:
-            etag = self.etag
-        record = {**self.holder, "renewed_s": time.time(), "generation": self.generation}
-        for adopted in (False, True):
-            try:
-                written = self.location.update(_encode(record, self.ttl_s), etag)
-                break
-            except ChangedError:
-                found, stat = _read(self.location)  # outside the lock: a network call
-                if adopted or stat is None or not stat.etag or not self._is_own(found):
-                    taker = describe(found)
-                    with self._lock:
-                        self._lost = (
-                            f"the lease on {subject(self.location)} was taken over by "
-                            f"another holder ({taker}) after this one went unrenewed: this "
-                            "process commits nothing more"
+        with self._writing:
+            started = _clock()
+            with self._lock:
+                etag = self.etag
+            record = {**self.holder, "renewed_s": time.time(), "generation": self.generation}
+            for adopted in (False, True):
+                try:
+                    written = self.location.update(_encode(record, self.ttl_s), etag)
+                    break
+                except ChangedError:
+                    found, stat = _read(self.location)  # outside the lock: a network call
+                    if adopted or stat is None or not stat.etag or not self._is_own(found):
+                        taker = describe(found)
+                        with self._lock:
+                            self._lost = (
+                                f"the lease on {subject(self.location)} was taken over by "
+                                f"another holder ({taker}) after this one went unrenewed: this "
+                                "process commits nothing more"
+                            )
+                        return
+                    # An earlier write of ours whose answer was lost (a timeout while the
+                    # store was frozen, applied when it resumed): go on from its version.
+                    etag = stat.etag
+            with self._lock:
+                self.etag = written.etag or etag
+                self._renewed_at = started
+
+    def advance_past(self, recorded: int) -> int:
+        """The generation, raised above ``recorded`` (a token a table recorded from an
+        earlier lease: this lease object was deleted or lost, and generations began
+        again at 1) when it is not already; LeaseLostError when another holder has the
+        lease. The record is replaced ``If-Match`` on the version this holder holds,
+        so only the current holder advances, and a later taker goes on from the new
+        generation, never below what the table recorded."""
+        with self._writing:
+            if self.generation > recorded:
+                return self.generation
+            self.check()
+            with self._lock:
+                etag = self.etag
+            generation = recorded + 1
+            started = _clock()
+            record = {**self.holder, "renewed_s": time.time(), "generation": generation}
+            for adopted in (False, True):
+                try:
+                    written = self.location.update(_encode(record, self.ttl_s), etag)
+                    break
+                except ChangedError:
+                    found, stat = _read(self.location)
+                    if stat is not None and stat.etag and self._is_own(found, generation):
+                        # This advance went through although its answer was lost.
+                        written = stat
+                        break
+                    if adopted or stat is None or not stat.etag or not self._is_own(found):
+                        lost = (
+                            f"the lease on {subject(self.location)} was taken over by another "
+                            f"holder ({describe(found)}) while this one held generation "
+                            f"{self.generation}: this process commits nothing more"
                         )
-                    return
-                # An earlier write of ours whose answer was lost (a timeout while the
-                # store was frozen, applied when it resumed): go on from its version.
-                etag = stat.etag
-        with self._lock:
-            self.etag = written.etag or etag
-            self._renewed_at = started
+                        with self._lock:
+                            self._lost = lost
+                        raise LeaseLostError(lost) from None
+                    # A renewal of ours whose answer was lost: go on from its version.
+                    etag = stat.etag
+            log.warning(
+                "the lease on %s was at generation %d, not past the %d a table recorded "
+                "(its lease object was deleted or lost): advanced to %d",
+                subject(self.location),
+                self.generation,
+                recorded,
+                generation,
+            )
+            with self._lock:
+                self.etag = written.etag or etag
+                self.generation = generation
+                self._renewed_at = started
+            return generation
 
     def _keep_renewing(self) -> None:
         while not self._stop.wait(self.ttl_s / RENEWALS_PER_TTL):
@@ -172,12 +230,13 @@ class Lease:
         except (ChangedError, StorageError) as exc:
             log.warning("could not release the lease %s: %s", self.location, exc)
 
-    def _is_own(self, found: dict[str, Any]) -> bool:
-        """``found`` is a record this holder wrote (its id, unreleased, its generation)."""
+    def _is_own(self, found: dict[str, Any], generation: int | None = None) -> bool:
+        """``found`` is a record this holder wrote (its id, unreleased, its generation,
+        or ``generation``: one it is advancing to)."""
         return (
             found.get("holder") == self.holder["holder"]
             and not found.get("released")
-            and found.get("generation") == self.generation
+            and found.get("generation") == (self.generation if generation is None else generation)
         )
 
 

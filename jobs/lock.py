@@ -63,6 +63,10 @@ class Holding(Protocol):
     def check(self) -> None:
         """Raise when this holder may no longer commit."""
 
+    def advance_past(self, recorded: int) -> int | None:
+        """The fencing token, raised above ``recorded`` (one a table recorded from an
+        earlier hold) only while this holder still holds; LeaseLostError otherwise."""
+
 
 class _Flocked:
     """A ``flock`` is held until this process ends or lets it go."""
@@ -71,6 +75,9 @@ class _Flocked:
 
     def check(self) -> None:
         return None
+
+    def advance_past(self, recorded: int) -> int | None:
+        return None  # no token: no store compares one
 
 
 def lease_location(layout: AppLayout) -> Location:

@@ -21,6 +21,7 @@ import json
 import logging
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from deltalake import DeltaTable
@@ -65,6 +66,47 @@ def commit_infos(
         actions = [json.loads(line) for line in lines if line.strip()]
         found[version] = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
     return dict(sorted(found.items()))
+
+
+def entry_times(table: Location) -> dict[int, float]:
+    """When the store received each commit entry still in the log (seconds, on the
+    store's clock), from one listing: the ages ``maintain`` judges by, whichever
+    machine wrote the entries and whatever its clock said."""
+    return {
+        int(found.group(1)): stat.modified_s
+        for path, stat in (table / "_delta_log").files()
+        if (found := ENTRY.fullmatch(path.name)) and found.group(2) == "json"
+    }
+
+
+def removal_stamps(table: Location, first: int) -> dict[int, int]:
+    """For each commit entry from version ``first`` on: the earliest time its
+    writer stamped on it (milliseconds, the writer's clock), its commit info's or
+    a removed file's ``deletionTimestamp``. Delta's vacuum compares exactly these
+    stamps with its own clock, so a retention computed from them keeps what it
+    must whatever the writers' clocks say. Read entry by entry (several at once):
+    an entry dropped meanwhile is left out."""
+    versions = [v for v in entry_times(table) if v >= first]
+
+    def earliest(version: int) -> tuple[int, int | None]:
+        try:
+            text = (table / "_delta_log" / f"{version:020d}.json").read_text()
+        except FileNotFoundError:  # dropped by another maintain since the listing
+            return version, None
+        stamps = []
+        for line in text.splitlines():
+            if not line.strip():
+                continue
+            action = json.loads(line)
+            if "commitInfo" in action and "timestamp" in action["commitInfo"]:
+                stamps.append(int(action["commitInfo"]["timestamp"]))
+            if "remove" in action and action["remove"].get("deletionTimestamp") is not None:
+                stamps.append(int(action["remove"]["deletionTimestamp"]))
+        return version, min(stamps) if stamps else None
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        found = dict(pool.map(earliest, versions))
+    return {v: stamp for v, stamp in sorted(found.items()) if stamp is not None}
 
 
 def checkpoint_file(table: Location, version: int) -> Location:

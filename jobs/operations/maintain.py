@@ -23,6 +23,8 @@ operation; its refusals are made when it plans and again when it applies
 
 from __future__ import annotations
 
+import bisect
+import dataclasses
 import json
 import logging
 import time
@@ -39,7 +41,7 @@ from jobs.cut import live_boundaries, log_floor
 from jobs.delta import layout as tables
 from jobs.delta.files import stale_staged_files
 from jobs.delta.layout import AppLayout
-from jobs.delta.log import TABLE_CONFIGURATION, keep_loadable_from
+from jobs.delta.log import TABLE_CONFIGURATION, entry_times, keep_loadable_from, removal_stamps
 from jobs.delta.writer import MAX_ATTEMPTS, OperationFence, check_hold, committed_batch
 from jobs.errors import ConsistencyError, LockedError, OutputError, PlatformError
 from jobs.ledger import (
@@ -51,7 +53,6 @@ from jobs.ledger import (
 )
 from jobs.lineage import Boundary
 from jobs.lock import describe, holder
-from jobs.output.changes import commit_infos
 from jobs.output.publisher import read_bookmark, versions_needed
 from jobs.pipeline.model import Pipeline
 from jobs.settings import Settings
@@ -156,34 +157,43 @@ def files_on_disk(path: Location) -> int:
     )
 
 
-def plan_maintenance(
-    pipeline: Pipeline, settings: Settings, reason: str, now_us: int | None = None
-) -> MaintenancePlan:
-    """Read-only: what ``maintain`` would keep and remove now."""
+def plan_maintenance(pipeline: Pipeline, settings: Settings, reason: str) -> MaintenancePlan:
+    """Read-only (but for the store's clock probe): what ``maintain`` would keep and
+    remove now.
+
+    One clock per decision. Ages (the rewind horizon, the reader grace) are the
+    store's: when it received each log entry, against its time now. The vacuum's
+    retention is then put in the frame Delta's vacuum compares: the stamps the
+    entries' writers put on them against this machine's clock. No decision sets
+    a time one machine wrote against another machine's clock."""
     layout = AppLayout(settings.warehouse, pipeline.application_id)
     refuse_to_maintain(pipeline, layout)
-    now = now_us if now_us is not None else int(time.time() * 1_000_000)
-    boundaries = live_boundaries(layout)
-    kept = oldest_kept(boundaries, now - pipeline.rewind_horizon_seconds * 1_000_000)
-    retention, keep = vacuum_rule(boundaries, kept, now, pipeline.reader_grace_hours)
+    store_now = int(layout.root.store_time() * 1_000_000)
+    local_now = int(time.time() * 1_000_000)
+    state = layout.table("state")
+    received = {v: int(s * 1_000_000) for v, s in entry_times(state).items()}
+    boundaries = [  # dated by the store; an entry already dropped: older than any
+        dataclasses.replace(b, commit_time_us=received.get(b.state_version, 0))
+        for b in live_boundaries(layout)
+    ]
+    kept = oldest_kept(boundaries, store_now - pipeline.rewind_horizon_seconds * 1_000_000)
     try:
         floor = log_floor(layout)
     except ConsistencyError as exc:  # already gone: what needs it refuses, not maintain
         log.warning("%s", exc)
         floor = None
-    if floor is not None:
-        keep = tuple(sorted({*keep, floor.state_version}))
     epoch = current_epoch(layout)
+    names = [
+        n for n in tables.table_names(pipeline) if DeltaTable.is_deltatable(str(layout.table(n)))
+    ]
     files = {
         name: (
             len(DeltaTable(str(layout.table(name))).file_uris()),
             files_on_disk(layout.table(name)),
         )
-        for name in tables.table_names(pipeline)
-        if DeltaTable.is_deltatable(str(layout.table(name)))
+        for name in names
     }
     output_from = None
-    output_retention = 0
     if pipeline.output is not None:
         config = kafka_admin.client_config(settings.bootstrap_servers, settings.kafka_client)
         try:
@@ -195,16 +205,32 @@ def plan_maintenance(
                 "run it again when the broker answers"
             ) from exc
         output_from = needed.start
-        written_us = (
-            commit_infos(layout.table("state"), output_from, output_from)[output_from]["timestamp"]
-            * 1000
+    grace = Grace(pipeline.reader_grace_hours, store_now, local_now)
+    readers = max(
+        (grace.retention_us(layout.table(name)) for name in names if name != "state"), default=0
+    )
+    first = min(
+        v + 1
+        for v in (
+            grace.first_received(received),
+            *([] if kept is None else [kept.state_version]),
+            *([] if output_from is None else [output_from]),
         )
-        output_retention = -(-(now - written_us) // HOUR_US) + 1  # whole hours, rounded up
+    )
+    stamps = removal_stamps(state, first)
+    state_grace = grace.retention_us(state, received, stamps)
+    retention, keep = vacuum_rule(boundaries, kept, stamps, local_now, max(readers, state_grace))
+    if floor is not None:
+        keep = tuple(sorted({*keep, floor.state_version}))
+    output_retention = 0
+    if output_from is not None:  # whole hours, rounded up, with the plan's margin
+        unpublished = retention_us(stamps, output_from + 1, local_now) + PLAN_MARGIN_US
+        output_retention = -(-unpublished // HOUR_US)
     return MaintenancePlan(
         application_id=pipeline.application_id,
         epoch=epoch,
         reason=reason,
-        planned_at_us=now,
+        planned_at_us=store_now,
         horizon_s=pipeline.rewind_horizon_seconds,
         kept=kept,
         retention_hours=int(retention),
@@ -218,6 +244,68 @@ def plan_maintenance(
     )
 
 
+@dataclass(frozen=True)
+class Grace:
+    """The reader grace: nothing a reader may have listed in the last ``hours`` (by
+    the store's clock) is deleted."""
+
+    hours: int
+    store_now_us: int
+    local_now_us: int
+
+    def first_received(self, received: dict[int, int]) -> int:
+        """The version before the first entry the store received within the grace
+        (the newest version when none was)."""
+        since = self.store_now_us - self.hours * HOUR_US
+        inside = [v for v, at in received.items() if at >= since]
+        return (min(inside) if inside else max(received, default=0) + 1) - 1
+
+    def retention_us(
+        self,
+        table: Location,
+        received: dict[int, int] | None = None,
+        stamps: dict[int, int] | None = None,
+    ) -> int:
+        """The retention (in Delta's vacuum's frame) that keeps ``table``'s files a
+        reader of the grace may read: those removed by entries received within it,
+        and, for a batch's files not committed yet, the grace itself on the store's
+        clock (what this machine's clock runs ahead of the store's, added)."""
+        received = entry_times_us(table) if received is None else received
+        first = self.first_received(received) + 1
+        stamps = removal_stamps(table, first) if stamps is None else stamps
+        ahead = max(0, self.local_now_us - self.store_now_us)
+        return max(
+            self.hours * HOUR_US + ahead if self.hours else 0,
+            retention_us(stamps, first, self.local_now_us),
+        )
+
+
+def entry_times_us(table: Location) -> dict[int, int]:
+    return {v: int(s * 1_000_000) for v, s in entry_times(table).items()}
+
+
+def retention_us(stamps: dict[int, int], first: int, local_now_us: int) -> int:
+    """How far back Delta's vacuum, on this machine's clock, must keep removed files
+    so that none removed by an entry from version ``first`` on goes: back to the
+    earliest stamp those entries' writers put on them."""
+    found = [stamp for version, stamp in stamps.items() if version >= first]
+    return max(0, local_now_us - min(found) * 1000) if found else 0
+
+
+def earliest_removal_after(stamps: dict[int, int]) -> Callable[[int], int | None]:
+    """version -> the earliest removal stamp of the entries after it (None: none)."""
+    versions = sorted(stamps)
+    suffix = [stamps[v] for v in versions]
+    for i in range(len(suffix) - 2, -1, -1):
+        suffix[i] = min(suffix[i], suffix[i + 1])
+
+    def after(version: int) -> int | None:
+        i = bisect.bisect_right(versions, version)
+        return suffix[i] if i < len(suffix) else None
+
+    return after
+
+
 def oldest_kept(boundaries: list[Boundary], cutoff_us: int) -> Boundary | None:
     """The last boundary committed at or before the cutoff (a rewind to the horizon
     lands on it), else the oldest one: every boundary from it on stays a target."""
@@ -229,21 +317,35 @@ def oldest_kept(boundaries: list[Boundary], cutoff_us: int) -> Boundary | None:
 
 
 def vacuum_rule(
-    boundaries: list[Boundary], kept: Boundary | None, now_us: int, grace_hours: int
+    boundaries: list[Boundary],
+    kept: Boundary | None,
+    stamps: dict[int, int],
+    local_now_us: int,
+    grace_us: int,
 ) -> tuple[int, tuple[int, ...]]:
     """(retention hours, state versions to keep beyond it) so that ``kept`` and every
-    later boundary stay loadable. A version's files are removed after it was
-    committed: files removed more recently than the retention stay anyway, and the
-    versions committed before that cutoff (plus a margin for the clock moving on
-    while maintain runs) are kept by name."""
+    later boundary stay loadable, and nothing within the reader grace (``grace_us``,
+    rounded up to whole hours) goes. Delta's vacuum deletes a file whose removal
+    stamp (``stamps``: each entry's earliest, by its writer) is older than its
+    clock less the retention: a version's files go only when an entry after it
+    removed them. The retention covers whole hours back to the first removal after
+    ``kept``; the boundaries whose files a removal before that cutoff (plus a
+    margin for the vacuum running a little after the plan) took away are kept by
+    name."""
+    grace_hours = -(-grace_us // HOUR_US)
     if kept is None:
         return grace_hours, ()
-    retention = max(grace_hours, (now_us - kept.commit_time_us) // HOUR_US)
-    covered_from = now_us - retention * HOUR_US + PLAN_MARGIN_US
+    retention = max(
+        grace_hours, retention_us(stamps, kept.state_version + 1, local_now_us) // HOUR_US
+    )
+    cutoff = local_now_us - retention * HOUR_US + PLAN_MARGIN_US
+    after = earliest_removal_after(stamps)
     keep = {
         b.state_version
         for b in boundaries
-        if b.state_version >= kept.state_version and b.commit_time_us < covered_from
+        if b.state_version >= kept.state_version
+        and (removed := after(b.state_version)) is not None
+        and removed * 1000 < cutoff
     }
     return int(retention), tuple(sorted(keep))
 

@@ -10,7 +10,7 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -23,7 +23,7 @@ from jobs.package import package_zip
 from jobs.settings import REPO_ROOT, Settings
 from jobs.streaming import batch_clock
 from jobs.streaming.jvm import Lifetime, driver_java_options, note_a_complete_run
-from jobs.warehouse import S3A_CREDENTIALS, aws_environment, s3a_settings
+from jobs.warehouse import S3A_CREDENTIALS, Location, aws_environment, s3a_settings
 
 # Spark's own Kafka source (from the jars ``make setup`` resolved).
 KAFKA_PROVIDER = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
@@ -53,6 +53,10 @@ LOG_STORES = {
     f"spark.delta.logStore.{scheme}.impl": "platform.streaming.ConditionalS3LogStore"
     for scheme in ("s3a", "s3")
 }
+# What makes the store itself refuse a stale holder's write to a warehouse on S3
+# (docs/architecture.md, the write map): a session the platform did not make
+# (``hosted_by``) must have them too.
+STORE_REFUSALS = {**LOG_STORES, **CHECKPOINT_FILES}
 # How a query's RocksDB stores end (``query_settings``). Spark uploads a snapshot
 # of a store only in a maintenance pass (every 60 s), which a query that stops after
 # a batch or two never sees: it left changelog files only, and every later run
@@ -233,6 +237,9 @@ def command_session(
     loaded what a run loads, so the JVM's archive may be kept (``jobs/streaming/jvm.py``).
     ``lifetime``: "long" for a command that runs until stopped (a continuous run)."""
     if _host is not None:
+        # Before the command writes anything: the host's session was made without us.
+        values = {key: _host.conf.get(key, None) for key in STORE_REFUSALS}
+        check_store_settings(values, settings.warehouse)
         with _host_commands:
             yield _host
         return
@@ -304,6 +311,23 @@ def check_delta_session(spark: SparkSession) -> None:
                 "jobs.streaming.spark.DELTA_CONF (docs/pipelines.md, Reading the tables from "
                 "your own Spark)"
             )
+
+
+def check_store_settings(values: Mapping[str, str | None], warehouse: Location) -> None:
+    """A host's session (its settings ``values``) writing a warehouse on S3 must
+    create Delta log entries and Spark's checkpoint files put-if-absent, as the
+    platform's own sessions do: without that, a stale holder's writes (a loader or a
+    stream woken after a takeover) are not refused by the store. A local disk needs
+    neither (its holders are serialized by ``flock``)."""
+    if not warehouse.is_s3:
+        return
+    lacking = [f"{k}={v}" for k, v in STORE_REFUSALS.items() if values.get(k) != v]
+    if lacking:
+        raise ConfigError(
+            f"this Spark session lacks {', '.join(lacking)}, without which the store does "
+            f"not refuse a stale holder's writes to the warehouse {warehouse}: build the "
+            "session with them (jobs.streaming.spark.STORE_REFUSALS); nothing was written"
+        )
 
 
 def check_sql_settings(spark: SparkSession) -> dict[str, str]:

@@ -302,3 +302,65 @@ def test_whether_a_lease_is_held_rests_on_the_stores_clock_alone(where: FakeLoca
     assert lease.current(where) is None  # type: ignore[arg-type]
     where.put_raw(_record(generation=3, renewed_s=time.time(), ttl_s=2, released=True))
     assert lease.current(where) is None  # type: ignore[arg-type]
+
+
+def test_a_holder_advances_its_generation_past_one_a_table_recorded(where: FakeLocation) -> None:
+    """A lease object deleted by hand starts again at generation 1, below the token
+    a table recorded from an earlier lease: the holder writes itself past it (its own
+    version, ``If-Match``), and the next taker goes on from there, never below."""
+    held = _take(where)
+    try:
+        assert held.generation == 1
+        assert held.advance_past(5) == 6 and held.generation == 6
+        record = json.loads(where.read_bytes())
+        assert record["generation"] == 6 and record["holder"] == held.holder["holder"]
+        held.check()
+        held.renew()  # from the advanced version, with the advanced generation
+        assert json.loads(where.read_bytes())["generation"] == 6
+        held.check()
+        before = where.stat()
+        assert held.advance_past(3) == 6  # already past: nothing written
+        assert where.stat() == before
+    finally:
+        held.release()
+    again = _take(where)
+    try:
+        assert again.generation == 7
+    finally:
+        again.release()
+
+
+def test_a_holder_taken_over_cannot_advance_its_generation(where: FakeLocation) -> None:
+    """A stale holder (another took the lease over and loaded with its generation)
+    is refused: the advance is conditional on the version it holds."""
+    held = _take(where)
+    where.put_raw(_record(generation=6, renewed_s=time.time(), ttl_s=30))  # the other's
+    taken = where.read_bytes()
+    with pytest.raises(lease.LeaseLostError, match=r"^the lease on application app was taken over"):
+        held.advance_past(6)
+    assert where.read_bytes() == taken
+    with pytest.raises(lease.LeaseLostError, match="taken over"):
+        held.check()
+    held.release()
+    assert where.read_bytes() == taken
+
+
+def test_an_advance_whose_answer_was_lost_is_ours(where: FakeLocation) -> None:
+    held = _take(where)
+    real_update = where.update
+
+    def applied_then_refused(data: bytes, etag: str) -> Stat:
+        real_update(data, etag)
+        raise ChangedError(where.key)  # the retry of the PUT: 412, the version is new
+
+    where.update = applied_then_refused  # type: ignore[method-assign]
+    try:
+        assert held.advance_past(4) == 5
+    finally:
+        where.update = real_update  # type: ignore[method-assign]
+    held.check()
+    held.renew()  # from the version its lost write made
+    held.check()
+    held.release()
+    assert json.loads(where.read_bytes())["released"] is True
+    assert json.loads(where.read_bytes())["generation"] == 5

@@ -13,6 +13,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from deltalake import DeltaTable
 
 from jobs import resolution
 from jobs.delta import layout as tables
@@ -25,6 +26,7 @@ from jobs.lock import application_lock
 from jobs.operations.maintain import (
     HOUR_US,
     PLAN_MARGIN_US,
+    Grace,
     apply_maintenance,
     oldest_kept,
     plan_maintenance,
@@ -35,6 +37,7 @@ from jobs.settings import REPO_ROOT, Settings, load_settings
 from tests import ledger_rows as ledger
 
 NOW = 1_000 * HOUR_US
+MS = 1000
 
 
 def boundary(batch: int, version: int, hours_ago: float) -> Boundary:
@@ -42,6 +45,13 @@ def boundary(batch: int, version: int, hours_ago: float) -> Boundary:
 
 
 BOUNDARIES = [boundary(0, 1, 50), boundary(1, 3, 30), boundary(2, 4, 20), boundary(3, 6, 0.5)]
+# Each state version's earliest writer stamp (milliseconds): version v+1 removes
+# what version v's batch replaced, a moment after v's boundary.
+STAMPS = {2: 49, 3: 30, 4: 20, 5: 19.9, 6: 0.5, 7: 0.4}
+
+
+def stamps(skew_hours: float = 0.0) -> dict[int, int]:
+    return {v: (NOW - int((ago + skew_hours) * HOUR_US)) // MS for v, ago in STAMPS.items()}
 
 
 def test_the_last_boundary_before_the_horizon_is_kept() -> None:
@@ -51,24 +61,48 @@ def test_the_last_boundary_before_the_horizon_is_kept() -> None:
     assert oldest_kept([], NOW) is None
 
 
-def test_retention_covers_the_kept_boundary_in_whole_hours() -> None:
-    retention, keep = vacuum_rule(BOUNDARIES, BOUNDARIES[2], NOW, grace_hours=1)
-    assert retention == 20  # files removed in the last 20 h stay
-    assert keep == (4,)  # the 0-20 min before the cutoff: kept by version
+def test_retention_covers_the_first_removal_after_the_kept_boundary_in_whole_hours() -> None:
+    retention, keep = vacuum_rule(BOUNDARIES, BOUNDARIES[2], stamps(), NOW, grace_us=HOUR_US)
+    assert retention == 19  # version 5 removed version 4's files 19.9 h ago
+    assert keep == (4,)  # the 0.9 h before: kept by version
 
 
 def test_a_short_horizon_keeps_versions_by_name() -> None:
-    retention, keep = vacuum_rule(BOUNDARIES, BOUNDARIES[3], NOW, grace_hours=0)
+    retention, keep = vacuum_rule(BOUNDARIES, BOUNDARIES[3], stamps(), NOW, grace_us=0)
     assert retention == 0
-    assert keep == (6,)
-    # A boundary committed inside the plan margin is kept by name too.
-    late = boundary(4, 7, -PLAN_MARGIN_US / HOUR_US / 2)
-    assert vacuum_rule([*BOUNDARIES, late], BOUNDARIES[3], NOW, 0)[1] == (6, 7)
+    assert keep == (6,)  # version 7 removed its files 0.4 h ago
 
 
 def test_grace_is_a_floor_and_nothing_committed_keeps_only_grace() -> None:
-    assert vacuum_rule(BOUNDARIES, BOUNDARIES[3], NOW, grace_hours=48) == (48, ())
-    assert vacuum_rule([], None, NOW, grace_hours=2) == (2, ())
+    assert vacuum_rule(BOUNDARIES, BOUNDARIES[3], stamps(), NOW, 48 * HOUR_US) == (48, ())
+    assert vacuum_rule([], None, {}, NOW, grace_us=2 * HOUR_US - 1) == (2, ())
+
+
+@pytest.mark.parametrize("skew_hours", [-30.0, -3.0, 0.0, 2.5, 40.0])
+def test_a_writer_clock_off_by_hours_loses_no_kept_version(skew_hours: float) -> None:
+    """Delta's vacuum compares writers' stamps with its own clock: the retention is
+    computed in that frame, so a writer ahead or behind by hours changes the
+    hours, never what stays. Checked against Delta's rule, replayed in plain
+    Python: a file version v referenced and version w > v removed goes when w's
+    stamp is older than the vacuum's clock less the retention, unless v is kept
+    by name; the vacuum runs up to the plan's margin later."""
+    skewed = stamps(skew_hours)
+    for kept in BOUNDARIES:
+        retention, keep = vacuum_rule(BOUNDARIES, kept, skewed, NOW, grace_us=0)
+        for later in (0, PLAN_MARGIN_US - 1):
+            cutoff = NOW + later - retention * HOUR_US
+            for b in BOUNDARIES:
+                if b.state_version < kept.state_version:
+                    continue
+                gone = any(w > b.state_version and t * MS < cutoff for w, t in skewed.items())
+                assert not gone or b.state_version in keep, (kept, b, retention, keep)
+
+
+def test_the_first_entry_inside_the_grace_is_judged_on_the_stores_clock() -> None:
+    received = {0: NOW - 5 * HOUR_US, 1: NOW - 2 * HOUR_US, 2: NOW - HOUR_US // 2}
+    assert Grace(1, NOW, NOW + 7 * HOUR_US).first_received(received) == 1  # before version 2
+    assert Grace(3, NOW, NOW).first_received(received) == 0
+    assert Grace(0, NOW, NOW).first_received(received) == 2  # none inside: the newest
 
 
 def test_staged_files_go_once_their_batch_can_no_longer_commit(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -182,3 +216,35 @@ def test_a_floor_whose_state_is_gone_does_not_stop_maintenance(
     monkeypatch.setattr(maintain, "log_floor", gone)
     plan = plan_maintenance(NO_GRACE, settings, "hourly")
     assert plan.floor_version is None
+
+
+def test_the_horizon_is_judged_on_the_stores_clock_not_the_batch_writers(tmp_path: Path) -> None:
+    """Found by review: the horizon compared the ledger's ``commit_time`` (the batch
+    driver's clock) with maintain's own. A driver 2 h behind made a boundary of
+    30 min ago look 2.5 h old, so a 1 h horizon kept only the newest one. The
+    store's times of the state log entries (a file's time on a local disk) say
+    when each version was committed."""
+    import os
+    import time
+
+    pipeline = dataclasses.replace(NO_GRACE, rewind_horizon_seconds=3600)
+    layout = AppLayout(tmp_path, pipeline.application_id)
+    ensure_tables(layout, resolution.of(pipeline))
+    state = DeltaTable(str(layout.table("state")))
+    now = time.time()
+    committed_ago_s = {1: 3 * 3600, 2: 2 * 3600, 3: 1800, 4: 600}
+    rows = []
+    for version, ago in committed_ago_s.items():
+        state.alter.set_table_properties({"delta.checkpointInterval": str(10 + version)})
+        entry = layout.table("state") / "_delta_log" / f"{version:020d}.json"
+        os.utime(entry, (now - ago, now - ago))
+        behind = int((now - ago - 2 * 3600) * 1_000_000)  # the driver's clock: 2 h behind
+        batch = version - 1
+        rows.append(
+            ledger.batch_row(0, batch, batch * 100, version * 100, version, commit_time=behind)
+        )
+    ledger.append(layout, rows)
+    settings = dataclasses.replace(load_settings(), warehouse=tmp_path)
+    plan = plan_maintenance(pipeline, settings, "hourly")
+    assert plan.kept is not None
+    assert plan.kept.state_version == 2  # the last boundary an hour or more ago
