@@ -223,6 +223,8 @@ class Lease:
                 self.location.update(_encode(record, self.ttl_s), etag)
             except ChangedError:
                 found, stat = _read(self.location)
+                if found.get("holder") == self.holder["holder"] and found.get("released"):
+                    return  # this release went through although its answer was lost
                 if stat is None or not stat.etag or not self._is_own(found):
                     raise
                 # Our own write whose answer was lost: still ours to hand back.

@@ -9,12 +9,16 @@ its own), and the tables must be exactly what plain Python computes from the
 records produced: every click counted once, every bad record one dead letter, the
 ledger's offset ranges tiling every partition.
 
-Every operation point runs in CI; the stream points are chosen by seeds, a fixed
-list and one new per run, printed on failure (``PLATFORM_PAUSE_SEED`` replays it)."""
+A test pauses one holder after another on the same application: each stream
+point in an order (and at a batch) a seed chooses, each operation's points in
+turn. The fixed seed pauses at every stream point; one new seed per run pauses
+at ``NEW_SEED_POINTS`` of them, printed on failure (``PLATFORM_PAUSE_SEED``
+replays it)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import re
@@ -32,6 +36,7 @@ import pytest
 from jobs import kafka_admin
 from jobs.settings import REPO_ROOT
 from jobs.storage_server import StorageInfo
+from jobs.streaming.jvm import archive_dir
 from jobs.warehouse import Location
 from tests.conftest import produce, run_in_process
 from tests.live import assert_exact_clicks, assert_ledger_tiles, ledger_batches
@@ -43,11 +48,29 @@ BAD = [b"not json", b'{"user_id": 7, "timestamp": 1}']
 # in flight when it was stopped (docs/architecture.md, the write map: a stale
 # driver's state files hold the same state), and lease writes the store refuses.
 IN_FLIGHT = re.compile(r"/state/")
-STREAM_POINTS = ["after_changelog@1", "after_state@1", "after_ledger@1"]
-# The seeds every run pauses a stream with (each a point and a batch), and one new
-# per run (``SEED``; ``PLATFORM_PAUSE_SEED`` replays it).
-FIXED_SEEDS = [0, 17]
-OPERATION_POINTS = ["before_bump", "after_fence"]
+# Every point of a batch (``jobs/faults.py``), in the order a batch meets them.
+STREAM_POINTS = [
+    "after_dead_letter",
+    "during_task",
+    "after_changelog",
+    "after_state",
+    "after_ledger",
+    "during_output",
+    "after_output",
+]
+# The seed every run pauses a stream with at every point, and the number of points
+# the run's new seed (``SEED``; ``PLATFORM_PAUSE_SEED`` replays it) pauses at.
+FIXED_SEED = 0
+NEW_SEED_POINTS = 1
+# Each operation's points: the cut's (``jobs.cut.apply_cut``, the same code for
+# every operation up to the fence: a rebuild pauses at both, a rewind after the
+# fence, where it changes the state its own way), and a backfill's own (between
+# its commits).
+OPERATION_POINTS = {
+    "rebuild": ["before_bump", "after_fence"],
+    "rewind": ["after_fence"],
+    "backfill": ["during_operation"],
+}
 SEED = int(os.environ.get("PLATFORM_PAUSE_SEED") or random.SystemRandom().randrange(10**6))
 
 
@@ -80,6 +103,7 @@ def paused_machine(
     monkeypatch.setenv("PLATFORM_LEASE_SECONDS", str(LEASE_S))
     home = tmp_path / "machine-a"
     (home / "tmp").mkdir(parents=True)
+    share_jvm_archives(home / "tmp")
     with StoreProxy(s3_server.port) as proxy:
         env = {
             **os.environ,
@@ -92,6 +116,20 @@ def paused_machine(
         yield Paused(env, proxy)
 
 
+def share_jvm_archives(tmp: Path) -> None:
+    """The other machine starts its JVM from this one's class-data-sharing archives
+    (hard links, as a machine set up alike has its own): a run that stops on its
+    lost lease never adopts the archive it dumps, so each paused holder would
+    otherwise start cold and dump one at exit, seconds of CPU each."""
+    mine = archive_dir()
+    theirs = tmp / f"platform-{os.getuid()}" / "jvm"
+    theirs.mkdir(mode=0o700, parents=True)
+    theirs.parent.chmod(0o700)
+    for found in mine.iterdir():
+        with contextlib.suppress(OSError):
+            os.link(found, theirs / found.name)
+
+
 def run_here(spark: Any, args: list[str], timeout: float = 300) -> None:
     """Run on this machine to its end, again while the application is busy (the
     paused holder's lease expiring)."""
@@ -100,6 +138,8 @@ def run_here(spark: Any, args: list[str], timeout: float = 300) -> None:
         done = run_in_process(spark, args)
         if done.returncode == 0:
             return
+        if os.environ.get("PAUSE_DEBUG"):
+            Path(os.environ["PAUSE_DEBUG"]).write_text(done.stderr)
         assert "is busy" in done.stderr and time.monotonic() < deadline, done.stderr[-3000:]
         time.sleep(1)
 
@@ -132,6 +172,8 @@ def end(proc: subprocess.Popen[str]) -> None:
 
 
 def assert_stopped_by_its_lease(proc: subprocess.Popen[str], err: str) -> None:
+    if os.environ.get("PAUSE_DEBUG"):
+        Path(os.environ["PAUSE_DEBUG"]).write_text(err)
     assert proc.returncode == 2, err[-3000:]
     last = err.strip().splitlines()[-1]
     assert last.startswith("error: "), last
@@ -153,15 +195,28 @@ def check_exact(
 ) -> None:
     marks = kafka_admin.watermarks(config, [(topic, 0), (topic, 1)])
     highs = {p: high for (_t, p), (_low, high) in marks.items()}
-    assert_ledger_tiles(ledger_batches(warehouse), topic, highs)  # type: ignore[arg-type]
+    batches = ledger_batches(warehouse)  # type: ignore[arg-type]
+    # The lineage: from the last batch that began at the first offsets (a rewind
+    # to the earliest judges every record again).
+    starts = [
+        i
+        for i, b in enumerate(batches)
+        if not any(int(o) for o in json.loads(b["start_offsets"]).get(topic, {}).values())
+    ]
+    assert_ledger_tiles(batches[starts[-1] if starts else 0 :], topic, highs)
     assert_exact_clicks(warehouse, values)  # type: ignore[arg-type]
 
 
-def random_point(seed: int) -> str:
-    """A stream pause point and the batch it pauses at, chosen by ``seed``."""
+def stream_schedule(seed: int, points: int) -> list[tuple[str, int]]:
+    """``points`` stream pause points, each with how many batches after the next
+    one (0 or 1) it pauses at, in an order chosen by ``seed``."""
     rng = random.Random(seed)
-    point = rng.choice(STREAM_POINTS).split("@")[0]
-    return f"{point}@{rng.randrange(3)}"
+    return [(point, rng.randrange(2)) for point in rng.sample(STREAM_POINTS, points)]
+
+
+def next_batch(warehouse: Location) -> int:
+    """The batch id the application's next run starts with (one epoch here)."""
+    return max((b["batch_id"] for b in ledger_batches(warehouse)), default=-1) + 1  # type: ignore[arg-type]
 
 
 def produce_all(config: dict[str, str], topic: str, values: list[bytes]) -> list[bytes]:

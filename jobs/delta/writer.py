@@ -180,6 +180,10 @@ class BatchWriter:
     ) -> int | None:
         """Commit data files that tasks staged for ``path`` (``files.py``) as one
         append of batch ``batch_id``: the rows never pass through this process."""
+        # The move is harmless for a holder that lost the application (the files'
+        # names are its batch's own, and no commit of it can land), but a holder that
+        # knows it lost writes nothing more.
+        (self.guard or check_hold)()
         publish(path, files, schema)
 
         def run(table: DeltaTable, props: CommitProperties) -> None:

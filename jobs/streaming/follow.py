@@ -14,7 +14,7 @@ import time
 from pyspark.sql.streaming.query import StreamingQuery
 
 from jobs.delta.layout import AppLayout
-from jobs.errors import ConsistencyError, FencedError, LeaseError
+from jobs.errors import ConsistencyError, FencedError, LeaseError, LeaseLostError, PlatformError
 from jobs.ledger import current_epoch
 from jobs.lock import Holding
 from jobs.streaming.batch import BatchCommitter
@@ -22,6 +22,8 @@ from jobs.streaming.batch import BatchCommitter
 log = logging.getLogger(__name__)
 POLL_S = 0.2
 FENCE_CHECK_S = 5.0
+# Spark's error when a checkpoint log file it creates exists already.
+CONCURRENT_UPDATE = "CONCURRENT_STREAM_LOG_UPDATE"
 
 
 def follow(
@@ -39,33 +41,59 @@ def follow(
     query failed: the restart's new query has no progress of them."""
     finished = False
     try:
-        checked = time.monotonic()
-        # A short wait: a scheduled run exits as soon as its last batch is in
-        # (PySpark takes float seconds, though typed int).
-        while not running.awaitTermination(POLL_S):  # type: ignore[arg-type]
-            if stop.is_set():
-                _stop(running)
-                continue
-            try:
-                held.check()  # no request: this holder's own clock and renewals
-            except LeaseError:
-                _stop(running)
-                raise
-            if time.monotonic() - checked > FENCE_CHECK_S:
-                checked = time.monotonic()
-                if current_epoch(layout) > epoch:  # an idle stream would never commit
-                    _stop(running)
-                    raise FencedError(
-                        f"{layout.application_id} moved to epoch {current_epoch(layout)}; "
-                        f"this run of epoch {epoch} stopped without committing anything more"
-                    )
-        running.awaitTermination()
+        _follow(running, layout, epoch, stop, held)
         finished = True
+    except Exception as exc:
+        _lost_to_another_holder(exc, held)
+        raise
     finally:
         if finished:
             committer.check_watermark_drops(running.recentProgress)
         else:
             _check_drops_of_a_failed_query(running, committer)
+
+
+def _follow(
+    running: StreamingQuery, layout: AppLayout, epoch: int, stop: threading.Event, held: Holding
+) -> None:
+    checked = time.monotonic()
+    # A short wait: a scheduled run exits as soon as its last batch is in
+    # (PySpark takes float seconds, though typed int).
+    while not running.awaitTermination(POLL_S):  # type: ignore[arg-type]
+        if stop.is_set():
+            _stop(running)
+            continue
+        try:
+            held.check()  # no request: this holder's own clock and renewals
+        except LeaseError:
+            _stop(running)
+            raise
+        if time.monotonic() - checked > FENCE_CHECK_S:
+            checked = time.monotonic()
+            if current_epoch(layout) > epoch:  # an idle stream would never commit
+                _stop(running)
+                raise FencedError(
+                    f"{layout.application_id} moved to epoch {current_epoch(layout)}; "
+                    f"this run of epoch {epoch} stopped without committing anything more"
+                )
+    running.awaitTermination()
+
+
+def _lost_to_another_holder(failure: Exception, held: Holding) -> None:
+    """A query that failed while (or because) another holder had taken the
+    application over stops with the lost hold's error, not Spark's: woken from a
+    pause inside a batch, the driver's next checkpoint write (``commits/N``) is
+    refused by the store, since the newer holder wrote it (put-if-absent), and
+    Spark fails with ``CONCURRENT_STREAM_LOG_UPDATE``."""
+    if isinstance(failure, PlatformError):
+        return
+    held.check()  # raises the lost hold's error when it is lost
+    if CONCURRENT_UPDATE in str(failure):
+        raise LeaseLostError(
+            "another driver wrote this application's checkpoint for a batch this one was "
+            "running (the store refused this one's write): this run stopped without "
+            "committing it; the other driver holds the application"
+        ) from None
 
 
 def _stop(running: StreamingQuery) -> None:

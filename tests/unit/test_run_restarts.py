@@ -16,7 +16,7 @@ import pytest
 from jobs.delta import layout as tables
 from jobs.delta.layout import AppLayout
 from jobs.delta.writer import bump_epoch
-from jobs.errors import ConsistencyError, FencedError, KafkaUnavailableError
+from jobs.errors import ConsistencyError, FencedError, KafkaUnavailableError, LeaseLostError
 from jobs.lock import _Flocked
 from jobs.pipeline.parser import load_pipeline
 from jobs.settings import REPO_ROOT
@@ -125,3 +125,41 @@ def test_late_drops_of_a_query_that_failed_are_still_caught(layout: AppLayout) -
         follow(FailedQuery(), check, layout, 0, outage.threading.Event(), _Flocked())  # type: ignore[arg-type]
     with pytest.raises(ConsistencyError, match="dropped 2 late row"):
         refuse_unrepaired_drops(layout)
+
+
+class RefusedQuery:
+    """A query woken from a pause inside batch 1: the store refused its ``commits/1``
+    (another holder wrote it), and Spark failed."""
+
+    recentProgress: tuple[Any, ...] = ()
+
+    def awaitTermination(self, _timeout: float | None = None) -> bool:
+        raise RuntimeError(
+            "[STREAM_FAILED] ... [CONCURRENT_STREAM_LOG_UPDATE] Concurrent update to the log. "
+            "Multiple streaming jobs detected for 1."
+        )
+
+
+class LostHold:
+    generation = 3
+
+    def check(self) -> None:
+        raise LeaseLostError("the lease on application user_clicks was taken over by another")
+
+
+class KeptHold(LostHold):
+    def check(self) -> None:
+        return None
+
+
+@pytest.mark.parametrize(
+    ("held", "says"), [(LostHold(), "taken over"), (KeptHold(), "another driver")]
+)
+def test_a_query_refused_by_the_store_stops_with_the_lost_holds_error(
+    layout: AppLayout, held: Any, says: str
+) -> None:
+    """Found by the pause harness: a stream paused inside a batch past its lease,
+    woken after another took over, failed with Spark's 60-line error and exit 1;
+    the store had refused its write (the point), the run must say why in one line."""
+    with pytest.raises(LeaseLostError, match=says):
+        follow(RefusedQuery(), committer(layout), layout, 0, outage.threading.Event(), held)  # type: ignore[arg-type]
