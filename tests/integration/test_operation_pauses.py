@@ -57,7 +57,7 @@ def test_an_operation_paused_past_its_lease_writes_nothing_once_another_took_ove
         finally:
             end(paused)
         assert_stopped_by_its_lease(paused, err)
-        assert_no_write_after(machine.proxy, woke)
+        assert_no_write_after(machine.proxy, woke, err)
         run_here(spark, run)
     check_exact(s3_warehouse, topic, kafka_config, values)
 

@@ -69,7 +69,7 @@ def test_a_stream_paused_past_its_lease_writes_nothing_once_another_took_over(  
             end(paused)
         print(f"cycle {cycle}: {point} woke at {woke}")
         assert_stopped_by_its_lease(paused, err)
-        assert_no_write_after(machine.proxy, woke)
+        assert_no_write_after(machine.proxy, woke, err)
     run_here(spark, args)
     check_exact(s3_warehouse, topic, kafka_config, values)
     published = read_output(kafka_config, f"{topic}-out")
