@@ -65,9 +65,11 @@ _topic_ids = itertools.count()
 SLOW_FIRST = (
     "test_repair_sequences.py",  # with its seeds on S3, the longest file (~9 min)
     "test_replicated_cluster.py",
+    "test_stream_pauses.py",  # every batch point in one sequence (~5 min)
     "test_crash_restart.py",
     "test_cluster.py",
     "test_operations.py",
+    "test_operation_pauses.py",
     "test_interrupted_operations.py",
     "test_airflow_ui.py",
     "test_backfill.py",

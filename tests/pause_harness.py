@@ -88,11 +88,13 @@ class Paused:
     env: dict[str, str]
     proxy: StoreProxy
 
-    def start(self, args: list[str], point: str) -> subprocess.Popen[str]:
+    def start(self, args: list[str], point: str | None) -> subprocess.Popen[str]:
+        """``python -m jobs args`` on this machine, stopping itself at ``point``
+        (None: the test stops it)."""
         return subprocess.Popen(
             [sys.executable, "-m", "jobs", *args],
             cwd=self.env["HOME"],
-            env={**self.env, "PLATFORM_PAUSE": point},
+            env={**self.env, **({} if point is None else {"PLATFORM_PAUSE": point})},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

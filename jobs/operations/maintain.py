@@ -224,8 +224,16 @@ def plan_maintenance(pipeline: Pipeline, settings: Settings, reason: str) -> Mai
         keep = tuple(sorted({*keep, floor.state_version}))
     output_retention = 0
     if output_from is not None:  # whole hours, rounded up, with the plan's margin
-        unpublished = retention_us(stamps, output_from + 1, local_now) + PLAN_MARGIN_US
-        output_retention = -(-unpublished // HOUR_US)
+        # Its change files too, which no snapshot lists: the vacuum judges them by
+        # their time in the store, against this machine's clock.
+        written_from = min(
+            (at for v, at in received.items() if v >= output_from), default=store_now
+        )
+        unpublished = max(
+            retention_us(stamps, output_from + 1, local_now),
+            store_now - written_from + max(0, local_now - store_now),
+        )
+        output_retention = -(-(unpublished + PLAN_MARGIN_US) // HOUR_US)
     return MaintenancePlan(
         application_id=pipeline.application_id,
         epoch=epoch,
@@ -340,12 +348,14 @@ def vacuum_rule(
     )
     cutoff = local_now_us - retention * HOUR_US + PLAN_MARGIN_US
     after = earliest_removal_after(stamps)
+    # Kept by name too: a boundary nothing has removed files of yet. A removal
+    # after the plan (maintain's own compaction, a batch) is stamped after it, by a
+    # clock that may be behind, so no retention can be trusted to cover it.
     keep = {
         b.state_version
         for b in boundaries
         if b.state_version >= kept.state_version
-        and (removed := after(b.state_version)) is not None
-        and removed * 1000 < cutoff
+        and ((removed := after(b.state_version)) is None or removed * 1000 < cutoff)
     }
     return int(retention), tuple(sorted(keep))
 

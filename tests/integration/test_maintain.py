@@ -63,7 +63,11 @@ def test_a_rewind_to_the_oldest_kept_boundary_works_after_maintain(  # type: ign
 
     # The horizon reaches just past run one's last boundary: it is the oldest kept.
     last_of_run_one = run_one[-1]
-    age = time.time() - last_of_run_one["commit_time"].timestamp()
+    kept_version = json.loads(last_of_run_one["delta_versions"])["state_after"]
+    # Its age on the store's clock, which maintain judges by: when the store (a
+    # local disk here) received its state version's log entry.
+    entry = Path(settings.warehouse / "user_clicks" / "state" / "_delta_log")
+    age = time.time() - (entry / f"{kept_version:020d}.json").stat().st_mtime
     with_maintenance(path, rewind_horizon=f"{int(age)} seconds", reader_grace_hours=0)
     state_dir = Path(settings.warehouse / "user_clicks" / "state")
     on_disk_before = len(list(state_dir.glob("*.parquet")))
@@ -89,7 +93,6 @@ def test_a_rewind_to_the_oldest_kept_boundary_works_after_maintain(  # type: ign
     # The log is cut at the kept boundary's state version, which stays loadable
     # from its new checkpoint (the rewind below loads it); the other tables' logs
     # are cut at their version when maintain began.
-    kept_version = json.loads(last_of_run_one["delta_versions"])["state_after"]
 
     def first_entry(table: str) -> int:
         log = Path(settings.warehouse / "user_clicks" / table / "_delta_log")

@@ -5,6 +5,12 @@ stops with one error line; the tables and the output topic stay exact
 
 from __future__ import annotations
 
+import os
+import re
+import signal
+import time
+from urllib.parse import unquote
+
 import pytest
 import yaml
 
@@ -82,3 +88,38 @@ def test_the_fixed_seed_pauses_at_every_stream_point_and_a_new_one_at_some() -> 
         STREAM_POINTS
     )
     assert len({p for p, _ in stream_schedule(SEED, NEW_SEED_POINTS)}) == NEW_SEED_POINTS
+
+
+def test_a_held_offsets_write_of_a_paused_stream_is_refused_by_the_store(  # type: ignore[no-untyped-def]
+    spark, machine, broker, kafka_config, new_topic, s3_warehouse, tmp_path
+) -> None:
+    """Spark's ``offsets/N`` held at the proxy (sent, not yet at the store) while its
+    driver is paused past its lease and another machine plans and runs batch N:
+    released after the wake, the store refuses it (S3A's conditional create), the
+    woken driver stops with one line, and the results stay exact."""
+    topic = new_topic(2)
+    values = produce_all(kafka_config, topic, recent_clicks(450, 0) + BAD)
+    path = pipeline_file(tmp_path, "user_clicks", topic, max_offsets_per_trigger=300)
+    args = jobs_args(path, broker.bootstrap_servers, s3_warehouse, "run", "--quiet")
+    run_here(spark, args)
+    values += produce_all(kafka_config, topic, recent_clicks(450, 1) + BAD)
+    batch = next_batch(s3_warehouse)
+    offsets = re.compile(rf"/offsets/{batch}$")
+    machine.proxy.hold = offsets
+    paused = machine.start([*args, "--trigger", "continuous"], None)
+    try:
+        assert machine.proxy.holding.wait(180), "the driver never wrote offsets/N"
+        os.killpg(paused.pid, signal.SIGSTOP)
+        run_here(spark, args)  # takes the lease over once it expired; writes offsets/N
+        woke = time.time()
+        machine.proxy.release.set()
+        os.killpg(paused.pid, signal.SIGCONT)
+        _, err = paused.communicate(timeout=180)
+    finally:
+        end(paused)
+    assert_stopped_by_its_lease(paused, err)
+    held = [status for _at, _m, p, status in machine.proxy.writes if offsets.search(unquote(p))]
+    assert held == [412], held  # the held write reached the store, which refused it
+    assert_no_write_after(machine.proxy, woke, err)
+    run_here(spark, args)
+    check_exact(s3_warehouse, topic, kafka_config, values)

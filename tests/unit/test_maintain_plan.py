@@ -73,6 +73,16 @@ def test_a_short_horizon_keeps_versions_by_name() -> None:
     assert keep == (6,)  # version 7 removed its files 0.4 h ago
 
 
+def test_a_boundary_nothing_removed_files_of_yet_is_kept_by_name() -> None:
+    """Found by review: the newest boundary is kept, and nothing has removed its
+    files when maintain plans; its own compaction then does, stamped after the
+    plan, and a vacuum with no retention would delete them."""
+    untouched = {v: t for v, t in stamps().items() if v <= 6}
+    retention, keep = vacuum_rule(BOUNDARIES, BOUNDARIES[3], untouched, NOW, grace_us=0)
+    assert retention == 0
+    assert keep == (6,)
+
+
 def test_grace_is_a_floor_and_nothing_committed_keeps_only_grace() -> None:
     assert vacuum_rule(BOUNDARIES, BOUNDARIES[3], stamps(), NOW, 48 * HOUR_US) == (48, ())
     assert vacuum_rule([], None, {}, NOW, grace_us=2 * HOUR_US - 1) == (2, ())
