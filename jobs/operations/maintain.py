@@ -193,18 +193,7 @@ def plan_maintenance(pipeline: Pipeline, settings: Settings, reason: str) -> Mai
         )
         for name in names
     }
-    output_from = None
-    if pipeline.output is not None:
-        config = kafka_admin.client_config(settings.bootstrap_servers, settings.kafka_client)
-        try:
-            needed = versions_needed(layout, read_bookmark(config, pipeline))
-        except PlatformError as exc:
-            raise OutputError(
-                f"{pipeline.application_id}: cannot tell which state versions output topic "
-                f"{pipeline.output.topic!r} still needs ({exc}); maintain would remove them; "
-                "run it again when the broker answers"
-            ) from exc
-        output_from = needed.start
+    output_from = unpublished_from(pipeline, settings, layout)
     grace = Grace(pipeline.reader_grace_hours, store_now, local_now)
     readers = max(
         (grace.retention_us(layout.table(name)) for name in names if name != "state"), default=0
@@ -222,18 +211,11 @@ def plan_maintenance(pipeline: Pipeline, settings: Settings, reason: str) -> Mai
     retention, keep = vacuum_rule(boundaries, kept, stamps, local_now, max(readers, state_grace))
     if floor is not None:
         keep = tuple(sorted({*keep, floor.state_version}))
-    output_retention = 0
-    if output_from is not None:  # whole hours, rounded up, with the plan's margin
-        # Its change files too, which no snapshot lists: the vacuum judges them by
-        # their time in the store, against this machine's clock.
-        written_from = min(
-            (at for v, at in received.items() if v >= output_from), default=store_now
-        )
-        unpublished = max(
-            retention_us(stamps, output_from + 1, local_now),
-            store_now - written_from + max(0, local_now - store_now),
-        )
-        output_retention = -(-(unpublished + PLAN_MARGIN_US) // HOUR_US)
+    output_retention = (
+        0
+        if output_from is None
+        else output_retention_hours(output_from, received, stamps, store_now, local_now)
+    )
     return MaintenancePlan(
         application_id=pipeline.application_id,
         epoch=epoch,
@@ -250,6 +232,40 @@ def plan_maintenance(pipeline: Pipeline, settings: Settings, reason: str) -> Mai
         output_retention_hours=int(output_retention),
         floor_version=None if floor is None else floor.state_version,
     )
+
+
+def unpublished_from(pipeline: Pipeline, settings: Settings, layout: AppLayout) -> int | None:
+    """The first state version the output topic still has to read (None: no output)."""
+    if pipeline.output is None:
+        return None
+    config = kafka_admin.client_config(settings.bootstrap_servers, settings.kafka_client)
+    try:
+        return versions_needed(layout, read_bookmark(config, pipeline)).start
+    except PlatformError as exc:
+        raise OutputError(
+            f"{pipeline.application_id}: cannot tell which state versions output topic "
+            f"{pipeline.output.topic!r} still needs ({exc}); maintain would remove them; "
+            "run it again when the broker answers"
+        ) from exc
+
+
+def output_retention_hours(
+    output_from: int,
+    received: dict[int, int],
+    stamps: dict[int, int],
+    store_now_us: int,
+    local_now_us: int,
+) -> int:
+    """The state vacuum's retention (whole hours, rounded up, with the plan's margin)
+    that keeps the unpublished versions' files, and their change files, which no
+    snapshot lists: the vacuum judges those by their time in the store, against
+    this machine's clock."""
+    written_from = min((at for v, at in received.items() if v >= output_from), default=store_now_us)
+    unpublished = max(
+        retention_us(stamps, output_from + 1, local_now_us),
+        store_now_us - written_from + max(0, local_now_us - store_now_us),
+    )
+    return -(-(unpublished + PLAN_MARGIN_US) // HOUR_US)
 
 
 @dataclass(frozen=True)

@@ -174,6 +174,16 @@ LEASE = r"/_lease$"
 TTL_S = 120.0  # no renewal of its own within a test
 
 
+def assert_held_as_stored(
+    s3_server: StorageInfo, where: Location, held: lease.Lease, generation: int
+) -> None:
+    """The store holds this holder's record at ``generation``, at the version it has."""
+    assert held.generation == generation
+    record = json.loads(stored(s3_server, where))
+    assert record["holder"] == held.holder["holder"] and record["generation"] == generation
+    assert held.etag == stored_etag(s3_server, where)
+
+
 def test_a_lease_taken_whose_answer_was_lost_is_held_at_generation_1(
     s3_server: StorageInfo, s3_warehouse: Location, proxy: Proxy, through: Any
 ) -> None:
@@ -183,10 +193,7 @@ def test_a_lease_taken_whose_answer_was_lost_is_held_at_generation_1(
     held = lease.take(where, "run", "me", TTL_S)
     try:
         applied(proxy, LEASE)
-        assert held.generation == 1
-        record = json.loads(stored(s3_server, where))
-        assert record["holder"] == held.holder["holder"] and record["generation"] == 1
-        assert held.etag == stored_etag(s3_server, where)
+        assert_held_as_stored(s3_server, where, held, 1)
         held.check()
     finally:
         held.release()
@@ -205,10 +212,7 @@ def test_a_lease_taken_over_whose_answer_was_lost_is_the_takers(
     held = lease.take(where, "rewind", "me", TTL_S)
     try:
         applied(proxy, LEASE)
-        assert held.generation == 5
-        record = json.loads(stored(s3_server, where))
-        assert record["holder"] == held.holder["holder"] and record["generation"] == 5
-        assert held.etag == stored_etag(s3_server, where)
+        assert_held_as_stored(s3_server, where, held, 5)
     finally:
         held.release()
 
