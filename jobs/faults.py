@@ -12,8 +12,10 @@ inherit (``arm``). Unset in production: a no-op.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import threading
 
 from jobs.errors import refused
 
@@ -68,4 +70,29 @@ def maybe_crash(point: str, batch_id: int | None = None) -> None:
                 continue
             _paused.add(point)
         group = int(os.environ.get(GROUP_ENV, os.getpgrp()))
-        os.killpg(group, signal_number)
+        if signal_number == signal.SIGSTOP and group == os.getpgrp():
+            _stop_group_and_this_thread(group)
+        else:
+            os.killpg(group, signal_number)
+
+
+def _stop_group_and_this_thread(group: int) -> None:
+    """Stop this process's group with this thread first in line. A stop sent to a
+    process wakes one of its threads to stop them all, not necessarily the sender,
+    which may run on meanwhile: past its point, through a hold check and into a
+    write that lands once it is resumed. So the group's other processes are
+    stopped one by one, and this process by a stop sent to this very thread,
+    which takes it before its next step, once. (A kill ends every thread at once.)"""
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except OSError:  # ended meanwhile
+            continue
+        if int(fields[2]) == group:  # its process group
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(entry), signal.SIGSTOP)
+    signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)

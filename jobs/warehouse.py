@@ -37,7 +37,7 @@ import tempfile
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, timedelta
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Literal
@@ -62,9 +62,8 @@ KEY_PART = re.compile(r"(?!\.{1,2}\Z)[^\x00-\x1f\x7f/%#?\\]+")
 # warehouse's names are data: spaces, '#', '%', Unicode).
 LOCAL_PART = re.compile(r"(?!\.{1,2}\Z)[^\x00/]+")
 RETRY_TIMEOUT = timedelta(minutes=3)
-# The object whose time tells the store's clock (``Location.store_time``), beside
-# the one whose age is judged.
-CLOCK_PROBE = "_clock"
+# How long the signed URL that reads the store's clock is valid (``store_time``).
+CLOCK_READ_EXPIRY = timedelta(minutes=5)
 
 
 class StorageError(PlatformError):
@@ -238,10 +237,10 @@ class Location:
 
     def store_time(self) -> float:
         """The store's clock now, in seconds since the epoch: what its objects' times
-        (``Stat.modified_s``) compare with. On S3, the time the store gives the probe
-        object ``_clock`` it is made to write beside this one; on a local disk, this
-        machine's clock. A decision on an object's age takes both times from one
-        clock."""
+        (``Stat.modified_s``) compare with. On S3, the ``Date`` of the store's answer
+        to a signed ``HEAD`` of this object (read-only: any answer, a 404 too, carries
+        it); on a local disk, this machine's clock. A decision on an object's age
+        takes both times from one clock."""
         return _backend(self).store_time(self)
 
     def open_reader(self) -> BinaryIO:
@@ -513,15 +512,38 @@ class _S3Objects:
         return Stat(len(data), _now_s(), done["e_tag"])
 
     def store_time(self, loc: Location) -> float:
-        # One object, rewritten (no empty folder left behind on stores that keep
-        # one): a HEAD that sees another prober's later PUT still reads the store's
-        # clock.
-        probe = loc.parent / CLOCK_PROBE
-        self.write(probe, b"")
-        found = self.stat(probe)
-        if found is None:
-            raise StorageError(f"{probe}: the store lost an object it had just written")
-        return found.modified_s
+        # obstore does not give an answer's headers: the request is signed by it
+        # (the same credentials and endpoint) and sent here. The Date is stamped by
+        # the store's front end, whose clock its objects' times come from too (to
+        # the second, as theirs: ``lease.STORE_TIME_GRAIN_S``).
+        import urllib.error
+        import urllib.request
+        from email.utils import parsedate_to_datetime
+
+        import obstore
+
+        with _failures(loc, "sign a request for"):
+            url = obstore.sign(self._store(loc), "HEAD", loc.key, CLOCK_READ_EXPIRY)
+        request = urllib.request.Request(url, method="HEAD")
+        try:
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                stamp = answer.headers.get("Date")
+        except urllib.error.HTTPError as exc:  # 404, 403: still the store's answer
+            stamp = exc.headers.get("Date")
+        except (OSError, ValueError) as exc:
+            raise StorageError(
+                f"could not read the store's clock at {loc}: {exc} (check AWS_ENDPOINT_URL "
+                "and that the store is reachable)"
+            ) from None
+        try:
+            when = parsedate_to_datetime(stamp or "")
+            # HTTP's dates are in GMT; one that does not say is read as such too.
+            return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
+        except (TypeError, ValueError):
+            raise StorageError(
+                f"the store's answer about {loc} carries no valid Date header ({stamp!r}): "
+                "its clock cannot be read, so no age on it is judged"
+            ) from None
 
     def open_reader(self, loc: Location) -> BinaryIO:
         import obstore

@@ -48,12 +48,6 @@ BAD = [b"not json", b'{"user_id": 7, "timestamp": 1}']
 # in flight when it was stopped (docs/architecture.md, the write map: a stale
 # driver's state files hold the same state), and lease writes the store refuses.
 IN_FLIGHT = re.compile(r"/state/")
-# A batch's staged data files moved into its table (a copy, then a bulk delete of
-# the staged name): harmless for a stale holder (unique names no commit of its can
-# reference; the write map). A holder checks its hold before it moves them, yet one
-# run in several saw a woken holder move them (not explained yet: issue 58's
-# closing note); they are printed, not failed.
-STAGED_MOVE = re.compile(r"/part-e\d+-b\d+-c\d+-[0-9a-f]+\.parquet$|\?delete$")
 # Every point of a batch (``jobs/faults.py``), in the order a batch meets them.
 STREAM_POINTS = [
     "after_dead_letter",
@@ -78,6 +72,9 @@ OPERATION_POINTS = {
     "backfill": ["during_operation"],
 }
 SEED = int(os.environ.get("PLATFORM_PAUSE_SEED") or random.SystemRandom().randrange(10**6))
+# A long run: this many new seeds (SEED, SEED + 1, ...), each a test of its own
+# (``PLATFORM_PAUSE_RUNS=200 pytest tests/integration/test_stream_pauses.py -k new``).
+NEW_RUNS = int(os.environ.get("PLATFORM_PAUSE_RUNS") or 1)
 
 
 @dataclass
@@ -195,12 +192,8 @@ def assert_no_write_after(proxy: StoreProxy, woke: float, err: str = "") -> None
         for at, method, path, status in proxy.writes
         if at >= woke and 200 <= status < 300 and not IN_FLIGHT.search(path)
     ]
-    moved = [found for found in after if STAGED_MOVE.search(found[1])]
-    if moved:
-        print(f"the woken holder moved staged files: {moved}; its error output: {err[-3000:]}")
-    landed = [found for found in after if found not in moved]
-    assert not landed, (
-        f"the woken holder wrote after the takeover: {landed}; "
+    assert not after, (
+        f"the woken holder wrote after the takeover: {after}; "
         + str(
             [
                 (round(at - woke, 2), m, p[-40:], st)

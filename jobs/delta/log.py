@@ -24,9 +24,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
-from jobs.warehouse import Location
+from jobs.warehouse import Location, Stat
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +37,10 @@ log = logging.getLogger(__name__)
 EXPIRED_LOG_CLEANUP = "delta.enableExpiredLogCleanup"
 CHECKPOINT_INTERVAL = "delta.checkpointInterval"
 TABLE_CONFIGURATION = {EXPIRED_LOG_CLEANUP: "false", CHECKPOINT_INTERVAL: "10"}
+# What ``removal_stamps`` read of a table's entries, kept beside the application's
+# tables: a commit entry never changes, so what it says is read once.
+STAMPS_FOLDER = "_stamps"
+STAMPS_SCHEMA = pa.schema([("version", pa.int64()), ("tag", pa.string()), ("stamp", pa.int64())])
 # Commits, checkpoints (single or multi-part) and their checksums, by version.
 ENTRY = re.compile(r"^(\d{20})\.(json|crc|checkpoint\.parquet|checkpoint\.\d+\.\d+\.parquet)$")
 
@@ -68,31 +74,59 @@ def commit_infos(
     return dict(sorted(found.items()))
 
 
-def entry_times(table: Location) -> dict[int, float]:
-    """When the store received each commit entry still in the log (seconds, on the
-    store's clock), from one listing: the ages ``maintain`` judges by, whichever
-    machine wrote the entries and whatever its clock said."""
+def log_entries(table: Location) -> dict[int, Stat]:
+    """Each commit entry still in the log, by version, from one listing: its time in
+    the store and its version tag."""
     return {
-        int(found.group(1)): stat.modified_s
+        int(found.group(1)): stat
         for path, stat in (table / "_delta_log").files()
         if (found := ENTRY.fullmatch(path.name)) and found.group(2) == "json"
     }
 
 
-def removal_stamps(table: Location, first: int) -> dict[int, int]:
+def entry_times(table: Location, listed: dict[int, Stat] | None = None) -> dict[int, float]:
+    """When the store received each commit entry still in the log (seconds, on the
+    store's clock): the ages ``maintain`` judges by, whichever machine wrote the
+    entries and whatever its clock said."""
+    listed = log_entries(table) if listed is None else listed
+    return {version: stat.modified_s for version, stat in listed.items()}
+
+
+def stamps_cache(table: Location) -> Location:
+    """Where ``removal_stamps`` keeps what it read of ``table``'s entries."""
+    return table.parent / STAMPS_FOLDER / f"{table.name}.parquet"
+
+
+def removal_stamps(
+    table: Location, first: int, listed: dict[int, Stat] | None = None
+) -> dict[int, int]:
     """For each commit entry from version ``first`` on: the earliest time its
     writer stamped on it (milliseconds, the writer's clock), its commit info's or
     a removed file's ``deletionTimestamp``. Delta's vacuum compares exactly these
     stamps with its own clock, so a retention computed from them keeps what it
-    must whatever the writers' clocks say. Read entry by entry (several at once):
-    an entry dropped meanwhile is left out."""
-    versions = [v for v in entry_times(table) if v >= first]
+    must whatever the writers' clocks say.
 
-    def earliest(version: int) -> tuple[int, int | None]:
+    An entry is read once: on S3, what was read is kept beside the table
+    (``stamps_cache``), by version and the entry's version tag, and used again only
+    for the very same entry (a table made anew has other tags). A busy table's log
+    holds hundreds of thousands of entries (a 1 s trigger, a 7-day horizon); each
+    ``maintain`` then reads only those committed since the last. The rest are read
+    several at once; an entry dropped meanwhile is left out."""
+    listed = log_entries(table) if listed is None else listed
+    tags = {v: stat.etag for v, stat in listed.items() if stat.etag}
+    cached = _read_stamps(table) if tags else {}
+    found: dict[int, int | None] = {
+        v: cached[v][1]
+        for v in listed
+        if v >= first and v in cached and cached[v][0] == tags.get(v)
+    }
+    missing = [v for v in listed if v >= first and v not in found]
+
+    def earliest(version: int) -> tuple[int, int | None, bool]:
         try:
             text = (table / "_delta_log" / f"{version:020d}.json").read_text()
         except FileNotFoundError:  # dropped by another maintain since the listing
-            return version, None
+            return version, None, False
         stamps = []
         for line in text.splitlines():
             if not line.strip():
@@ -102,11 +136,54 @@ def removal_stamps(table: Location, first: int) -> dict[int, int]:
                 stamps.append(int(action["commitInfo"]["timestamp"]))
             if "remove" in action and action["remove"].get("deletionTimestamp") is not None:
                 stamps.append(int(action["remove"]["deletionTimestamp"]))
-        return version, min(stamps) if stamps else None
+        return version, min(stamps) if stamps else None, True
 
+    read: dict[int, int | None] = {}
     with ThreadPoolExecutor(max_workers=16) as pool:
-        found = dict(pool.map(earliest, versions))
+        for version, stamp, there in pool.map(earliest, missing):
+            if there:
+                read[version] = stamp
+    found.update(read)
+    if read and tags:
+        keep = {v: entry for v, entry in cached.items() if tags.get(v) == entry[0]}
+        keep.update({v: (tags[v], stamp) for v, stamp in read.items() if v in tags})
+        _write_stamps(table, keep)
     return {v: stamp for v, stamp in sorted(found.items()) if stamp is not None}
+
+
+def _read_stamps(table: Location) -> dict[int, tuple[str, int | None]]:
+    """The cache of ``table``'s stamps ({} when there is none or it cannot be used:
+    it is only ever a shortcut)."""
+    at = stamps_cache(table)
+    try:
+        rows = pq.read_table(pa.BufferReader(at.read_bytes()))
+        if rows.schema != STAMPS_SCHEMA:
+            raise ValueError(f"columns {rows.schema.names}")
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, pa.ArrowException) as exc:
+        log.warning("%s: not a cache of removal stamps (%s): the log is read instead", at, exc)
+        return {}
+    columns = rows.to_pydict()
+    return {
+        v: (tag, stamp)
+        for v, tag, stamp in zip(columns["version"], columns["tag"], columns["stamp"], strict=True)
+    }
+
+
+def _write_stamps(table: Location, entries: dict[int, tuple[str, int | None]]) -> None:
+    versions = sorted(entries)
+    rows = pa.table(
+        {
+            "version": versions,
+            "tag": [entries[v][0] for v in versions],
+            "stamp": [entries[v][1] for v in versions],
+        },
+        schema=STAMPS_SCHEMA,
+    )
+    sink = pa.BufferOutputStream()
+    pq.write_table(rows, sink, compression="zstd")
+    stamps_cache(table).write_bytes(sink.getvalue().to_pybytes())
 
 
 def checkpoint_file(table: Location, version: int) -> Location:

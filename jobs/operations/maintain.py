@@ -41,7 +41,13 @@ from jobs.cut import live_boundaries, log_floor
 from jobs.delta import layout as tables
 from jobs.delta.files import stale_staged_files
 from jobs.delta.layout import AppLayout
-from jobs.delta.log import TABLE_CONFIGURATION, entry_times, keep_loadable_from, removal_stamps
+from jobs.delta.log import (
+    TABLE_CONFIGURATION,
+    entry_times,
+    keep_loadable_from,
+    log_entries,
+    removal_stamps,
+)
 from jobs.delta.writer import MAX_ATTEMPTS, OperationFence, check_hold, committed_batch
 from jobs.errors import ConsistencyError, LockedError, OutputError, PlatformError
 from jobs.ledger import (
@@ -61,7 +67,7 @@ from jobs.warehouse import Location
 log = logging.getLogger(__name__)
 HOUR_US = 3_600_000_000
 # Boundaries up to this long after the retention cutoff keep their files too: the
-# vacuum runs a little after the plan (its cutoff moves on with the clock).
+# vacuum reads its clock a moment after its retention is set (``vacuum_retention_hours``).
 PLAN_MARGIN_US = 10 * 60 * 1_000_000
 
 
@@ -86,6 +92,9 @@ class MaintenancePlan:
     # The state a recreated topic's repair kept (``cut.log_floor``): what every
     # recomputation from the first offsets starts from, kept whatever its age.
     floor_version: int | None = None
+    # When the plan was made, on this machine's clock (what the vacuum's cutoff
+    # moves on with: ``vacuum_retention_hours``).
+    planned_local_us: int = field(default_factory=lambda: int(time.time() * 1_000_000))
 
     def describe(self) -> str:
         kept = (
@@ -158,8 +167,7 @@ def files_on_disk(path: Location) -> int:
 
 
 def plan_maintenance(pipeline: Pipeline, settings: Settings, reason: str) -> MaintenancePlan:
-    """Read-only (but for the store's clock probe): what ``maintain`` would keep and
-    remove now.
+    """Read-only: what ``maintain`` would keep and remove now.
 
     One clock per decision. Ages (the rewind horizon, the reader grace) are the
     store's: when it received each log entry, against its time now. The vacuum's
@@ -171,7 +179,8 @@ def plan_maintenance(pipeline: Pipeline, settings: Settings, reason: str) -> Mai
     store_now = int(layout.root.store_time() * 1_000_000)
     local_now = int(time.time() * 1_000_000)
     state = layout.table("state")
-    received = {v: int(s * 1_000_000) for v, s in entry_times(state).items()}
+    listed = log_entries(state)
+    received = {v: int(s * 1_000_000) for v, s in entry_times(state, listed).items()}
     boundaries = [  # dated by the store; an entry already dropped: older than any
         dataclasses.replace(b, commit_time_us=received.get(b.state_version, 0))
         for b in live_boundaries(layout)
@@ -206,7 +215,7 @@ def plan_maintenance(pipeline: Pipeline, settings: Settings, reason: str) -> Mai
             *([] if output_from is None else [output_from]),
         )
     )
-    stamps = removal_stamps(state, first)
+    stamps = removal_stamps(state, first, listed)
     state_grace = grace.retention_us(state, received, stamps)
     retention, keep = vacuum_rule(boundaries, kept, stamps, local_now, max(readers, state_grace))
     if floor is not None:
@@ -231,6 +240,7 @@ def plan_maintenance(pipeline: Pipeline, settings: Settings, reason: str) -> Mai
         output_from=output_from,
         output_retention_hours=int(output_retention),
         floor_version=None if floor is None else floor.state_version,
+        planned_local_us=local_now,
     )
 
 
@@ -376,6 +386,22 @@ def vacuum_rule(
     return int(retention), tuple(sorted(keep))
 
 
+def vacuum_retention_hours(plan: MaintenancePlan, is_state: bool, local_now_us: int) -> int:
+    """The retention to vacuum with now: the plan's, and once half the plan's margin
+    has passed since it was made, the whole hours since (rounded up) too. Delta's
+    vacuum sets its cutoff by its own clock when it starts, so however long the
+    compaction before it (or a pause) took, its cutoff stays within half the
+    margin of the plan's: the other half covers the moment between this call and
+    the vacuum reading its clock."""
+    retention = plan.retention_hours
+    if is_state:
+        retention = max(retention, plan.output_retention_hours)
+    elapsed = max(0, local_now_us - plan.planned_local_us)
+    if elapsed <= PLAN_MARGIN_US // 2:
+        return retention
+    return retention + -(-elapsed // HOUR_US)
+
+
 def stale_paths(layout: AppLayout, epoch: int, names: list[str]) -> list[Location]:
     """Old epochs' Spark checkpoints and seeds (no run or operation reads them again:
     a new epoch starts from its cut); staged data files of batches that can no
@@ -516,9 +542,7 @@ def maintain_table(path: Location, plan: MaintenancePlan, is_state: bool) -> dic
         fenced(lambda table, props: table.optimize.compact(commit_properties=props)),
     )
     keep = list(plan.keep_versions) if is_state and plan.keep_versions else None
-    retention = plan.retention_hours
-    if is_state:
-        retention = max(retention, plan.output_retention_hours)
+    retention = vacuum_retention_hours(plan, is_state, int(time.time() * 1_000_000))
     removed = _retrying(
         f"vacuum {path.name}",
         fenced(

@@ -19,6 +19,7 @@ from tests.output_topic import assert_each_change_once, expected_counts, last_va
 from tests.pause_harness import (
     BAD,
     FIXED_SEED,
+    NEW_RUNS,
     NEW_SEED_POINTS,
     SEED,
     STREAM_POINTS,
@@ -44,14 +45,16 @@ def machine(s3_server, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
         yield found
 
 
-# "new": this run's own seed (chosen in the worker that runs it: the test's id is the
-# same in every worker, as pytest-xdist requires).
-@pytest.mark.parametrize("seed", ["fixed", "new"])
+# "new-<i>": this run's own seeds (chosen in the worker that runs it: the test's id
+# is the same in every worker, as pytest-xdist requires).
+@pytest.mark.parametrize("seed", ["fixed", *(f"new-{i}" for i in range(NEW_RUNS))])
 def test_a_stream_paused_past_its_lease_writes_nothing_once_another_took_over(  # type: ignore[no-untyped-def]
     seed: str, spark, machine, broker, kafka_config, new_topic, s3_warehouse, tmp_path
 ) -> None:
     number, points = (
-        (FIXED_SEED, len(STREAM_POINTS)) if seed == "fixed" else (SEED, NEW_SEED_POINTS)
+        (FIXED_SEED, len(STREAM_POINTS))
+        if seed == "fixed"
+        else (SEED + int(seed.removeprefix("new-")), NEW_SEED_POINTS)
     )
     schedule = stream_schedule(number, points)
     print(f"PLATFORM_PAUSE_SEED={number}: {schedule}")

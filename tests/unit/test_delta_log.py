@@ -10,8 +10,10 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from jobs.delta.log import TABLE_CONFIGURATION, keep_loadable_from
+from jobs.delta.log import TABLE_CONFIGURATION, keep_loadable_from, removal_stamps, stamps_cache
+from jobs.storage_server import StorageInfo
 from jobs.warehouse import Location
+from tests.s3_proxy import StoreProxy
 
 
 def commits(path: Path, count: int, configuration: dict[str, str] | None = None) -> None:
@@ -167,3 +169,45 @@ def test_a_floor_checkpoint_written_after_the_newest_one_is_settled_at_once(
     time.sleep(0.05)
     assert keep_loadable_from(Location.local_path(table), 4, grace_s=0) == 4
     assert log_versions(table)[0] == 4
+
+
+def test_each_entry_is_read_once_and_a_table_made_anew_is_read_again(
+    s3_server: StorageInfo, s3_warehouse: Location, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``removal_stamps`` keeps what it read (on S3, by each entry's version tag): a
+    later call reads only the entries committed since, a table deleted and made anew
+    is read again, and every answer equals a read of the whole log with no cache."""
+    table = s3_warehouse / "state"
+
+    def overwrite(count: int) -> None:  # each commit after the first removes a file
+        for i in range(count):
+            write_deltalake(str(table), pa.table({"n": [i]}), mode="overwrite")
+
+    def uncached() -> dict[int, int]:
+        stamps_cache(table).delete()
+        return removal_stamps(table, 0)
+
+    with StoreProxy(s3_server.port) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+
+        def entries_read(first: int) -> tuple[dict[int, int], int]:
+            before = proxy.shapes["GET state/_delta_log/#.json"]
+            found = removal_stamps(table, first)
+            return found, proxy.shapes["GET state/_delta_log/#.json"] - before
+
+        overwrite(6)
+        first, reads = entries_read(0)
+        assert (sorted(first), reads) == (list(range(6)), 6)
+        overwrite(2)
+        again, reads = entries_read(0)
+        assert reads == 2  # only the new ones
+        assert entries_read(3) == ({v: s for v, s in again.items() if v >= 3}, 0)
+        assert {v: s for v, s in again.items() if v < 6} == first
+        assert again == uncached()
+
+        table.delete_tree()  # made anew: versions 0-2 again, other entries
+        overwrite(3)
+        made_anew, reads = entries_read(0)
+        assert reads == 3
+        assert made_anew == uncached() and sorted(made_anew) == [0, 1, 2]
+        assert made_anew != {v: s for v, s in first.items() if v < 3}

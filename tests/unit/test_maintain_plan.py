@@ -14,6 +14,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
+from hypothesis import given
+from hypothesis import strategies as st
 
 from jobs import resolution
 from jobs.delta import layout as tables
@@ -27,9 +29,11 @@ from jobs.operations.maintain import (
     HOUR_US,
     PLAN_MARGIN_US,
     Grace,
+    MaintenancePlan,
     apply_maintenance,
     oldest_kept,
     plan_maintenance,
+    vacuum_retention_hours,
     vacuum_rule,
 )
 from jobs.pipeline.parser import load_pipeline
@@ -106,6 +110,33 @@ def test_a_writer_clock_off_by_hours_loses_no_kept_version(skew_hours: float) ->
                     continue
                 gone = any(w > b.state_version and t * MS < cutoff for w, t in skewed.items())
                 assert not gone or b.state_version in keep, (kept, b, retention, keep)
+
+
+@given(
+    planned=st.integers(0, 10**9),
+    retention=st.integers(0, 24 * 365),
+    output=st.integers(0, 24 * 365),
+    elapsed=st.integers(0, 30 * 24 * HOUR_US),
+)
+def test_the_vacuum_cutoff_is_never_later_than_the_plans_however_late_it_runs(
+    planned: int, retention: int, output: int, elapsed: int
+) -> None:
+    """A compaction of hours (or a pause) between the plan and the vacuum: the
+    vacuum's cutoff, its clock less the retention it is given, stays within half
+    the plan's margin of the one the plan judged (the margin's other half is for
+    the moment before the vacuum reads its clock)."""
+    plan = MaintenancePlan(
+        "app", 1, "r", 0, 3600, None, retention, (), {}, 0,
+        output_retention_hours=output, planned_local_us=planned,
+    )  # fmt: skip
+    for is_state in (True, False):
+        planned_retention = max(retention, output) if is_state else retention
+        cutoff = (
+            planned + elapsed - vacuum_retention_hours(plan, is_state, planned + elapsed) * HOUR_US
+        )
+        assert cutoff <= planned - planned_retention * HOUR_US + PLAN_MARGIN_US // 2
+        # and it keeps at most an hour more than it must
+        assert cutoff > planned - (planned_retention + 1) * HOUR_US
 
 
 def test_the_first_entry_inside_the_grace_is_judged_on_the_stores_clock() -> None:
