@@ -25,7 +25,9 @@ from jobs.errors import (
     LockedError,
     PlatformError,
     failure,
+    refused,
 )
+from jobs.operations.shadow import CATCH_UP_RECORDS, MAX_SWITCH_WITHIN
 from jobs.pipeline.model import Pipeline
 from jobs.pipeline.parser import load_pipeline
 from jobs.settings import Settings, bootstrap_servers, load_settings, warehouse_location
@@ -115,6 +117,22 @@ def build_parser() -> argparse.ArgumentParser:
         default="recorded",
         help="join each enrichment table at the version each batch recorded, or at its "
         "newest (after a fix of the table)",
+    )
+    backfill.add_argument(
+        "--form",
+        choices=["blue-green", "stop-the-world"],
+        default="blue-green",
+        help="with a stream running: recompute beside it and fence it only for the catch-up "
+        "on its last batches and the publish (blue-green), or fence it for the whole "
+        "recomputation",
+    )
+    backfill.add_argument(
+        "--switch-within",
+        metavar="RECORDS",
+        type=int,
+        default=CATCH_UP_RECORDS,
+        help="blue-green: fence the stream once at most this many records it judged are "
+        f"left to catch up on (default {CATCH_UP_RECORDS:,})",
     )
 
     maintain = commands.add_parser(
@@ -526,6 +544,10 @@ def _backfill(args: argparse.Namespace, settings: Settings, pipeline: object) ->
 
     assert isinstance(pipeline, Pipeline)
     reason = check_reason(args.reason)
+    if not 0 <= args.switch_within <= MAX_SWITCH_WITHIN:
+        raise refused(
+            "--switch-within", f"a record count 0-{MAX_SWITCH_WITHIN:,}", str(args.switch_within)
+        )
     if args.plan is not None or args.from_earliest:
         spec = TargetSpec("earliest")  # with --plan unused: the saved plan has the offsets
     elif args.from_datetime is not None:
@@ -545,6 +567,8 @@ def _backfill(args: argparse.Namespace, settings: Settings, pipeline: object) ->
             plan_digest=args.plan_digest,
             save_as=args.save_plan,
             dimensions_from=args.dimensions,
+            form=args.form,
+            switch_within=args.switch_within,
         )
     return 0
 

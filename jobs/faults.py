@@ -4,10 +4,12 @@ and ``PLATFORM_PAUSE=<point>[@<batch_id>]``.
 At the named point the driver's whole process group (driver, JVM, Python
 workers) is killed with SIGKILL, as a machine failure would (``PLATFORM_FAULT``),
 or stopped with SIGSTOP, as a long GC pause, a suspended VM or a debugger would
-(``PLATFORM_PAUSE``, once per process: the test resumes it with SIGCONT, typically
+(``PLATFORM_PAUSE``, once per driver: the test resumes it with SIGCONT, typically
 after another holder took the application over). Python workers run in process
 groups of their own, so the driver records its group in the environment they
-inherit (``arm``). Unset in production: a no-op.
+inherit (``arm``), and a marker file of its own: a batch's tasks (each in a
+worker process) all reach ``during_task``, and one that gets there after the
+wake must not stop the driver again. Unset in production: a no-op.
 """
 
 from __future__ import annotations
@@ -15,13 +17,17 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import tempfile
 import threading
+import uuid
 
 from jobs.errors import refused
 
 ENV = "PLATFORM_FAULT"
 PAUSE_ENV = "PLATFORM_PAUSE"
 GROUP_ENV = "PLATFORM_FAULT_PGID"
+# The driver's own id for its pause markers (``arm``): a process group id is reused.
+DRIVER_ENV = "PLATFORM_FAULT_DRIVER"
 POINTS = (
     "after_dead_letter",
     "after_changelog",
@@ -54,6 +60,7 @@ def arm() -> None:
     """Called by the driver before Spark starts, so workers can kill the driver too."""
     if os.environ.get(ENV) or os.environ.get(PAUSE_ENV):
         os.environ[GROUP_ENV] = str(os.getpgrp())
+        os.environ[DRIVER_ENV] = uuid.uuid4().hex
 
 
 def maybe_crash(point: str, batch_id: int | None = None) -> None:
@@ -65,15 +72,29 @@ def maybe_crash(point: str, batch_id: int | None = None) -> None:
             continue
         if fault[1] is not None and batch_id is not None and fault[1] != batch_id:
             continue
-        if signal_number == signal.SIGSTOP:
-            if point in _paused:
-                continue
-            _paused.add(point)
+        if signal_number == signal.SIGSTOP and not _first_pause(point):
+            continue
         group = int(os.environ.get(GROUP_ENV, os.getpgrp()))
         if signal_number == signal.SIGSTOP and group == os.getpgrp():
             _stop_group_and_this_thread(group)
         else:
             os.killpg(group, signal_number)
+
+
+def _first_pause(point: str) -> bool:
+    """True the first time any process of this driver pauses at ``point``."""
+    if point in _paused:
+        return False
+    _paused.add(point)
+    driver = os.environ.get(DRIVER_ENV)
+    if driver is None:  # not armed: this process alone
+        return True
+    marker = os.path.join(tempfile.gettempdir(), f"platform-paused-{driver}-{point}")
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        return False
+    return True
 
 
 def _stop_group_and_this_thread(group: int) -> None:

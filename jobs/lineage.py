@@ -214,8 +214,7 @@ class Coverage:
     def excluding(self, other: Coverage) -> Intervals:
         """Judged here and not in ``other`` (what a recomputation from ``other``'s
         state reads)."""
-        mine, theirs = self.judged(), other.judged()
-        return _merged({tp: _minus(spans, theirs.get(tp, [])) for tp, spans in mine.items()})
+        return subtract(self.judged(), other.judged())
 
 
 def _overlaid(spans: list[Span], new: Span) -> list[Span]:
@@ -241,6 +240,11 @@ def _merged(intervals: Intervals) -> Intervals:
         if merged:
             out[tp] = merged
     return out
+
+
+def subtract(intervals: Intervals, holes: Intervals) -> Intervals:
+    """The offsets of ``intervals`` that are not in ``holes``."""
+    return _merged({tp: _minus(spans, holes.get(tp, [])) for tp, spans in intervals.items()})
 
 
 def _minus(spans: list[tuple[int, int]], holes: list[tuple[int, int]]) -> list[tuple[int, int]]:

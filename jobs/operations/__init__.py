@@ -11,6 +11,7 @@ __all__ = [
     "restart",
     "runner",
     "saved_plans",
+    "shadow",
     "targets",
     "verify",
 ]

@@ -67,6 +67,14 @@ from jobs.lineage import (
 from jobs.operations.apply import apply_plan, check_seed_shape
 from jobs.operations.plan import Plan, header
 from jobs.operations.restart import broker_marks, check_listed, other_logs
+from jobs.operations.shadow import (
+    CATCH_UP_RECORDS,
+    Form,
+    Shadow,
+    beside_the_stream,
+    catch_up_fenced,
+    form_of,
+)
 from jobs.operations.targets import TargetSpec, resolve_targets
 from jobs.pipeline.model import Pipeline, stored_column
 from jobs.progress import SparkJobProgress
@@ -223,26 +231,35 @@ def judged_since(
 
 
 def recompute(
-    spark: SparkSession, resolved: Resolved, settings: Settings, plan: Plan
+    spark: SparkSession,
+    resolved: Resolved,
+    settings: Settings,
+    plan: Plan,
+    ranges: Intervals | None = None,
+    onto: pa.Table | None = None,
 ) -> tuple[pa.Table, pa.Table]:
     """The corrected state: the boundary's state plus every record it judged after
-    it; and the dead letters of those records, as judged again."""
-    reads = layers(plan.ranges())
+    it; and the dead letters of those records, as judged again. ``ranges`` and
+    ``onto``: only those offsets, aggregated onto these rows (a shadow's,
+    ``shadow.py``) instead of the boundary's state."""
+    ranges = plan.ranges() if ranges is None else ranges
+    reads = layers(ranges)
     raw = read_records(spark, resolved, settings, *reads[0], plan.source) if reads else None
     for start, end in reads[1:]:
         raw = raw.unionByName(read_records(spark, resolved, settings, start, end, plan.source))  # type: ignore[union-attr]
     if raw is None:
         raw = read_records(spark, resolved, settings, {}, {}, plan.source)
     letters: list[pa.Table] = []
-    with SparkJobProgress(spark, "backfill", plan.records_to_replay):
+    records = sum(e - b for spans in ranges.values() for b, e in spans)
+    with SparkJobProgress(spark, "backfill", records):
         corrected = aggregate_records(
             spark,
             resolved,
             settings,
             raw,
-            plan.seed_state_version,
+            plan.seed_state_version if onto is None else onto,
             dimension_versions=plan.pins(),
-            reading=plan.ranges(),
+            reading=ranges,
             letters=letters,
         )
     return corrected, letters[0]
@@ -270,7 +287,7 @@ def aggregate_records(
     resolved: Resolved,
     settings: Settings,
     raw: DataFrame,
-    seed_state_version: int | None = None,
+    seed: int | pa.Table | None = None,
     keep: Callable[[DataFrame], DataFrame] | None = None,
     ledger_now: LedgerVersion | None = None,
     dimension_versions: dict[str, Pin] | None = None,
@@ -278,7 +295,8 @@ def aggregate_records(
     letters: list[pa.Table] | None = None,
 ) -> pa.Table:
     """``raw`` judged as the stream judged it (the ledger's watermarks and batch
-    times), aggregated with the pipeline, plus a seed state version's rows;
+    times), aggregated with the pipeline, plus a seed: a state version's rows, or
+    rows of the aggregate's columns;
     ``keep`` filters the contributions (a sample of keys). ``ledger_now``: the ledger read
     the caller planned from (verify's), else one read now. ``reading``: the offsets
     ``raw`` holds (only their judgments are joined, their table versions read).
@@ -294,7 +312,7 @@ def aggregate_records(
     try:
         if letters is not None:
             letters.append(dead_letters_of(classified))
-        return _aggregated(spark, resolved, layout, classified, seed_state_version, keep)
+        return _aggregated(spark, resolved, layout, classified, seed, keep)
     finally:
         if letters is not None:
             classified.unpersist()
@@ -305,17 +323,20 @@ def _aggregated(
     resolved: Resolved,
     layout: AppLayout,
     classified: DataFrame,
-    seed_state_version: int | None,
+    seed: int | pa.Table | None,
     keep: Callable[[DataFrame], DataFrame] | None,
 ) -> pa.Table:
-    """The judged records' contributions (plus a seed state version's rows, kept
-    by ``keep``) aggregated with the pipeline."""
+    """The judged records' contributions (plus a seed's rows: a state version's, or
+    the rows given; kept by ``keep``) aggregated with the pipeline."""
     contributions = judging.contributions(classified, resolved)
-    if seed_state_version is not None:
-        base = DeltaTable(str(layout.table("state")), version=seed_state_version)
-        seed = seed_rows(base.to_pyarrow_table(), resolved.pipeline)
-        if seed.num_rows:
-            contributions = contributions.unionByName(spark.createDataFrame(seed))
+    rows = (
+        DeltaTable(str(layout.table("state")), version=seed).to_pyarrow_table()
+        if isinstance(seed, int)
+        else seed
+    )
+    if rows is not None and rows.num_rows:
+        added = seed_rows(rows, resolved.pipeline)
+        contributions = contributions.unionByName(spark.createDataFrame(added))
     if keep is not None:
         contributions = keep(contributions)
     corrected = aggregate(contributions, resolved).toArrow()
@@ -784,9 +805,12 @@ def run_backfill(
     save_as: str | None = None,
     dimensions_from: str = "recorded",
     plan_digest: str | None = None,
+    form: Form = "blue-green",
+    switch_within: int = CATCH_UP_RECORDS,
 ) -> Plan:
     """Plan; with ``preview_only`` recompute and report (``runner.dry_run_operation``);
-    else fence, recompute, publish and restart (``runner.run_operation``)."""
+    else recompute (beside a running stream: ``shadow.py``), fence, publish and
+    restart (``runner.run_operation``)."""
     from jobs.operations.runner import dry_run_operation, run_operation
 
     if preview_only and plan_id is not None:
@@ -795,8 +819,16 @@ def run_backfill(
     layout = AppLayout(settings.warehouse, pipeline.application_id)
     store(layout, resolved)  # what the plan, made without Spark, reads
 
-    def corrected_and_preview(plan: Plan) -> tuple[pa.Table, pa.Table, dict[str, Any]]:
-        corrected, letters = recompute(spark, resolved, settings, plan)
+    def computed(
+        plan: Plan, ranges: Intervals | None, onto: Shadow | None
+    ) -> tuple[pa.Table, pa.Table]:
+        return recompute(
+            spark, resolved, settings, plan, ranges, None if onto is None else onto.corrected
+        )
+
+    def previewed(
+        plan: Plan, corrected: pa.Table, letters: pa.Table
+    ) -> tuple[pa.Table, pa.Table, dict[str, Any]]:
         schema = resolved.aggregate_schema
         # Compared with the state it publishes onto (what is beyond the ledger is undone).
         onto = DeltaTable(str(layout.table("state")), version=state_behind(layout))
@@ -809,10 +841,30 @@ def run_backfill(
         return corrected, letters, report
 
     def show(plan: Plan) -> dict[str, Any]:
-        return {"preview": corrected_and_preview(plan)[2]}
+        return {"preview": previewed(plan, *computed(plan, None, None))[2]}
+
+    form, why = form_of(layout, plan_id is not None, form)
+
+    def make_plan() -> Plan:
+        plan = plan_backfill(pipeline, settings, reason, start, source, dimensions_from)
+        if not preview_only:
+            plan.notes.append(f"form: {form}: {why}")
+        return plan
+
+    # Blue/green: everything the stream judged so far, recomputed while it runs.
+    shadow = (
+        beside_the_stream(computed, make_plan, echo, switch_within)
+        if form == "blue-green" and not preview_only
+        else None
+    )
 
     def apply(plan: Plan) -> dict[str, Any]:
-        corrected, letters, _report = corrected_and_preview(plan)
+        if shadow is None:
+            corrected, letters = computed(plan, None, None)
+        else:  # the stream is fenced now: only its last batches are left
+            done = catch_up_fenced(computed, shadow, plan, echo)
+            corrected, letters = done.corrected, done.letters
+        corrected, letters, _report = previewed(plan, corrected, letters)
         return apply_plan(
             pipeline,
             settings,
@@ -820,9 +872,6 @@ def run_backfill(
             corrected,
             lambda: publish(resolved, settings, plan, corrected, letters),
         )
-
-    def make_plan() -> Plan:
-        return plan_backfill(pipeline, settings, reason, start, source, dimensions_from)
 
     if not preview_only:
         return run_operation(

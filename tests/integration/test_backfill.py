@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
+import sys
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -22,7 +26,7 @@ from jobs.ledger import current_epoch
 from jobs.pipeline.parser import load_pipeline
 from jobs.settings import REPO_ROOT
 from jobs.streaming.run import run_pipeline
-from tests.conftest import produce, run_jobs, run_with_fault
+from tests.conftest import jobs_args, produce, run_jobs, run_with_fault
 from tests.output_topic import read_output
 
 pytestmark = pytest.mark.integration
@@ -361,3 +365,63 @@ def last_per_sku(rows: list[dict[str, Any]]) -> dict[str, int]:
     for r in sorted(rows, key=lambda r: (r["epoch"], r["batch_id"], r["commit_time"])):
         last[r["sku"]] = r["quantity"]
     return last
+
+
+def test_a_backfill_is_computed_beside_the_running_stream(
+    spark, settings, kafka_config, new_topic, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    """Blue/green: v1 runs continuously (a few hundred records a batch) while the
+    backfill to v2 recomputes what it had judged; the stream commits on meanwhile,
+    is fenced only for the catch-up on its last batches and the publish, and the
+    result is stop-the-world's: every record judged once with v2, as plain Python
+    computes it, on the state table, the changelog and the output topic."""
+    topic = new_topic(2)
+    v1, v2 = pipeline_file(tmp_path, topic, 1), pipeline_file(tmp_path, topic, 2)
+    data = yaml.safe_load(v1.read_text())
+    data["source"]["max_offsets_per_trigger"] = 150
+    v1.write_text(yaml.safe_dump(data))
+    first = movements(3000, 7)
+    produce(kafka_config, topic, [json.dumps(e).encode() for e in first])
+    ledger = settings.warehouse / "inventory" / "_ledger"
+
+    def batches() -> list[dict[str, Any]]:
+        if not DeltaTable.is_deltatable(str(ledger)):
+            return []
+        rows = DeltaTable(str(ledger)).to_pyarrow_table().to_pylist()
+        return [r for r in rows if r["entry_type"] == "batch"]
+
+    stream = subprocess.Popen(
+        [sys.executable, "-m", "jobs", *jobs_args(v1, settings.bootstrap_servers,
+         settings.warehouse, "run", "--trigger", "continuous", "--quiet")],
+        cwd=REPO_ROOT,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while not batches():
+            assert stream.poll() is None and time.monotonic() < deadline, stream.stderr
+            time.sleep(0.5)
+        began = datetime.now(UTC)
+        reason = ["--reason", "returns were subtracted"]
+        applied = run_jobs(v2, settings, "backfill", "--from-earliest", *reason, spark=spark)
+        assert applied.returncode == 0, applied.stderr[-3000:]
+        _out, err = stream.communicate(timeout=120)
+        assert stream.returncode == 2 and "moved to epoch" in err, err[-2000:]
+    finally:
+        if stream.poll() is None:
+            os.killpg(stream.pid, signal.SIGKILL)
+            stream.communicate()
+    said = applied.stdout
+    assert "form: blue-green" in said and "shadow: recomputed" in said, said
+    assert "shadow: fenced catch-up" in said, said
+    rows = DeltaTable(str(ledger)).to_pyarrow_table().to_pylist()
+    fenced = min(r["commit_time"] for r in rows if r["entry_type"] == "fence")
+    beside = [r for r in batches() if began < r["commit_time"] < fenced]
+    assert beside, "the stream committed nothing while the backfill recomputed"
+
+    run_pipeline(spark, load_pipeline(str(v2), tmp_path), settings)  # reads on with v2
+    assert state(settings.warehouse) == expected(first, 2)
+    assert last_per_sku(changelog(settings.warehouse)) == expected(first, 2)
+    assert topic_table(read_output(kafka_config, f"out_{topic}")) == expected(first, 2)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from jobs import faults
 from jobs.settings import REPO_ROOT
 
 # The point is reached on the main thread, or on another one (as Spark's callback
@@ -78,3 +79,30 @@ def test_a_paused_point_stops_the_thread_that_reached_it_before_its_next_step(
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             proc.stdout.close()  # type: ignore[union-attr]
+
+
+def test_a_point_pauses_the_driver_once_whichever_of_its_workers_reaches_it(
+    tmp_path: Path,
+) -> None:
+    """A batch's tasks, each in a worker process of its own group, all reach
+    ``during_task``: the first stops the driver's group; one that gets there after
+    the driver was resumed (it waited on the stopped JVM) must not stop it again."""
+    driver = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    env = {
+        **os.environ,
+        "PLATFORM_PAUSE": "during_task@1",
+        faults.GROUP_ENV: str(driver.pid),
+        faults.DRIVER_ENV: "d1",
+        "TMPDIR": str(tmp_path),
+        "PYTHONPATH": str(REPO_ROOT),
+    }
+    task = "from jobs.faults import maybe_crash; maybe_crash('during_task', 1)"
+    try:
+        for worker in range(2):
+            subprocess.run([sys.executable, "-c", task], env=env, check=True, timeout=60)
+            time.sleep(0.3)
+            assert _state(driver.pid) == ("T" if worker == 0 else "S"), worker
+            os.kill(driver.pid, signal.SIGCONT)
+    finally:
+        driver.kill()
+        driver.wait()

@@ -87,9 +87,9 @@ BAD: dict[str, list[str]] = {
 # Any value is a good one: a command (the executors' Python) or a name.
 FREE_TEXT = {"PLATFORM_SPARK_PYTHON", "PLATFORM_TRIGGERED_BY"}
 CASES = [(name, value) for name, values in BAD.items() for value in values]
-# Read and written by the platform itself (the fault's process group), and the
+# Read and written by the platform itself (the fault's process group and driver), and the
 # test suite's own; PLATFORM_KAFKA_* are Kafka client settings (jobs/kafka_settings.py).
-NOT_SETTINGS = {"PLATFORM_FAULT_PGID", "PLATFORM_TESTS_AIRFLOW_HOME"}
+NOT_SETTINGS = {"PLATFORM_FAULT_PGID", "PLATFORM_FAULT_DRIVER", "PLATFORM_TESTS_AIRFLOW_HOME"}
 MENTIONED = re.compile(r"\bPLATFORM_[A-Z0-9_]*[A-Z0-9](?![A-Z0-9_]*\*)")
 
 
