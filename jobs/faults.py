@@ -39,6 +39,7 @@ POINTS = (
     "during_operation",  # a backfill's first table written, not its second
     "before_bump",  # an operation's seed and cut written, the epoch not bumped yet
     "after_fence",  # an operation's cut written (the stream fenced), its state untouched
+    "after_shadow",  # a blue/green backfill's shadow computed beside the stream, nothing fenced
 )
 _paused: set[str] = set()
 

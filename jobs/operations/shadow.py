@@ -24,11 +24,11 @@ after it, the backfill is applied or refused as stop-the-world.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from jobs.faults import maybe_crash
 from jobs.lineage import Intervals, spelled, subtract
 
 if TYPE_CHECKING:  # the command line reads this module's settings: it stays light
@@ -36,8 +36,6 @@ if TYPE_CHECKING:  # the command line reads this module's settings: it stays lig
 
     from jobs.delta.layout import AppLayout
     from jobs.operations.plan import Plan
-
-log = logging.getLogger(__name__)
 
 Form = Literal["blue-green", "stop-the-world"]
 # Steps before the fence end once at most this many records remain for the fenced
@@ -125,6 +123,7 @@ def beside_the_stream(
     records remain (or ``MAX_STEPS`` steps were taken)."""
     shadow = advanced(recompute, None, make_plan())
     echo(f"shadow: recomputed {shadow.plan.records_to_replay} record(s) beside the running stream")
+    maybe_crash("after_shadow")
     for _step in range(MAX_STEPS):
         plan = make_plan()
         added = new_ranges(plan, shadow)

@@ -142,6 +142,16 @@ def _key() -> str:
     return hashlib.sha256(identity.encode()).hexdigest()[:16]
 
 
+def archive_name() -> str:
+    """The name of the archive this checkout's driver JVM maps, in ``archive_dir``:
+    its key covers the JDK, Spark, the jars and the user's options."""
+    return _archive_name(_key(), archive_format(java_home()))
+
+
+def _archive_name(key: str, kind: ArchiveFormat) -> str:
+    return f"spark-{key}.{kind.suffix}"
+
+
 def archive_dir() -> Path:
     """This user's own folder for archives (``jobs/private_dir.py``): an archive
     another user could write would run their code in every driver JVM."""
@@ -167,7 +177,7 @@ def cds_options() -> str:
         log.warning("no class-data-sharing archive: %s", exc)
         return ""
     key, kind = _key(), archive_format(java_home())
-    final = folder / f"spark-{key}.{kind.suffix}"
+    final = folder / _archive_name(key, kind)
     if os.path.lexists(final) and not is_own_file(final):
         log.warning("removing %s: not a file of this user's alone", final)
         final.unlink(missing_ok=True)

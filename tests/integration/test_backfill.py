@@ -28,6 +28,7 @@ from jobs.settings import REPO_ROOT
 from jobs.streaming.run import run_pipeline
 from tests.conftest import jobs_args, produce, run_jobs, run_with_fault
 from tests.output_topic import read_output
+from tests.pause_harness import stopped
 
 pytestmark = pytest.mark.integration
 Seen = TypeVar("Seen")
@@ -370,58 +371,88 @@ def last_per_sku(rows: list[dict[str, Any]]) -> dict[str, int]:
 def test_a_backfill_is_computed_beside_the_running_stream(
     spark, settings, kafka_config, new_topic, tmp_path
 ) -> None:  # type: ignore[no-untyped-def]
-    """Blue/green: v1 runs continuously (a few hundred records a batch) while the
-    backfill to v2 recomputes what it had judged; the stream commits on meanwhile,
-    is fenced only for the catch-up on its last batches and the publish, and the
-    result is stop-the-world's: every record judged once with v2, as plain Python
-    computes it, on the state table, the changelog and the output topic."""
+    """Blue/green: v1 runs continuously (150 records a batch) while the backfill to
+    v2 recomputes what it had judged. Paused once its shadow is computed
+    (``after_shadow``) until the stream has committed two more batches, the backfill
+    then fences the stream and catches up on exactly the records those batches
+    judged. The stream stops with the fence's line (exit 2) and commits nothing
+    after it, and the result is stop-the-world's: every record judged once with v2,
+    as plain Python computes it, on the state, the changelog and the output topic."""
     topic = new_topic(2)
     v1, v2 = pipeline_file(tmp_path, topic, 1), pipeline_file(tmp_path, topic, 2)
     data = yaml.safe_load(v1.read_text())
     data["source"]["max_offsets_per_trigger"] = 150
+    data["trigger"] = {"mode": "available-now", "interval": "1 second"}
     v1.write_text(yaml.safe_dump(data))
-    first = movements(3000, 7)
-    produce(kafka_config, topic, [json.dumps(e).encode() for e in first])
+    events = movements(1500, 7)
+    produce(kafka_config, topic, [json.dumps(e).encode() for e in events])
     ledger = settings.warehouse / "inventory" / "_ledger"
 
-    def batches() -> list[dict[str, Any]]:
+    def entries(kind: str) -> list[dict[str, Any]]:
         if not DeltaTable.is_deltatable(str(ledger)):
             return []
         rows = DeltaTable(str(ledger)).to_pyarrow_table().to_pylist()
-        return [r for r in rows if r["entry_type"] == "batch"]
+        return [r for r in rows if r["entry_type"] == kind]
 
-    stream = subprocess.Popen(
-        [sys.executable, "-m", "jobs", *jobs_args(v1, settings.bootstrap_servers,
-         settings.warehouse, "run", "--trigger", "continuous", "--quiet")],
-        cwd=REPO_ROOT,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )  # fmt: skip
-    try:
+    def until(condition: Callable[[], bool], what: str) -> None:
         deadline = time.monotonic() + 180
-        while not batches():
-            assert stream.poll() is None and time.monotonic() < deadline, stream.stderr
-            time.sleep(0.5)
-        began = datetime.now(UTC)
+        while not condition():
+            assert stream.poll() is None and time.monotonic() < deadline, what
+            time.sleep(0.3)
+
+    def command(name: str, path: Path, *args: str, **env: str) -> subprocess.Popen[str]:
+        argv = jobs_args(path, settings.bootstrap_servers, settings.warehouse, name, *args)
+        return subprocess.Popen(
+            [sys.executable, "-m", "jobs", *argv],
+            cwd=REPO_ROOT,
+            env={**os.environ, **env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+
+    stream = command("run", v1, "--trigger", "continuous", "--quiet")
+    backfill = None
+    try:
+        until(lambda: bool(entries("batch")), "the stream committed no batch")
         reason = ["--reason", "returns were subtracted"]
-        applied = run_jobs(v2, settings, "backfill", "--from-earliest", *reason, spark=spark)
-        assert applied.returncode == 0, applied.stderr[-3000:]
-        _out, err = stream.communicate(timeout=120)
-        assert stream.returncode == 2 and "moved to epoch" in err, err[-2000:]
+        backfill = command(
+            "backfill", v2, "--from-earliest", *reason, PLATFORM_PAUSE="after_shadow"
+        )
+        stopped(backfill)  # its shadow computed; nothing fenced
+        held = len(entries("batch"))
+        later = movements(600, 8)  # the stream has work while the backfill waits
+        produce(kafka_config, topic, [json.dumps(e).encode() for e in later])
+        until(lambda: len(entries("batch")) >= held + 2, "the stream committed no more")
+        os.killpg(backfill.pid, signal.SIGCONT)
+        said, err = backfill.communicate(timeout=300)
+        assert backfill.returncode == 0, err[-3000:]
+        _out, stopped_by = stream.communicate(timeout=120)
+        assert stream.returncode == 2 and "moved to epoch" in stopped_by, stopped_by[-2000:]
     finally:
-        if stream.poll() is None:
-            os.killpg(stream.pid, signal.SIGKILL)
-            stream.communicate()
-    said = applied.stdout
-    assert "form: blue-green" in said and "shadow: recomputed" in said, said
-    assert "shadow: fenced catch-up" in said, said
-    rows = DeltaTable(str(ledger)).to_pyarrow_table().to_pylist()
-    fenced = min(r["commit_time"] for r in rows if r["entry_type"] == "fence")
-    beside = [r for r in batches() if began < r["commit_time"] < fenced]
-    assert beside, "the stream committed nothing while the backfill recomputed"
+        for process in (stream, backfill):
+            if process is not None and process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.communicate()
+    assert "form: blue-green" in said, said
+    shadow = re.search(r"shadow: recomputed (\d+) record", said)
+    fenced = re.search(r"shadow: fenced catch-up: (\d+) record", said)
+    assert shadow and fenced, said
+    # What the ledger says the stream judged before the fence, counted here: the
+    # shadow read part of it, the fenced catch-up exactly the rest.
+    fence = min(r["commit_time"] for r in entries("fence"))
+    batches = entries("batch")
+    assert all(r["commit_time"] < fence for r in batches)  # nothing after the fence
+    judged = sum(
+        int(end) - int(json.loads(r["start_offsets"]).get(topic, {}).get(p, 0))
+        for r in batches
+        for p, end in json.loads(r["end_offsets"])[topic].items()
+    )
+    assert int(fenced.group(1)) > 0
+    assert int(shadow.group(1)) + int(fenced.group(1)) == judged
 
     run_pipeline(spark, load_pipeline(str(v2), tmp_path), settings)  # reads on with v2
-    assert state(settings.warehouse) == expected(first, 2)
-    assert last_per_sku(changelog(settings.warehouse)) == expected(first, 2)
-    assert topic_table(read_output(kafka_config, f"out_{topic}")) == expected(first, 2)
+    assert state(settings.warehouse) == expected(events + later, 2)
+    assert last_per_sku(changelog(settings.warehouse)) == expected(events + later, 2)
+    assert topic_table(read_output(kafka_config, f"out_{topic}")) == expected(events + later, 2)

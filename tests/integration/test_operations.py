@@ -6,13 +6,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -22,15 +19,14 @@ from deltalake import CommitProperties, DeltaTable
 
 from jobs import kafka_admin
 from jobs.errors import ConsistencyError
-from jobs.operations.runner import FENCE_WAIT_S
 from jobs.operations.verify import run_verify
 from jobs.pipeline.parser import load_pipeline
 from jobs.settings import REPO_ROOT, Settings
 from jobs.status import application_status
 from jobs.streaming.run import run_pipeline
 from jobs.warehouse import Location
-from tests.conftest import QUICK_JIT, run_jobs
 from tests.conftest import recent_clicks as clicks
+from tests.conftest import run_jobs
 from tests.expected import clicks_per_window, state_as_counter
 from tests.output_topic import (
     assert_each_change_once,
@@ -408,89 +404,6 @@ def test_rewind_skip_leaves_out_exactly_the_skipped_records(
     result = run_verify(spark, pipeline, settings, sample=0.5, echo=lines.append)
     assert result["differing_keys"] == 0 and result["state_version"] == state.version() - 1
     assert 0 < result["rows_compared"] < windows  # about half the keys
-
-
-def test_an_operation_fences_a_running_stream(settings, clicks_app, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    app = clicks_app(1, output=True, max_offsets_per_trigger=400)
-    path = app.path
-    app.produce(clicks(300, 8))
-    stream = subprocess.Popen(
-        [sys.executable, "-m", "jobs", "run", "--pipeline", str(path), "--trigger", "continuous"]
-        + [
-            "--bootstrap-servers",
-            settings.bootstrap_servers,
-            "--warehouse",
-            str(settings.warehouse),
-        ]
-        + ["--quiet"],
-        cwd=REPO_ROOT,
-        # A JVM error's whole stack: once 1,024 frames of java.util.regex hid its caller.
-        env={
-            **os.environ,
-            "PLATFORM_SPARK_JAVA_OPTIONS": f"{QUICK_JIT} -XX:MaxJavaStackTraceDepth=100000",
-        },
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        ledger = Path(settings.warehouse) / "user_clicks" / "_ledger"
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if DeltaTable.is_deltatable(str(ledger)) and any(
-                r["entry_type"] == "batch" for r in table(settings, "_ledger")
-            ):
-                break
-            time.sleep(1)
-        # Longer than the operation waits for the fenced stream: its error is the report.
-        applied = run_jobs(
-            path, settings, "rebuild", "--reason", "maintenance", timeout=FENCE_WAIT_S + 120
-        )
-        if applied.returncode != 0:  # keep what the stream said: why it did not stop
-            raise AssertionError(f"{applied.stderr}\nthe stream:\n{where_it_is(stream)}")
-        assert "fencing the running stream" in applied.stdout
-        _out, err = stream.communicate(timeout=120)
-        assert stream.returncode == 2
-        assert "moved to epoch" in err
-    finally:
-        if stream.poll() is None:
-            os.killpg(stream.pid, signal.SIGKILL)
-    rows = table(settings, "_ledger")
-    fence = min(r["commit_time"] for r in rows if r["entry_type"] == "fence")
-    assert all(r["commit_time"] < fence for r in rows if r["entry_type"] == "batch")
-
-
-def where_it_is(stream: subprocess.Popen[str]) -> str:
-    """A live ``python -m jobs`` process's Python threads (SIGUSR1) and its JVM's
-    (jstack), then both ends of its stderr: a JVM error says why near its start."""
-    jvm = subprocess.run(
-        ["bash", "-c", f"for p in $(pgrep -P {stream.pid}); do jstack $p; done"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    ).stdout
-    os.kill(stream.pid, signal.SIGUSR1)
-    time.sleep(2)
-    os.killpg(stream.pid, signal.SIGKILL)
-    said = collapsed(stream.communicate(timeout=60)[1])
-    return f"{said[:6000]}\n...\n{said[-8000:]}\nits JVM's threads:\n{collapsed(jvm)[:20000]}"
-
-
-def collapsed(log: str) -> str:
-    """``log`` with each run of one repeated stack frame pattern (a deep recursion)
-    cut to its first lines and a count, so that the frames around it stay in view."""
-    lines, kept, seen = log.splitlines(), [], 0
-    for line in lines:
-        if "at java.base/java.util.regex." in line or "at java.util.regex." in line:
-            seen += 1
-            if seen <= 5:
-                kept.append(line)
-            continue
-        if seen > 5:
-            kept.append(f"\t... {seen - 5} more java.util.regex frames")
-        seen = 0
-        kept.append(line)
-    return "\n".join(kept)
 
 
 def test_two_operations_at_once_the_second_is_refused(settings, tmp_path) -> None:  # type: ignore[no-untyped-def]

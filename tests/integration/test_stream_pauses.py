@@ -5,6 +5,7 @@ stops with one error line; the tables and the output topic stay exact
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import signal
@@ -30,6 +31,7 @@ from tests.pause_harness import (
     next_batch,
     paused_machine,
     produce_all,
+    quick_trigger,
     resume_and_end,
     run_here,
     stopped,
@@ -59,7 +61,7 @@ def test_a_stream_paused_past_its_lease_writes_nothing_once_another_took_over(  
     schedule = stream_schedule(number, points)
     print(f"PLATFORM_PAUSE_SEED={number}: {schedule}")
     topic = new_topic(2)
-    path = pipeline_file(tmp_path, "user_clicks", topic, max_offsets_per_trigger=300)
+    path = quick_trigger(pipeline_file(tmp_path, "user_clicks", topic, max_offsets_per_trigger=300))
     definition = yaml.safe_load(path.read_text())
     definition["output"] = {"topic": f"{topic}-out", "partitions": 2}
     path.write_text(yaml.safe_dump(definition))
@@ -67,16 +69,21 @@ def test_a_stream_paused_past_its_lease_writes_nothing_once_another_took_over(  
     values: list[bytes] = []
     for cycle, (point, later) in enumerate(schedule):
         values += produce_all(kafka_config, topic, recent_clicks(450, cycle) + BAD)
+        began = time.monotonic()
         paused = machine.start(
             [*args, "--trigger", "continuous"], f"{point}@{next_batch(s3_warehouse) + later}"
         )
         try:
             stopped(paused)
+            laps = [time.monotonic()]
             run_here(spark, args)  # takes the lease over once it expired, and runs
+            laps.append(time.monotonic())
             woke, err = resume_and_end(paused)
+            laps.append(time.monotonic())
         finally:
             end(paused)
-        print(f"cycle {cycle}: {point} woke at {woke}")
+        spent = [round(b - a, 1) for a, b in itertools.pairwise([began, *laps])]
+        print(f"cycle {cycle}: {point} woke at {woke}; paused, taken over, ended after {spent} s")
         assert_stopped_by_its_lease(paused, err)
         assert_no_write_after(machine.proxy, woke, err)
     run_here(spark, args)
@@ -102,7 +109,7 @@ def test_a_held_offsets_write_of_a_paused_stream_is_refused_by_the_store(  # typ
     woken driver stops with one line, and the results stay exact."""
     topic = new_topic(2)
     values = produce_all(kafka_config, topic, recent_clicks(450, 0) + BAD)
-    path = pipeline_file(tmp_path, "user_clicks", topic, max_offsets_per_trigger=300)
+    path = quick_trigger(pipeline_file(tmp_path, "user_clicks", topic, max_offsets_per_trigger=300))
     args = jobs_args(path, broker.bootstrap_servers, s3_warehouse, "run", "--quiet")
     run_here(spark, args)
     values += produce_all(kafka_config, topic, recent_clicks(450, 1) + BAD)
