@@ -72,6 +72,10 @@ OPERATION_POINTS = {
     "rewind": ["after_fence"],
     "backfill": ["during_operation"],
 }
+# Points where nothing is held, so nothing is taken over: a backfill's shadow
+# computed beside the running stream (tests/integration/test_backfill.py pauses
+# there while the stream commits on).
+UNHELD_POINTS = ["after_shadow"]
 SEED = int(os.environ.get("PLATFORM_PAUSE_SEED") or random.SystemRandom().randrange(10**6))
 # A long run: this many new seeds (SEED, SEED + 1, ...), each a test of its own
 # (``PLATFORM_PAUSE_RUNS=200 pytest tests/integration/test_stream_pauses.py -k new``).

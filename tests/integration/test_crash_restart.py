@@ -10,7 +10,14 @@ import pytest
 from deltalake import DeltaTable
 
 from jobs.settings import REPO_ROOT
-from tests.conftest import jobs_args, pipeline_file, produce, run_in_process, run_with_fault
+from tests.conftest import (
+    jobs_args,
+    pipeline_file,
+    produce,
+    rotating,
+    run_in_process,
+    run_with_fault,
+)
 from tests.expected import clicks_per_window, state_as_counter
 from tests.output_topic import (
     assert_published_like_the_changelog,
@@ -28,13 +35,18 @@ BAD = [b"broken", b'{"user_id": "z"}']
 @pytest.mark.parametrize(
     ("faults", "where"),
     [
-        # a task half-way through its changelog file; then, on the replay, the
-        # changelog committed and the state merge not yet; then the output
-        # transaction committed and Spark's own batch commit not yet
-        (("during_task", "after_changelog@1", "after_output@2"), "local"),
-        # dead letters committed; then every table committed and no output
-        # transaction begun; then the output records sent, the transaction open
-        (("after_dead_letter@0", "after_ledger@1", "during_output@2"), "local"),
+        # On a local disk, one of these two sequences per commit (``rotating``):
+        *rotating(
+            [
+                # a task half-way through its changelog file; then, on the replay,
+                # the changelog committed and the state merge not yet; then the
+                # output transaction committed and Spark's own batch commit not yet
+                (("during_task", "after_changelog@1", "after_output@2"), "local"),
+                # dead letters committed; then every table committed and no output
+                # transaction begun; then the output records sent, the transaction open
+                (("after_dead_letter@0", "after_ledger@1", "during_output@2"), "local"),
+            ]
+        ),
         # On object storage: a task's file upload cut off (S3 has no partial
         # objects, and no rename makes one whole); then the state merged and no
         # ledger row; then the output transaction open. Each killed run's lease

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from jobs.warehouse import Location
-from tests.conftest import run_jobs, run_with_fault
+from tests.conftest import rotating, run_jobs, run_with_fault
 from tests.sequences import Sequence, run_sequence
 
 pytestmark = pytest.mark.integration
@@ -36,7 +36,7 @@ def context(spark, settings, kafka_config, new_topic, tmp_path) -> dict[str, Any
     }
 
 
-@pytest.mark.parametrize(("seed", "windowed"), SEEDS)
+@pytest.mark.parametrize(("seed", "windowed"), rotating(SEEDS))
 def test_a_random_sequence_of_repairs_keeps_the_state_exact(
     seed: int, windowed: bool, context: dict[str, Any]
 ) -> None:
@@ -111,7 +111,7 @@ def test_recomputations_after_a_topic_is_recreated_keep_the_deleted_logs_judgmen
 S3_SEEDS = [(31, False), (32, True)]
 
 
-@pytest.mark.parametrize(("seed", "windowed"), S3_SEEDS)
+@pytest.mark.parametrize(("seed", "windowed"), rotating(S3_SEEDS))
 def test_a_random_sequence_on_object_storage_keeps_the_state_exact(
     seed: int,
     windowed: bool,
