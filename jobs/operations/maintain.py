@@ -167,7 +167,9 @@ def files_on_disk(path: Location) -> int:
 
 
 def plan_maintenance(pipeline: Pipeline, settings: Settings, reason: str) -> MaintenancePlan:
-    """Read-only: what ``maintain`` would keep and remove now.
+    """What ``maintain`` would keep and remove now. It changes nothing; the one object
+    it may write is the cache of what it read of the log (``removal_stamps``: facts
+    of immutable entries, so a dry run may write it too).
 
     One clock per decision. Ages (the rewind horizon, the reader grace) are the
     store's: when it received each log entry, against its time now. The vacuum's
